@@ -1,0 +1,76 @@
+"""headscope: find out what each attention head of a real pretrained transformer does.
+
+The public surface, in the order data flows::
+
+    model  = headscope.load_model("smollm2-135m")        # sources -> models
+    probes = headscope.default_probes(model, seed=0)     # token ids, saved with the run
+    result = headscope.scan(model, probes)               # one streaming forward per batch
+    result.scores                                        # tidy pandas table
+    headscope.save_run(result, "runs/smollm2")           # scores.csv, metadata.json, tokens.jsonl, ...
+    headscope.heatmap(result.scores, "induction")        # matplotlib Figure
+
+To score a pattern you extracted yourself, call a metric on it::
+
+    headscope.score_pattern(pattern, "previous_token", causal=True)   # [batch, head] scores
+
+Heavy imports (torch, transformers) happen only when these are first used.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "HeadscopeError": "headscope.errors",
+    "load_model": "headscope.models",
+    "Model": "headscope.models",
+    "resolve": "headscope.sources",
+    "Probe": "headscope.probes",
+    "load_pairs": "headscope.probes",
+    "text_probe": "headscope.probes",
+    "repeat_probe": "headscope.probes",
+    "default_probes": "headscope.scan",
+    "scan": "headscope.scan",
+    "ScanResult": "headscope.scan",
+    "score_probe": "headscope.extract",
+    "score_pattern": "headscope.scoring",
+    "PatternBatch": "headscope.metrics",
+    "Metric": "headscope.metrics",
+    "REGISTRY": "headscope.metrics",
+    "get_metric": "headscope.metrics",
+    "register": "headscope.metrics",
+    "save_run": "headscope.report",
+    "load_run": "headscope.report",
+    "matrix": "headscope.report",
+    "top_heads": "headscope.report",
+    "relabel": "headscope.report",
+    "heatmap": "headscope.plots",
+    "summary_figure": "headscope.plots",
+    "save_figures": "headscope.plots",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'headscope' has no attribute '{name}'")
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from headscope.errors import HeadscopeError  # noqa: F401
+    from headscope.extract import score_probe  # noqa: F401
+    from headscope.metrics import REGISTRY, Metric, PatternBatch, get_metric, register  # noqa: F401
+    from headscope.models import Model, load_model  # noqa: F401
+    from headscope.plots import heatmap, save_figures, summary_figure  # noqa: F401
+    from headscope.probes import Probe, load_pairs, repeat_probe, text_probe  # noqa: F401
+    from headscope.report import load_run, matrix, relabel, save_run, top_heads  # noqa: F401
+    from headscope.scan import ScanResult, default_probes, scan  # noqa: F401
+    from headscope.scoring import score_pattern  # noqa: F401
+    from headscope.sources import resolve  # noqa: F401

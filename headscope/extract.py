@@ -1,0 +1,116 @@
+"""Streaming extraction: one forward per batch, each layer's pattern reduced inside its hook.
+
+For every batch, :func:`score_probe` runs :meth:`Model.run_patterns`; the callback turns the layer's
+``[batch, head, query, key]`` pattern into per-head sums and counts for every metric of the probe,
+and the pattern is dropped before the next layer runs. No activation cache is ever built.
+
+Batches are right-padded and carry an attention mask; metrics exclude padding as query and as key,
+so a padded batch scores exactly like one sequence at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from headscope.errors import HeadscopeError
+from headscope.metrics import Metric, PatternBatch, uniform_pattern
+from headscope.probes import Probe, PunctuationTable
+
+
+@dataclass
+class MetricScores:
+    """One metric's pooled result over a probe: a ``[layer, head]`` score and its chance value."""
+
+    metric: Metric
+    total: Float[Tensor, "layer head"]  # sum of f over qualifying (sequence, query) pairs
+    count: float  # how many pairs qualified
+    chance_total: float  # the same sum for a uniform head
+
+    @property
+    def score(self) -> Float[Tensor, "layer head"]:
+        return self.total / self.count if self.count else torch.full_like(self.total, torch.nan)
+
+    @property
+    def chance(self) -> float:
+        return self.chance_total / self.count if self.count else float("nan")
+
+
+def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Right-pad to the longest: (tokens ``[batch, pos]``, mask ``[batch, pos]``, lengths ``[batch]``)."""
+    lengths = torch.tensor([len(s) for s in seqs])
+    n = int(lengths.max())
+    tokens = torch.full((len(seqs), n), pad_id, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        tokens[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+    mask = torch.arange(n)[None, :] < lengths[:, None]  # [batch, pos]
+    return tokens, mask, lengths
+
+
+def pattern_batch(model, probe: Probe, tokens: Tensor, mask: Tensor, lengths: Tensor,
+                  punct: PunctuationTable | None = None) -> PatternBatch:
+    """The metric context of one padded batch: lengths, causality and special-key flags."""
+    punct = punct or PunctuationTable(model)
+    return PatternBatch(
+        lengths=lengths,
+        causal=model.causal,
+        separator=(tokens == model.sep_id) & mask,  # [batch, key]
+        punctuation=punct(tokens) & mask if probe.name == "text" else None,
+        repeat_len=probe.repeat_len,
+    )
+
+
+def score_probe(
+    model,
+    probe: Probe,
+    metrics: Sequence[Metric],
+    batch_size: int = 8,
+    on_batch: Callable[[int], None] | None = None,
+) -> dict[str, MetricScores]:
+    """Score every head of ``model`` on ``probe`` for each metric, streaming layer by layer."""
+    if batch_size < 1:
+        raise HeadscopeError(f"--batch-size must be at least 1, got {batch_size}.")
+    metrics = [m for m in metrics if m.probe == probe.name]
+    totals = {m.name: torch.zeros(model.n_layers, model.n_heads, dtype=torch.float64) for m in metrics}
+    counts = dict.fromkeys(totals, 0.0)
+    chance = dict.fromkeys(totals, 0.0)
+    if not metrics:
+        return {}
+    punct = PunctuationTable(model)
+    # Similar lengths together: less padding. Sums are order-free, so scores do not change.
+    order = sorted(range(len(probe)), key=lambda i: (len(probe.sequences[i]), i))
+    for start in range(0, len(order), batch_size):
+        chunk = [probe.sequences[i] for i in order[start : start + batch_size]]
+        tokens, mask, lengths = pad_batch(chunk, model.pad_id)
+        batch = pattern_batch(model, probe, tokens, mask, lengths, punct)
+        dev_batch = _to(batch, model.device)
+
+        def on_pattern(layer: int, pattern: Tensor, batch=dev_batch) -> None:
+            p = pattern.float()  # [batch, head, query, key]; bf16/fp16 scored in fp32
+            for m in metrics:
+                pooled = m(p, batch)
+                totals[m.name][layer] += pooled.total.sum(0).cpu()  # [head]
+
+        model.run_patterns(tokens, mask, on_pattern)
+        uniform = uniform_pattern(tuple(tokens.shape[:1]) + (1, tokens.shape[1], tokens.shape[1]), batch)
+        for m in metrics:
+            pooled = m(uniform, batch)
+            counts[m.name] += float(pooled.count.sum())
+            chance[m.name] += float(pooled.total.sum())
+        if on_batch is not None:
+            on_batch(len(chunk))
+    return {m.name: MetricScores(m, totals[m.name], counts[m.name], chance[m.name]) for m in metrics}
+
+
+def _to(batch: PatternBatch, device) -> PatternBatch:
+    def mv(t):
+        return None if t is None else t.to(device)
+
+    return PatternBatch(
+        lengths=batch.lengths.to(device), causal=batch.causal, q_start=batch.q_start,
+        separator=mv(batch.separator), punctuation=mv(batch.punctuation), repeat_len=batch.repeat_len,
+    )

@@ -1,0 +1,35 @@
+"""Head metrics: one module per behaviour, registered here in one greppable place.
+
+Adding a behaviour = one new module defining ``METRIC = Metric(...)``, one line below, one test.
+"""
+
+from headscope.metrics import (
+    duplicate_token,
+    entropy,
+    induction,
+    next_token,
+    previous_token,
+    punctuation,
+    separator,
+    sink,
+)
+from headscope.metrics.base import (
+    REGISTRY,
+    Metric,
+    PatternBatch,
+    Pooled,
+    get_metric,
+    register,
+    uniform_pattern,
+)
+
+register(previous_token.METRIC)
+register(next_token.METRIC)
+register(sink.METRIC)
+register(separator.METRIC)
+register(punctuation.METRIC)
+register(entropy.METRIC)
+register(induction.METRIC)
+register(duplicate_token.METRIC)
+
+__all__ = ["REGISTRY", "Metric", "PatternBatch", "Pooled", "get_metric", "register", "uniform_pattern"]

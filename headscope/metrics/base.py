@@ -1,0 +1,174 @@
+"""What every head metric shares: the batch context, a few selectors, and the registry.
+
+A metric is one pure function ``(pattern, batch) -> Pooled(total, count)``:
+
+* ``pattern``: post-softmax attention, ``[batch, head, query, key]``. It may be a *block* of query
+  rows (``batch.q_start`` is the absolute position of the first row; the key axis is always
+  complete), so the same function serves the full-pattern path and a blocked long-context path.
+* ``total[b, h]``: the sum of f(A, q) over this sequence's qualifying queries in the block;
+  ``count[b]``: how many queries qualified. A score pools over (sequence, query) pairs:
+  ``sum(total) / sum(count)`` over all sequences and blocks.
+
+Metrics never write into the pattern. Padding never counts: query rows and key columns at or past
+``batch.lengths[b]`` are excluded by the selectors below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from headscope.errors import HeadscopeError, did_you_mean
+
+
+@dataclass(frozen=True)
+class PatternBatch:
+    """What a metric needs besides the pattern: which positions are real and which are special."""
+
+    lengths: Int[Tensor, " batch"]  # real (non-padding) tokens per sequence
+    causal: bool  # a causal model: query q sees keys k <= q
+    q_start: int = 0  # absolute position of the pattern's first query row
+    separator: Bool[Tensor, "batch key"] | None = None  # keys holding the separator token
+    punctuation: Bool[Tensor, "batch key"] | None = None  # keys holding a punctuation token
+    repeat_len: int | None = None  # L of the repeat probe: BOS + R + R, |R| = L
+
+
+class Pooled(NamedTuple):
+    """Per-sequence, per-head sums of f over qualifying queries, and their per-sequence count."""
+
+    total: Float[Tensor, "batch head"]
+    count: Float[Tensor, " batch"]
+
+    def score(self) -> Float[Tensor, "batch head"]:
+        """Per-sequence scores (NaN where a sequence has no qualifying query)."""
+        return self.total / self.count[:, None]
+
+
+MetricFn = Callable[[Tensor, PatternBatch], Pooled]
+
+
+# ----------------------------------------------------------------------------- selectors
+
+
+def query_positions(pattern: Tensor, batch: PatternBatch) -> Int[Tensor, " query"]:
+    """Absolute positions of the pattern's query rows."""
+    return torch.arange(batch.q_start, batch.q_start + pattern.shape[-2], device=pattern.device)
+
+
+def query_range(
+    pattern: Tensor, batch: PatternBatch, lo: int | Tensor, hi: int | Tensor
+) -> Bool[Tensor, "batch query"]:
+    """Rows with ``lo <= q <= hi`` and ``q`` a real token; ``lo``/``hi`` may be per-sequence."""
+    q = query_positions(pattern, batch)[None, :]  # [1, query]
+    lengths = batch.lengths.to(pattern.device)[:, None]  # [batch, 1]
+    lo_t = torch.as_tensor(lo, device=pattern.device).reshape(-1, 1)
+    hi_t = torch.as_tensor(hi, device=pattern.device).reshape(-1, 1)
+    return (q >= lo_t) & (q <= hi_t) & (q < lengths)  # [batch, query]
+
+
+def visible_keys(pattern: Tensor, batch: PatternBatch) -> Bool[Tensor, "batch query key"]:
+    """Keys a query can see: real keys, and for causal models only ``k <= q``."""
+    k = torch.arange(pattern.shape[-1], device=pattern.device)
+    real = k[None, :] < batch.lengths.to(pattern.device)[:, None]  # [batch, key]
+    vis = real[:, None, :]  # [batch, 1, key]
+    if batch.causal:
+        q = query_positions(pattern, batch)
+        vis = vis & (k[None, :] <= q[:, None])[None]  # [batch, query, key]
+    return vis.expand(pattern.shape[0], pattern.shape[-2], pattern.shape[-1])
+
+
+def at_offset(pattern: Tensor, batch: PatternBatch, offset: int) -> Float[Tensor, "batch head query"]:
+    """``A[q, q + offset]`` for every row (0 where that key is outside the sequence)."""
+    b, h, nq, nk = pattern.shape
+    key = query_positions(pattern, batch) + offset  # [query]
+    inside = (key >= 0) & (key < nk)
+    idx = key.clamp(0, nk - 1).view(1, 1, nq, 1).expand(b, h, nq, 1)
+    return pattern.gather(-1, idx).squeeze(-1) * inside  # [batch, head, query]
+
+
+def key_set_mass(pattern: Tensor, batch: PatternBatch, flags: Tensor | None) -> Pooled:
+    """Attention mass on flagged keys at ``k >= 1`` that the query can see.
+
+    Qualifying queries are real queries that can see at least one such key. Position 0 is never
+    counted, so sink attention is not counted twice (GPT-2's BOS is also its EOS).
+    """
+    if flags is None:
+        raise HeadscopeError("This metric needs key flags (separator/punctuation) in its PatternBatch.")
+    keys = flags.to(pattern.device).clone()  # [batch, key]
+    keys[:, 0] = False
+    sel = visible_keys(pattern, batch) & keys[:, None, :]  # [batch, query, key]
+    mass = (pattern * sel[:, None]).sum(-1)  # [batch, head, query]
+    qualifies = sel.any(-1) & query_range(pattern, batch, 0, batch.lengths - 1)  # [batch, query]
+    return pool(mass, qualifies)
+
+
+def pool(values: Float[Tensor, "batch head query"], mask: Bool[Tensor, "batch query"]) -> Pooled:
+    """Sum ``values`` over the rows in ``mask`` (float64 sums: long contexts add many terms)."""
+    m = mask.to(values.dtype)[:, None, :]  # [batch, 1, query]
+    total = (values * m).sum(-1, dtype=torch.float64)  # [batch, head]
+    return Pooled(total, mask.sum(-1).to(torch.float64))
+
+
+def uniform_pattern(pattern_shape: tuple[int, ...], batch: PatternBatch, device=None) -> Tensor:
+    """A head that spreads attention evenly over the keys it can see: ``[batch, 1, query, key]``.
+
+    Any metric applied to it gives that metric's chance value.
+    """
+    b, _, nq, nk = pattern_shape
+    probe = torch.empty(b, 1, nq, nk, device=device)
+    vis = visible_keys(probe, batch).to(torch.float32)  # [batch, query, key]
+    return (vis / vis.sum(-1, keepdim=True).clamp(min=1))[:, None]
+
+
+# ------------------------------------------------------------------------------ registry
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A head behaviour: its pure function plus what the report needs to describe it."""
+
+    name: str
+    probe: str  # "text" or "repeat"
+    fn: MetricFn
+    definition: str  # one line: which queries count and what f is
+    label: str  # given to a head whose score passes the threshold
+    threshold: float
+    below: bool = False  # True: label heads scoring at or below the threshold (entropy)
+    nan_reason: str | None = None  # why the metric is NaN on some models
+
+    def __call__(self, pattern: Tensor, batch: PatternBatch) -> Pooled:
+        return self.fn(pattern, batch)
+
+    def passes(self, score: float, threshold: float | None = None) -> bool:
+        t = self.threshold if threshold is None else threshold
+        if score != score:  # NaN
+            return False
+        return score <= t if self.below else score >= t
+
+
+REGISTRY: dict[str, Metric] = {}
+
+
+def register(metric: Metric) -> Metric:
+    """Add a metric; a second metric of the same name is refused."""
+    if metric.name in REGISTRY:
+        raise ValueError(f"A metric named '{metric.name}' is already registered.")
+    if metric.probe not in ("text", "repeat"):
+        raise ValueError(f"Metric '{metric.name}': probe must be 'text' or 'repeat', not {metric.probe!r}.")
+    REGISTRY[metric.name] = metric
+    return metric
+
+
+def get_metric(name: str) -> Metric:
+    """The registered metric called ``name``; an unknown name gets a did-you-mean."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise HeadscopeError(
+            f"Unknown metric '{name}'.{did_you_mean(name, REGISTRY)} Known: {', '.join(REGISTRY)}."
+        ) from None

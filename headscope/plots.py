@@ -1,0 +1,102 @@
+"""Matplotlib figures from a report table; never needs the model, never touches pyplot state.
+
+Conventions: x = head, y = layer with layer 0 at the top, a fixed 0-1 colour range (entropy: 0 to
+the largest value, in nats), values written on strong cells, model and n in the title.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from headscope.metrics import REGISTRY
+from headscope.report import matrix
+
+STRONG = 0.5  # cells at or above this (or at or below for `below` metrics) get their value written
+
+
+def _range(metric: str, values: np.ndarray) -> tuple[float, float]:
+    if metric == "entropy":
+        top = np.nanmax(values) if np.isfinite(values).any() else 1.0
+        return 0.0, float(max(1.0, math.ceil(top)))
+    return 0.0, 1.0
+
+
+def draw_heatmap(ax, scores: pd.DataFrame, metric: str, annotate: bool = True, title: str | None = None):
+    """Draw one metric's layer x head heatmap on ``ax``; return the image (for a colour bar)."""
+    mat = matrix(scores, metric)
+    values = mat.to_numpy(dtype=float)
+    vmin, vmax = _range(metric, values)
+    below = REGISTRY[metric].below if metric in REGISTRY else False
+    im = ax.imshow(values, cmap="viridis_r" if below else "viridis", vmin=vmin, vmax=vmax,
+                   aspect="auto", interpolation="nearest")  # row 0 (layer 0) at the top
+    n_layers, n_heads = values.shape
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_xticks(range(n_heads))
+    ax.set_yticks(range(n_layers))
+    ax.tick_params(labelsize=7 if max(n_layers, n_heads) > 16 else 9)
+    if annotate and n_layers * n_heads <= 400:
+        for (layer, head), v in np.ndenumerate(values):
+            strong = (v <= 0.3) if below else (v >= STRONG)
+            if np.isfinite(v) and strong:
+                ax.text(head, layer, f"{v:.2f}", ha="center", va="center", fontsize=6,
+                        color="black" if (v - vmin) / (vmax - vmin + 1e-9) > 0.6 else "white")
+    if np.isnan(values).all():
+        reason = REGISTRY[metric].nan_reason if metric in REGISTRY else None
+        ax.text(0.5, 0.5, "NaN: " + (reason or "not measurable").split(":")[0], transform=ax.transAxes,
+                ha="center", va="center", fontsize=9, wrap=True)
+    if title is not None:
+        ax.set_title(title, fontsize=10)
+    return im
+
+
+def heatmap(scores: pd.DataFrame, metric: str, n_sequences: int | None = None) -> Figure:
+    """A layer x head heatmap of one metric, titled with the model and n."""
+    sub = scores[scores["metric"] == metric]
+    n_layers, n_heads = sub["layer"].nunique(), sub["head"].nunique()
+    fig = Figure(figsize=(max(4.0, 0.45 * n_heads + 2.5), max(3.0, 0.3 * n_layers + 1.5)), layout="constrained")
+    ax = fig.add_subplot()
+    model = sub["model"].iloc[0]
+    n_pairs = int(sub["n"].iloc[0])
+    seqs = f"{n_sequences} seqs, " if n_sequences else ""
+    unit = " (nats)" if metric == "entropy" else ""
+    im = draw_heatmap(ax, scores, metric, title=f"{model}: {metric}{unit}\n{seqs}n = {n_pairs} queries")
+    fig.colorbar(im, ax=ax, shrink=0.8)
+    return fig
+
+
+def summary_figure(scores: pd.DataFrame) -> Figure:
+    """All metrics' heatmaps side by side, one panel each."""
+    metrics = list(scores["metric"].unique())
+    cols = min(4, len(metrics))
+    rows = math.ceil(len(metrics) / cols)
+    n_layers = scores["layer"].nunique()
+    fig = Figure(figsize=(3.6 * cols, max(3.0, 0.16 * n_layers + 1.2) * rows), layout="constrained")
+    for i, metric in enumerate(metrics):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        im = draw_heatmap(ax, scores, metric, annotate=False, title=metric)
+        fig.colorbar(im, ax=ax, shrink=0.7)
+    fig.suptitle(f"{scores['model'].iloc[0]}: every head, every behaviour")
+    return fig
+
+
+def save_figures(scores: pd.DataFrame, out: str | Path, n_sequences: dict[str, int] | None = None,
+                 dpi: int = 110) -> list[Path]:
+    """Write ``<metric>.png`` for every metric and ``summary.png``; return the paths."""
+    out = Path(out)
+    paths = []
+    for metric in scores["metric"].unique():
+        probe = scores.loc[scores["metric"] == metric, "probe"].iloc[0]
+        fig = heatmap(scores, metric, (n_sequences or {}).get(probe))
+        path = out / f"{metric}.png"
+        fig.savefig(path, dpi=dpi)
+        paths.append(path)
+    path = out / "summary.png"
+    summary_figure(scores).savefig(path, dpi=dpi)
+    paths.append(path)
+    return paths

