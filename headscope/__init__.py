@@ -32,9 +32,9 @@ _EXPORTS = {
     "load_pairs": "headscope.probes",
     "text_probe": "headscope.probes",
     "repeat_probe": "headscope.probes",
-    "default_probes": "headscope.scan",
-    "scan": "headscope.scan",
-    "ScanResult": "headscope.scan",
+    "default_probes": "headscope.runner",
+    "scan": "headscope.runner",
+    "ScanResult": "headscope.runner",
     "score_probe": "headscope.extract",
     "score_pattern": "headscope.scoring",
     "PatternBatch": "headscope.metrics",
@@ -71,6 +71,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from headscope.plots import heatmap, save_figures, summary_figure  # noqa: F401
     from headscope.probes import Probe, load_pairs, repeat_probe, text_probe  # noqa: F401
     from headscope.report import load_run, matrix, relabel, save_run, top_heads  # noqa: F401
-    from headscope.scan import ScanResult, default_probes, scan  # noqa: F401
+    from headscope.runner import ScanResult, default_probes, scan  # noqa: F401
     from headscope.scoring import score_pattern  # noqa: F401
     from headscope.sources import resolve  # noqa: F401

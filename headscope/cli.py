@@ -119,7 +119,7 @@ def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, prompts, metr
     from headscope.models import load_model
     from headscope.probes import repeat_probe, text_probe
     from headscope.report import save_run, summary_table
-    from headscope.scan import scan as run_scan
+    from headscope.runner import scan as run_scan
 
     t0 = time.perf_counter()
     model = load_model(model_name, device=device, dtype=dtype, progress=say)

@@ -212,9 +212,9 @@ def save_run(result, out: str | Path, force: bool = False, figures: bool = True)
 
 
 def load_run(path: str | Path):
-    """Read a run directory back: a :class:`~headscope.scan.ScanResult` without the model."""
+    """Read a run directory back: a :class:`~headscope.runner.ScanResult` without the model."""
     from headscope.probes import Probe
-    from headscope.scan import ScanResult
+    from headscope.runner import ScanResult
 
     path = Path(path)
     if not (path / "scores.csv").is_file():

@@ -1,0 +1,129 @@
+"""The CLI as a user meets it: output, determinism, and one clear line for every bad input."""
+
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from headscope.cli import main
+
+FAST = ["--n-prompts", "4", "--repeat-len", "8", "--batch-size", "3", "--quiet"]
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+@pytest.fixture
+def scan_dir(tmp_path, tiny_gpt2_dir):
+    out = tmp_path / "run"
+    res = run("scan", str(tiny_gpt2_dir), "--out", str(out), *FAST)
+    assert res.exit_code == 0, res.output
+    return out, res
+
+
+def test_scan_writes_the_run_directory(scan_dir):
+    out, res = scan_dir
+    names = {p.name for p in out.iterdir()}
+    assert {"scores.csv", "metadata.json", "tokens.jsonl", "summary.md", "summary.png",
+            "induction.png", "previous_token.png"} <= names
+    scores = pd.read_csv(out / "scores.csv")
+    for col in ["model", "metric", "layer", "head", "score", "chance", "n", "label"]:
+        assert col in scores.columns
+    assert "top heads" in res.stdout and "induction" in res.stdout
+    assert "next_token is NaN: causal model" in res.stdout
+    summary = (out / "summary.md").read_text()
+    assert "## Not measurable on this model" in summary and "causal" in summary
+    probes = pd.read_json(out / "tokens.jsonl", lines=True)
+    assert set(probes["probe"]) == {"text", "repeat"} and len(probes) == 8
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temp dir left
+
+
+def test_same_seed_gives_byte_identical_scores(tmp_path, tiny_gpt2_dir, scan_dir):
+    out, _ = scan_dir
+    again = tmp_path / "again"
+    assert run("scan", str(tiny_gpt2_dir), "--out", str(again), *FAST).exit_code == 0
+    assert (again / "scores.csv").read_bytes() == (out / "scores.csv").read_bytes()
+    other = tmp_path / "other"
+    assert run("scan", str(tiny_gpt2_dir), "--out", str(other), *FAST, "--seed", "1").exit_code == 0
+    assert (other / "tokens.jsonl").read_bytes() != (out / "tokens.jsonl").read_bytes()
+
+
+def test_force_replaces_and_existing_out_is_refused(tmp_path, tiny_gpt2_dir, scan_dir):
+    out, _ = scan_dir
+    before = (out / "scores.csv").read_bytes()
+    res = CliRunner().invoke(main, ["scan", str(tiny_gpt2_dir), "--out", str(out), *FAST])
+    assert res.exit_code != 0 and "already exists" in res.stderr and "--force" in res.stderr
+    assert (out / "scores.csv").read_bytes() == before
+    res = run("scan", str(tiny_gpt2_dir), "--out", str(out), *FAST, "--force", "--seed", "5")
+    assert res.exit_code == 0
+    assert (out / "scores.csv").read_bytes() != before
+
+
+def _bad(tmp_path, args, expect):
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["scan", *args, "--out", str(out), "--quiet"])
+    assert res.exit_code != 0, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("headscope: error:") and expect in lines[0], lines[0]
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
+
+
+def test_bad_inputs_fail_with_one_line_and_no_output(tmp_path, tiny_gpt2_dir):
+    m = str(tiny_gpt2_dir)
+    _bad(tmp_path, ["smolm2-135m"], "Did you mean: smollm2-135m")
+    _bad(tmp_path, [m, "--prompts", str(tmp_path / "missing.tsv")], "does not exist")
+    empty = tmp_path / "empty.tsv"
+    empty.write_text("# only a comment\n\n")
+    _bad(tmp_path, [m, "--prompts", str(empty)], "holds no segment pairs")
+    latin1 = tmp_path / "latin1.tsv"
+    latin1.write_bytes("caf\xe9 ouvert\tle soir\n".encode("latin-1"))
+    _bad(tmp_path, [m, "--prompts", str(latin1)], "not UTF-8")
+    notab = tmp_path / "notab.tsv"
+    notab.write_text("one segment only\n")
+    _bad(tmp_path, [m, "--prompts", str(notab)], "line 1")
+    _bad(tmp_path, [m, "--repeat-len", "100"], "use 1..63")  # tiny GPT-2 context is 128
+    _bad(tmp_path, [m, "--batch-size", "0"], "--batch-size must be at least 1")
+    _bad(tmp_path, [m, "--n-prompts", "0"], "--n-prompts must be at least 1")
+    _bad(tmp_path, [m, "--n-prompts", "1000"], "use at most 68")
+    _bad(tmp_path, [m, "--threshold", "inductoin=0.5"], "Did you mean: induction")
+    _bad(tmp_path, [m, "--metrics", "sink,entropi"], "Did you mean: entropy")
+    _bad(tmp_path, [m, "--device", "cuda:7"], "no CUDA GPU")
+
+
+def test_own_prompts_file(tmp_path, tiny_gpt2_dir):
+    prompts = tmp_path / "p.tsv"
+    prompts.write_text("The cat sat.\tIt purred.\nRain fell.\tThe bank flooded!\n", encoding="utf-8")
+    out = tmp_path / "run"
+    res = run("scan", str(tiny_gpt2_dir), "--out", str(out), "--prompts", str(prompts),
+              "--n-prompts", "2", "--repeat-len", "5", "--quiet", "--no-figures", "--metrics", "sink,punctuation")
+    assert res.exit_code == 0, res.output
+    scores = pd.read_csv(out / "scores.csv")
+    assert set(scores["metric"]) == {"sink", "punctuation"}
+    assert not list(out.glob("*.png"))
+
+
+def test_models_and_metrics_commands():
+    res = run("models")
+    assert "smollm2-135m" in res.stdout and "all-minilm-l6-v2" in res.stdout and "gpt2-small" in res.stdout
+    res = run("metrics")
+    for name in ["previous_token", "next_token", "sink", "separator", "punctuation", "entropy",
+                 "induction", "duplicate_token"]:
+        assert name in res.stdout
+    assert "A[q, q-L+1]" in res.stdout
+
+
+def test_thresholds_relabel(tmp_path, tiny_gpt2_dir):
+    out = tmp_path / "run"
+    res = run("scan", str(tiny_gpt2_dir), "--out", str(out), *FAST, "--no-figures",
+              "--threshold", "entropy=100", "--threshold", "sink=0")
+    assert res.exit_code == 0
+    scores = pd.read_csv(out / "scores.csv", keep_default_na=False)
+    assert (scores.loc[scores.metric == "entropy", "label"] == "focused head").all()
+    assert (scores.loc[scores.metric == "sink", "label"] == "sink head").all()
+    assert os.path.exists(out / "metadata.json")
