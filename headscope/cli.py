@@ -64,10 +64,15 @@ def _parse_thresholds(items: tuple[str, ...]) -> dict[str, float]:
 @click.option("--out", "out", type=click.Path(file_okay=True, dir_okay=True), default=None,
               help="Run directory to write. [default: runs/<model>]")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the repeat probe.")
-@click.option("--batch-size", type=int, default=8, show_default=True, help="Sequences per forward pass.")
+@click.option("--batch-size", type=int, default=None,
+              help="Sequences per forward pass. [default: auto, from the length and free memory]")
 @click.option("--n-prompts", type=int, default=64, show_default=True,
               help="Sequences per probe: text pairs taken from the corpus, and repeat sequences.")
 @click.option("--repeat-len", type=int, default=50, show_default=True, help="L of the repeat probe BOS+R+R.")
+@click.option("--seq-len", type=int, default=None,
+              help="Make every sequence this many tokens: text packed until full, R as long as fits.")
+@click.option("--engine", type=click.Choice(["auto", "blocked", "hooks"]), default="auto", show_default=True,
+              help="blocked: fused attention + exact pattern blocks; hooks: transformer-lens hook_pattern.")
 @click.option("--prompts", type=click.Path(dir_okay=False), default=None,
               help="Segment pairs, one 'A<TAB>B' a line (UTF-8). [default: the built-in corpus]")
 @click.option("--metrics", "metric_names", default=None,
@@ -80,8 +85,8 @@ def _parse_thresholds(items: tuple[str, ...]) -> dict[str, float]:
 @click.option("--force", is_flag=True, help="Replace an existing run directory.")
 @click.option("--no-figures", is_flag=True, help="Skip the PNG heatmaps.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
-def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, prompts, metric_names, thresholds,
-         device, dtype, force, no_figures, quiet) -> None:
+def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, seq_len, engine, prompts, metric_names,
+         thresholds, device, dtype, force, no_figures, quiet) -> None:
     """Score every head of MODEL and write a run directory.
 
     MODEL is an offline model (smollm2-135m, all-minilm-l6-v2), a transformer-lens name such as
@@ -96,7 +101,7 @@ def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, prompts, metr
 
     out = Path(out) if out else Path("runs") / _slug(model_name)
     check_out_dir(out, force)
-    if batch_size < 1:
+    if batch_size is not None and batch_size < 1:
         raise HeadscopeError(f"--batch-size must be at least 1, got {batch_size}.")
     if n_prompts < 1:
         raise HeadscopeError(f"--n-prompts must be at least 1, got {n_prompts}.")
@@ -105,7 +110,7 @@ def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, prompts, metr
     chosen = [get_metric(m.strip()) for m in metric_names.split(",") if m.strip()] if metric_names else list(REGISTRY.values())
     threshold_map = _parse_thresholds(thresholds)
     pairs = load_pairs(prompts)
-    if n_prompts > len(pairs) and any(m.probe == "text" for m in chosen):
+    if seq_len is None and n_prompts > len(pairs) and any(m.probe == "text" for m in chosen):
         raise HeadscopeError(
             f"--n-prompts {n_prompts} asks for more pairs than {'the prompts file' if prompts else 'the built-in corpus'} "
             f"holds ({len(pairs)}); use at most {len(pairs)}."
@@ -117,7 +122,7 @@ def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, prompts, metr
             click.echo(f"headscope: {msg}", err=True)
 
     from headscope.models import load_model
-    from headscope.probes import repeat_probe, text_probe
+    from headscope.probes import packed_text_probe, repeat_len_for, repeat_probe, text_probe
     from headscope.report import save_run, summary_table
     from headscope.runner import scan as run_scan
 
@@ -126,10 +131,15 @@ def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, prompts, metr
     t_load = time.perf_counter() - t0
     probes = []
     if any(m.probe == "text" for m in chosen):
-        probes.append(text_probe(model, pairs, n_prompts))
+        probes.append(text_probe(model, pairs, n_prompts) if seq_len is None
+                      else packed_text_probe(model, pairs, seq_len, n_prompts))
     if any(m.probe == "repeat" for m in chosen):
-        probes.append(repeat_probe(model, repeat_len=repeat_len, n_sequences=n_prompts, seed=seed))
-    say(f"scanning {model.n_layers} layers x {model.n_heads} heads on {model.device}")
+        L = repeat_len if seq_len is None else repeat_len_for(model, seq_len)
+        probes.append(repeat_probe(model, repeat_len=L, n_sequences=n_prompts, seed=seed))
+    from headscope.extract import resolve_engine
+
+    say(f"scanning {model.n_layers} layers x {model.n_heads} heads on {model.device} "
+        f"({resolve_engine(model, engine)} engine)")
     progress = None
     if not quiet:
         from tqdm.auto import tqdm
@@ -137,7 +147,8 @@ def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, prompts, metr
         def progress(total, desc):
             return tqdm(total=total, desc=desc, unit="seq", file=sys.stderr, leave=False)
 
-    result = run_scan(model, probes, chosen, batch_size=batch_size, thresholds=threshold_map, progress=progress)
+    result = run_scan(model, probes, chosen, batch_size=batch_size, thresholds=threshold_map, progress=progress,
+                      engine=engine)
     result.metadata.update(_metadata(model, source, result, seed, prompts, t_load))
     t0 = time.perf_counter()
     save_run(result, out, force=force, figures=not no_figures)

@@ -11,7 +11,7 @@ so a padded batch scores exactly like one sequence at a time.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from jaxtyping import Float
@@ -68,10 +68,20 @@ def score_probe(
     model,
     probe: Probe,
     metrics: Sequence[Metric],
-    batch_size: int = 8,
+    batch_size: int | None = None,
     on_batch: Callable[[int], None] | None = None,
+    engine: str = "auto",
 ) -> dict[str, MetricScores]:
-    """Score every head of ``model`` on ``probe`` for each metric, streaming layer by layer."""
+    """Score every head of ``model`` on ``probe`` for each metric, streaming layer by layer.
+
+    ``engine``: ``"blocked"`` runs fused attention and scores exact pattern blocks (see
+    :mod:`headscope.blocked`); ``"hooks"`` reads each layer's full pattern from the
+    transformer-lens bridge's ``hook_pattern``; ``"auto"`` takes ``blocked`` when the model supports
+    it. Both give the same scores. ``batch_size=None`` picks one from the sequence length.
+    """
+    engine = resolve_engine(model, engine)
+    if batch_size is None:
+        batch_size = auto_batch_size(model, max(len(s) for s in probe.sequences))
     if batch_size < 1:
         raise HeadscopeError(f"--batch-size must be at least 1, got {batch_size}.")
     metrics = [m for m in metrics if m.probe == probe.name]
@@ -89,13 +99,17 @@ def score_probe(
         batch = pattern_batch(model, probe, tokens, mask, lengths, punct)
         dev_batch = _to(batch, model.device)
 
-        def on_pattern(layer: int, pattern: Tensor, batch=dev_batch) -> None:
-            p = pattern.float()  # [batch, head, query, key]; bf16/fp16 scored in fp32
+        def on_block(layer: int, pattern: Tensor, q_start: int = 0, batch=dev_batch, n=tokens.shape[1]) -> None:
+            p = pattern.float()  # [batch, head, query block, key]; bf16/fp16 scored in fp32
+            block = batch if q_start == 0 and p.shape[-1] == n else _block(batch, q_start, p.shape[-1])
             for m in metrics:
-                pooled = m(p, batch)
+                pooled = m(p, block)
                 totals[m.name][layer] += pooled.total.sum(0).cpu()  # [head]
 
-        model.run_patterns(tokens, mask, on_pattern)
+        if engine == "blocked":
+            model.run_pattern_blocks(tokens, mask, on_block)
+        else:
+            model.run_patterns(tokens, mask, on_block)
         uniform = uniform_pattern(tuple(tokens.shape[:1]) + (1, tokens.shape[1], tokens.shape[1]), batch)
         for m in metrics:
             pooled = m(uniform, batch)
@@ -104,6 +118,54 @@ def score_probe(
         if on_batch is not None:
             on_batch(len(chunk))
     return {m.name: MetricScores(m, totals[m.name], counts[m.name], chance[m.name]) for m in metrics}
+
+
+ENGINES = ("auto", "blocked", "hooks")
+
+
+def resolve_engine(model, engine: str) -> str:
+    if engine not in ENGINES:
+        raise HeadscopeError(f"Unknown engine '{engine}'; use one of {', '.join(ENGINES)}.")
+    if engine == "auto":
+        return "blocked" if model.supports_blocked else "hooks"
+    if engine == "blocked" and not model.supports_blocked:
+        raise HeadscopeError(f"{model.name} does not support the blocked engine; use --engine hooks.")
+    return engine
+
+
+def auto_batch_size(model, seq_len: int, budget_bytes: int | None = None) -> int:
+    """Sequences per forward from the context length and the memory there is.
+
+    Aims at ~4k tokens a batch (enough to keep matrix kernels busy) and keeps the activations
+    (~24 fp32 vectors of ``d_model`` per token, a generous bound) within a quarter of the free memory.
+    """
+    d_model = int(getattr(model.hf.config, "hidden_size", 768))
+    per_seq = seq_len * d_model * 4 * 24 + model.n_heads * seq_len * 4 * 64
+    if budget_bytes is None:
+        budget_bytes = _free_memory(model.device) // 4
+    by_memory = max(1, budget_bytes // max(1, per_seq))
+    by_tokens = max(1, 4096 // max(1, seq_len))
+    return int(max(1, min(64, by_memory, by_tokens)))
+
+
+def _free_memory(device) -> int:
+    if getattr(device, "type", "cpu") == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return 4 * 2**30
+
+
+def _block(batch: PatternBatch, q_start: int, n_keys: int) -> PatternBatch:
+    """The context of a query block whose key axis stops at ``n_keys`` (causal blocks)."""
+    def cut(t):
+        return None if t is None else t[:, :n_keys]
+
+    return replace(batch, q_start=q_start, separator=cut(batch.separator), punctuation=cut(batch.punctuation))
 
 
 def _to(batch: PatternBatch, device) -> PatternBatch:

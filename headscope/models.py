@@ -13,7 +13,6 @@ wraps an already-loaded HF model (always eager attention). Patterns arrive at
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import warnings
 from collections.abc import Callable
@@ -61,12 +60,17 @@ class _StopForward(Exception):
 
 @dataclass
 class Model:
-    """A loaded model, as the rest of headscope sees it."""
+    """A loaded model, as the rest of headscope sees it.
+
+    ``hf`` is the plain Hugging Face model running the ``headscope`` attention implementation (fused
+    ``sdpa`` plus blocked patterns while scoring). ``bridge`` is a transformer-lens
+    ``TransformerBridge`` over a second, eager copy, built on first use, for hook-level work.
+    """
 
     name: str  # as the user typed it
     source: Source
     provenance: dict  # where the weights came from, for metadata.json
-    bridge: object  # transformer_lens TransformerBridge
+    hf: object  # transformers PreTrainedModel (attn_implementation="headscope")
     tokenizer: object
     n_layers: int
     n_heads: int
@@ -79,6 +83,18 @@ class Model:
     device: torch.device
     dtype: torch.dtype
     special_ids: frozenset[int] = field(default_factory=frozenset)
+    supports_blocked: bool = False  # every layer's attention goes through the attention interface
+    _make_bridge: Callable[[], object] | None = field(default=None, repr=False)
+    _bridge: object | None = field(default=None, repr=False)
+
+    @property
+    def bridge(self):
+        """The transformer-lens bridge (eager attention, every hook point); loaded on first use."""
+        if self._bridge is None:
+            if self._make_bridge is None:
+                raise HeadscopeError("This model has no transformer-lens bridge.")
+            self._bridge = self._make_bridge()
+        return self._bridge
 
     # ------------------------------------------------------------------ tokens
 
@@ -158,14 +174,39 @@ class Model:
                 if hasattr(attn, "_pattern"):
                     attn._pattern = None
 
+    def run_pattern_blocks(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        attention_mask: Bool[Tensor, "batch pos"],
+        on_block: Callable[[int, Float[Tensor, "batch head block key"], int], None],
+        layers: list[int] | None = None,
+        block_bytes: int | None = None,
+    ) -> None:
+        """One fused-attention forward; ``on_block(layer, block, q_start)`` gets exact pattern blocks.
+
+        Each block is ``softmax(q k^T * scale + mask)`` for query rows ``q_start..q_start+rows-1``
+        (causal models: keys ``0..q_start+rows-1`` only). No full pattern is ever held; the forward
+        stops right after the last wanted layer's attention scores.
+        """
+        from headscope.blocked import BLOCK_BYTES, BlockScorer, StopForward, scoring
+
+        if not self.supports_blocked:
+            raise HeadscopeError(f"{self.name}: its attention does not use the transformers attention interface; use the hooks engine.")
+        layers = sorted(set(range(self.n_layers) if layers is None else layers))
+        scorer = BlockScorer(on_block, frozenset(layers), layers[-1], block_bytes or BLOCK_BYTES)
+        self.hf.eval()
+        with torch.inference_mode(), scoring(scorer), contextlib.suppress(StopForward):
+            self.hf(input_ids=tokens.to(self.device), attention_mask=attention_mask.to(self.device).long(),
+                    use_cache=False)
+
     def forward_logits(
         self, tokens: Int[Tensor, "batch pos"], attention_mask: Bool[Tensor, "batch pos"] | None = None
     ) -> Float[Tensor, "batch pos vocab"]:
         """Plain logits (for the notebooks' loss curves), eval mode, no grad."""
-        self.bridge.eval()
+        self.hf.eval()
         with torch.inference_mode():
-            kwargs = {} if attention_mask is None else {"attention_mask": attention_mask.long()}
-            return self.bridge(tokens.to(self.device), return_type="logits", **kwargs)
+            kwargs = {} if attention_mask is None else {"attention_mask": attention_mask.long().to(self.device)}
+            return self.hf(input_ids=tokens.to(self.device), use_cache=False, **kwargs).logits
 
 
 # ---------------------------------------------------------------------------- loading
@@ -173,22 +214,19 @@ class Model:
 
 @contextlib.contextmanager
 def _quiet_loading():
-    """Silence transformers' warnings about the (random) MLM head and similar load chatter."""
-    tf_logger = logging.getLogger("transformers")
-    old = tf_logger.level
-    tf_logger.setLevel(logging.ERROR)
-    try:
-        from transformers.utils import logging as tf_logging
+    """Silence transformers' load reports (e.g. the random MLM head of a BertModel checkpoint)."""
+    from transformers.utils import logging as tf_logging
 
-        tf_logging.disable_progress_bar()
-    except Exception:  # noqa: BLE001
-        pass
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
+    old = tf_logging.get_verbosity()
+    tf_logging.set_verbosity_error()
+    tf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             yield
-        finally:
-            tf_logger.setLevel(old)
+    finally:
+        tf_logging.set_verbosity(old)
+        tf_logging.enable_progress_bar()
 
 
 def _model_class(config):
@@ -226,50 +264,72 @@ def load_model(
         # Nothing needs the hub: lookups would otherwise hang for ~20 s before failing offline.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     progress(f"loading {name}")
+    ref_s = str(ref)
     with _quiet_loading():
-        from transformer_lens.model_bridge import TransformerBridge
         from transformers import AutoConfig, AutoTokenizer
 
-        ref_s = str(ref)
+        _register_attention()
         try:
             config = AutoConfig.from_pretrained(ref_s, local_files_only=local_only)
             tok = AutoTokenizer.from_pretrained(ref_s, local_files_only=local_only)
         except OSError as exc:
             raise HeadscopeError(f"Could not load '{name}' from {ref_s}: {str(exc).splitlines()[0]}") from None
         cls, causal = _model_class(config)
-        hf = cls.from_pretrained(
-            ref_s, config=config, dtype=torch_dtype, attn_implementation="eager",
-            local_files_only=local_only,
-        )
-        hf.eval()
-        bridge = TransformerBridge.boot_transformers(
-            ref_s, hf_model=hf, tokenizer=tok, device=str(dev), dtype=torch_dtype
-        )
-    bridge.eval()
-    cfg = bridge.cfg
-    causal = getattr(cfg, "attention_dir", "causal") == "causal"
+        hf = cls.from_pretrained(ref_s, config=config, dtype=torch_dtype, attn_implementation="headscope",
+                                 local_files_only=local_only)
+    hf.to(dev).eval()
+
+    def make_bridge():
+        with _quiet_loading():
+            from transformer_lens.model_bridge import TransformerBridge
+
+            eager = cls.from_pretrained(ref_s, dtype=torch_dtype, attn_implementation="eager",
+                                        local_files_only=local_only)
+            eager.eval()
+            bridge = TransformerBridge.boot_transformers(ref_s, hf_model=eager, tokenizer=tok,
+                                                         device=str(dev), dtype=torch_dtype)
+        bridge.eval()
+        return bridge
+
+    cfg = hf.config
     provenance = dict(provenance)
-    if source.kind in ("local", "hub") and isinstance(ref, Path | str):
+    if source.kind in ("local", "hub"):
         weights = _find_weights(ref_s)
         if weights is not None and "weights_sha256" not in provenance:
             from headscope.sources import sha256_file
 
             provenance["weights_sha256"] = sha256_file(weights)
             provenance["weights_file"] = weights.name
+    attn_layers = sorted({m.layer_idx for m in hf.modules()
+                          if "Attention" in type(m).__name__ and isinstance(getattr(m, "layer_idx", None), int)})
+    n_layers = int(cfg.num_hidden_layers)
     return Model(
         name=name,
         source=source,
         provenance=provenance,
-        bridge=bridge,
+        hf=hf,
         tokenizer=tok,
-        n_layers=int(cfg.n_layers),
-        n_heads=int(cfg.n_heads),
-        n_ctx=int(cfg.n_ctx),
+        n_layers=n_layers,
+        n_heads=int(cfg.num_attention_heads),
+        n_ctx=int(getattr(cfg, "max_position_embeddings", None) or cfg.n_positions),
         causal=causal,
         **_special_tokens(tok, causal),
         device=dev,
         dtype=torch_dtype,
+        supports_blocked=attn_layers == list(range(n_layers)),
+        _make_bridge=make_bridge,
     )
+
+
+def _register_attention() -> None:
+    """Make ``attn_implementation="headscope"`` known to transformers (sdpa-style masks)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    from headscope.blocked import attention
+
+    AttentionInterface.register("headscope", attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register("headscope", sdpa_mask)
 
 
 def _find_weights(ref: str) -> Path | None:

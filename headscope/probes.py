@@ -111,6 +111,44 @@ def repeat_probe(model, repeat_len: int = 50, n_sequences: int = 16, seed: int =
                  settings={"repeat_len": repeat_len, "n_sequences": n_sequences, "seed": seed})
 
 
+def packed_text_probe(model, pairs: list[tuple[str, str]] | None, seq_len: int, n_sequences: int = 1) -> Probe:
+    """Text sequences exactly ``seq_len`` tokens long: segments packed until full.
+
+    Decoders: ``BOS a1 SEP b1 SEP a2 SEP b2 ...``; encoders: ``[CLS] a1 [SEP] b1 [SEP] ... [SEP]``.
+    The last segment is cut to fit. Each sequence continues the corpus where the previous one
+    stopped, wrapping around when the corpus is shorter than what is asked for.
+    """
+    pairs = load_pairs() if pairs is None else pairs
+    _check_seq_len(model, seq_len)
+    if n_sequences < 1:
+        raise HeadscopeError(f"--n-prompts must be at least 1, got {n_sequences}.")
+    segments = [model.encode(s) for pair in pairs for s in pair]
+    body = seq_len - 1 - (model.eos_id is not None)  # room between BOS/[CLS] and a final [SEP]
+    seqs, i = [], 0
+    for _ in range(n_sequences):
+        ids: list[int] = []
+        while len(ids) < body:
+            if ids:
+                ids.append(model.sep_id)
+            ids.extend(segments[i % len(segments)])
+            i += 1
+        seqs.append(model.wrap(ids[:body]))
+    return Probe("text", seqs, settings={"n_prompts": n_sequences, "seq_len": seq_len, "packed": True,
+                                         "join": "encoder" if not model.causal else "decoder"})
+
+
+def repeat_len_for(model, seq_len: int) -> int:
+    """The longest L with ``BOS + R + R`` (encoders ``+ [SEP]``) at most ``seq_len`` tokens."""
+    _check_seq_len(model, seq_len)
+    return (seq_len - 1 - (model.eos_id is not None)) // 2
+
+
+def _check_seq_len(model, seq_len: int) -> None:
+    low = 3 + (model.eos_id is not None)
+    if seq_len < low or seq_len > model.n_ctx:
+        raise HeadscopeError(f"--seq-len {seq_len} is outside {low}..{model.n_ctx} (the model's context); use at most {model.n_ctx}.")
+
+
 # ------------------------------------------------------------------------------ key flags
 
 

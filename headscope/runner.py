@@ -14,9 +14,16 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from headscope.extract import MetricScores, score_probe
+from headscope.extract import MetricScores, resolve_engine, score_probe
 from headscope.metrics import REGISTRY, Metric, get_metric
-from headscope.probes import Probe, load_pairs, repeat_probe, text_probe
+from headscope.probes import (
+    Probe,
+    load_pairs,
+    packed_text_probe,
+    repeat_len_for,
+    repeat_probe,
+    text_probe,
+)
 from headscope.report import to_frame
 
 
@@ -37,8 +44,18 @@ def default_probes(
     repeat_len: int = 50,
     seed: int = 0,
     prompts: str | None = None,
+    seq_len: int | None = None,
 ) -> list[Probe]:
-    """The text probe (first ``n_prompts`` pairs) and ``n_prompts`` repeat sequences."""
+    """The text probe (first ``n_prompts`` pairs) and ``n_prompts`` repeat sequences.
+
+    With ``seq_len``, every sequence is ``seq_len`` tokens long: text segments are packed until
+    full, and the repeat probe uses the longest ``R`` that fits (``repeat_len`` is then ignored).
+    """
+    if seq_len is not None:
+        return [
+            packed_text_probe(model, load_pairs(prompts), seq_len, n_prompts),
+            repeat_probe(model, repeat_len=repeat_len_for(model, seq_len), n_sequences=n_prompts, seed=seed),
+        ]
     return [
         text_probe(model, load_pairs(prompts), n_prompts),
         repeat_probe(model, repeat_len=repeat_len, n_sequences=n_prompts, seed=seed),
@@ -49,9 +66,10 @@ def scan(
     model,
     probes: Sequence[Probe] | None = None,
     metrics: Sequence[str | Metric] | None = None,
-    batch_size: int = 8,
+    batch_size: int | None = None,
     thresholds: dict[str, float] | None = None,
     progress=None,
+    engine: str = "auto",
 ) -> ScanResult:
     """Score every head of ``model`` for every metric; return a :class:`ScanResult`.
 
@@ -70,7 +88,7 @@ def scan(
         t0 = time.perf_counter()
         bar = progress(total=len(probe), desc=f"{probe.name} probe") if progress else None
         results.update(score_probe(model, probe, chosen, batch_size,
-                                   on_batch=bar.update if bar is not None else None))
+                                   on_batch=bar.update if bar is not None else None, engine=engine))
         if bar is not None:
             bar.close()
         timings[f"scan_{probe.name}_s"] = round(time.perf_counter() - t0, 3)
@@ -80,6 +98,7 @@ def scan(
         model_name=model.name,
         scores=frame,
         probes=probes,
-        metadata={"timings": timings, "causal": model.causal, "batch_size": batch_size},
+        metadata={"timings": timings, "causal": model.causal, "batch_size": batch_size or "auto",
+                  "engine": resolve_engine(model, engine)},
         thresholds={m.name: thresholds.get(m.name, m.threshold) for m in ordered},
     )

@@ -1,0 +1,112 @@
+"""Exact attention patterns in query blocks, at the cost of a fused-attention forward.
+
+A scan needs every head's pattern, but never all of it at once: metrics reduce each query row to a
+few numbers. So instead of eager attention (an ``n x n`` matrix per head, per layer, kept alive
+through the layer), the model runs its fused ``sdpa`` kernel for the outputs, and this module
+recomputes ``softmax(q k^T * scale + mask)`` a block of query rows at a time and hands each block
+to a callback. Peak extra memory is one block, ``batch x head x block x n`` floats; for causal
+models a block only computes keys up to its last query, which halves the work.
+
+The function :func:`attention` has the signature of a transformers attention implementation; it is
+registered under the name ``"headscope"`` by :mod:`headscope.models` (the one module that knows
+transformers). While no :class:`BlockScorer` is active it is plain ``sdpa``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+#: The scorer of the forward pass in progress (None outside :func:`scoring`).
+_ACTIVE: contextvars.ContextVar[BlockScorer | None] = contextvars.ContextVar("headscope_scorer", default=None)
+
+BLOCK_BYTES = 32 * 2**20  # one block of scores, fp32: small enough to stay in cache-friendly sizes
+
+
+class StopForward(Exception):
+    """Raised after the last wanted layer: the rest of the forward is not needed."""
+
+
+@dataclass
+class BlockScorer:
+    """What one forward pass should do with its patterns."""
+
+    on_block: Callable[[int, Tensor, int], None]  # (layer, pattern block [b, h, qb, kb], q_start)
+    layers: frozenset[int]
+    last: int
+    block_bytes: int = BLOCK_BYTES
+
+
+@contextlib.contextmanager
+def scoring(scorer: BlockScorer) -> Iterator[None]:
+    """Activate ``scorer`` for the forward passes run inside the ``with`` block."""
+    token = _ACTIVE.set(scorer)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def block_rows(batch: int, heads: int, keys: int, block_bytes: int = BLOCK_BYTES) -> int:
+    """Query rows per block so that one fp32 block of scores stays under ``block_bytes``."""
+    return max(16, block_bytes // max(1, batch * heads * keys * 4))
+
+
+def pattern_blocks(
+    query: Float[Tensor, "batch head q dim"],
+    key: Float[Tensor, "batch kv_head k dim"],
+    attention_mask: Tensor | None,
+    scaling: float,
+    causal: bool,
+    rows: int,
+) -> Iterator[tuple[int, Float[Tensor, "batch head block keys"]]]:
+    """Yield ``(q_start, softmax pattern block)``; causal blocks stop at key ``q_start + block``.
+
+    ``attention_mask``: None, boolean (True = may attend) or additive float, broadcastable to
+    ``[batch, head, q, k]``. Grouped-query attention is handled without copying keys: query head
+    ``h`` uses key head ``h // (heads / kv_heads)``.
+    """
+    b, h, n_q, d = query.shape
+    kvh, n_k = key.shape[1], key.shape[2]
+    g = h // kvh
+    q32 = query.float().view(b, kvh, g, n_q, d)  # [b, kv_head, group, q, dim]
+    kT = key.float().transpose(-1, -2).unsqueeze(2)  # [b, kv_head, 1, dim, k]
+    for qs in range(0, n_q, rows):
+        qe = min(n_q, qs + rows)
+        kmax = min(n_k, qe + (n_k - n_q)) if causal else n_k  # keys this block can see at most
+        s = (q32[:, :, :, qs:qe] @ kT[..., :kmax]).view(b, h, qe - qs, kmax) * scaling  # [b, h, qb, kmax]
+        if attention_mask is not None:
+            m = attention_mask[..., qs:qe, :kmax]
+            s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.float()
+        elif causal:
+            qpos = torch.arange(qs, qe, device=s.device)[:, None] + (n_k - n_q)
+            s = s.masked_fill(torch.arange(kmax, device=s.device)[None, :] > qpos, float("-inf"))
+        p = torch.softmax(s, dim=-1)
+        if not torch.isfinite(s.amax(-1)).all():  # a fully masked row: no attention, not NaN
+            p = torch.nan_to_num(p, nan=0.0)
+        yield qs, p
+
+
+def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
+              is_causal: bool | None = None, **kwargs):
+    """A transformers attention implementation: ``sdpa`` outputs, plus blocked patterns when scoring."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    scorer = _ACTIVE.get()
+    layer = getattr(module, "layer_idx", None)
+    if scorer is not None and layer in scorer.layers:
+        causal = is_causal if is_causal is not None else bool(getattr(module, "is_causal", False))
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        rows = block_rows(query.shape[0], query.shape[1], key.shape[2], scorer.block_bytes)
+        for qs, block in pattern_blocks(query, key, attention_mask, scale, causal, rows):
+            scorer.on_block(layer, block, qs)
+        if layer == scorer.last:
+            raise StopForward
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                  scaling=scaling, is_causal=is_causal, **kwargs)

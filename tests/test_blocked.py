@@ -1,0 +1,153 @@
+"""The blocked engine: exact pattern blocks from q and k, equal to the hook_pattern path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import headscope
+from headscope.blocked import block_rows, pattern_blocks
+from headscope.extract import auto_batch_size, score_probe
+from headscope.metrics import REGISTRY
+from headscope.probes import packed_text_probe, repeat_len_for
+
+
+def reference(q, k, mask, scale, causal):
+    """Eager attention weights, the textbook way: [b, h, q, k]."""
+    g = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(g, dim=1)
+    s = q @ k.transpose(-1, -2) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
+    elif causal:
+        s = s.masked_fill(torch.triu(torch.ones(s.shape[-2:], dtype=torch.bool), 1), float("-inf"))
+    return torch.nan_to_num(s.softmax(-1), nan=0.0)
+
+
+def assemble(blocks, n_k):
+    rows = []
+    for _, p in blocks:
+        pad = torch.zeros(*p.shape[:-1], n_k - p.shape[-1])
+        rows.append(torch.cat([p, pad], -1))
+    return torch.cat(rows, 2)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16])
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("causal", [True, False])
+def test_blocks_reassemble_to_eager_attention(rows, kv_heads, causal):
+    g = torch.Generator().manual_seed(0)
+    b, h, n, d = 2, 4, 11, 8
+    q = torch.randn(b, h, n, d, generator=g)
+    k = torch.randn(b, kv_heads, n, d, generator=g)
+    want = reference(q, k, None, d**-0.5, causal)
+    got = assemble(pattern_blocks(q, k, None, d**-0.5, causal, rows), n)
+    torch.testing.assert_close(got, want)
+
+
+def test_blocks_with_padding_masks_bool_and_additive():
+    g = torch.Generator().manual_seed(1)
+    b, h, n, d = 2, 2, 7, 4
+    q, k = torch.randn(b, h, n, d, generator=g), torch.randn(b, h, n, d, generator=g)
+    real = torch.tensor([[1] * 7, [1] * 4 + [0] * 3], dtype=torch.bool)
+    causal = torch.tril(torch.ones(n, n, dtype=torch.bool))
+    bool_mask = (real[:, None, None, :] & causal)  # [b, 1, q, k]
+    want = reference(q, k, bool_mask, 0.5, True)
+    got = assemble(pattern_blocks(q, k, bool_mask, 0.5, True, 2), n)
+    torch.testing.assert_close(got, want)
+    additive = torch.zeros(b, 1, n, n).masked_fill(~bool_mask, torch.finfo(torch.float32).min)
+    got2 = assemble(pattern_blocks(q, k, additive, 0.5, True, 3), n)
+    torch.testing.assert_close(got2, want)
+    # a fully masked row (possible with exotic masks) gives zeros, never NaN
+    empty = bool_mask.clone()
+    empty[1, 0, 6] = False
+    got3 = assemble(pattern_blocks(q, k, empty, 0.5, True, 4), n)
+    assert torch.isfinite(got3).all() and got3[1, :, 6].abs().sum() == 0
+
+
+def test_block_rows_respects_the_byte_budget():
+    assert block_rows(1, 9, 4096, 32 * 2**20) == 227
+    assert block_rows(64, 32, 8192, 1) == 16  # never fewer than 16 rows
+
+
+@pytest.mark.parametrize("fixture", ["tiny_gpt2", "tiny_bert"])
+def test_blocked_engine_equals_hooks_engine(fixture, request):
+    model = request.getfixturevalue(fixture)
+    assert model.supports_blocked
+    metrics = list(REGISTRY.values())
+    for probe in headscope.default_probes(model, n_prompts=5, repeat_len=7, seed=2):
+        a = score_probe(model, probe, metrics, batch_size=2, engine="blocked")
+        b = score_probe(model, probe, metrics, batch_size=2, engine="hooks")
+        for name in a:
+            torch.testing.assert_close(a[name].score, b[name].score, atol=1e-5, rtol=0, equal_nan=True)
+            assert a[name].count == b[name].count
+            assert a[name].chance == pytest.approx(b[name].chance, nan_ok=True)
+
+
+def test_small_blocks_change_nothing(tiny_gpt2):
+    """Force many query blocks per layer (1-byte budget -> 16-row blocks) on a long sequence."""
+    probe = packed_text_probe(tiny_gpt2, None, seq_len=100, n_sequences=2)
+    metrics = list(REGISTRY.values())
+    want = score_probe(tiny_gpt2, probe, metrics, batch_size=2, engine="hooks")
+    seen = []
+    import headscope.blocked as blocked
+
+    old = blocked.BLOCK_BYTES
+    blocked.BLOCK_BYTES = 1
+    try:
+        orig = tiny_gpt2.run_pattern_blocks
+
+        def spy(tokens, mask, on_block, layers=None, block_bytes=None):
+            return orig(tokens, mask, lambda l, p, qs: (seen.append(qs), on_block(l, p, qs)), layers, 1)
+
+        tiny_gpt2.run_pattern_blocks = spy
+        got = score_probe(tiny_gpt2, probe, metrics, batch_size=2, engine="blocked")
+    finally:
+        blocked.BLOCK_BYTES = old
+        del tiny_gpt2.run_pattern_blocks
+    assert max(seen) >= 80  # really blocked
+    for name in got:
+        torch.testing.assert_close(got[name].score, want[name].score, atol=1e-5, rtol=0, equal_nan=True)
+
+
+def test_blocked_forward_stops_after_the_last_layer(tiny_gpt2):
+    fired = []
+    mlp = tiny_gpt2.hf.transformer.h[0].mlp
+    handle = mlp.register_forward_hook(lambda *a: fired.append("mlp0"))
+    try:
+        layers = []
+        tiny_gpt2.run_pattern_blocks(torch.tensor([[0, 5, 6]]), torch.ones(1, 3, dtype=torch.bool),
+                                     lambda l, p, qs: layers.append(l), layers=[0])
+    finally:
+        handle.remove()
+    assert layers == [0] and fired == []
+
+
+def test_seq_len_probes_are_exactly_n_tokens(tiny_gpt2, tiny_bert):
+    for model in (tiny_gpt2, tiny_bert):
+        text = packed_text_probe(model, None, seq_len=97, n_sequences=3)
+        assert [len(s) for s in text.sequences] == [97, 97, 97]
+        assert text.sequences[0] != text.sequences[1]  # continues through the corpus
+        assert text.sequences[0][0] == model.bos_id
+        L = repeat_len_for(model, 97)
+        rep = headscope.repeat_probe(model, repeat_len=L, n_sequences=1)
+        assert len(rep.sequences[0]) <= 97 and len(rep.sequences[0]) >= 96
+        with pytest.raises(headscope.HeadscopeError, match="--seq-len"):
+            packed_text_probe(model, None, seq_len=model.n_ctx + 1)
+
+
+def test_auto_batch_size_shrinks_with_length(tiny_gpt2):
+    assert auto_batch_size(tiny_gpt2, 64) >= auto_batch_size(tiny_gpt2, 4096) >= 1
+    assert auto_batch_size(tiny_gpt2, 128, budget_bytes=1) == 1
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("fixture", ["smollm2", "minilm"])
+def test_blocked_equals_hooks_on_real_models(fixture, request):
+    model = request.getfixturevalue(fixture)
+    metrics = list(REGISTRY.values())
+    for probe in headscope.default_probes(model, n_prompts=4, repeat_len=30, seed=0):
+        a = score_probe(model, probe, metrics, batch_size=4, engine="blocked")
+        b = score_probe(model, probe, metrics, batch_size=4, engine="hooks")
+        for name in a:
+            torch.testing.assert_close(a[name].score, b[name].score, atol=1e-5, rtol=0, equal_nan=True)
