@@ -110,11 +110,15 @@ def score_probe(
             model.run_pattern_blocks(tokens, mask, on_block)
         else:
             model.run_patterns(tokens, mask, on_block)
-        uniform = uniform_pattern(tuple(tokens.shape[:1]) + (1, tokens.shape[1], tokens.shape[1]), batch)
-        for m in metrics:
-            pooled = m(uniform, batch)
-            counts[m.name] += float(pooled.count.sum())
-            chance[m.name] += float(pooled.total.sum())
+        b, n = tokens.shape
+        rows = max(16, (16 * 2**20) // (4 * b * n))  # uniform head in query blocks: O(n) memory
+        for q_start in range(0, n, rows):
+            block = replace(batch, q_start=q_start)
+            uniform = uniform_pattern((b, 1, min(rows, n - q_start), n), block)  # [b, 1, rows, n]
+            for m in metrics:
+                pooled = m(uniform, block)
+                counts[m.name] += float(pooled.count.sum())
+                chance[m.name] += float(pooled.total.sum())
         if on_batch is not None:
             on_batch(len(chunk))
     return {m.name: MetricScores(m, totals[m.name], counts[m.name], chance[m.name]) for m in metrics}
