@@ -75,21 +75,29 @@ def pattern_blocks(
     b, h, n_q, d = query.shape
     kvh, n_k = key.shape[1], key.shape[2]
     g = h // kvh
-    q32 = query.float().view(b, kvh, g, n_q, d)  # [b, kv_head, group, q, dim]
+    offset = n_k - n_q  # keys before the first query (0 without a KV cache)
+    q32 = (query.float() * scaling).view(b, kvh, g, n_q, d)  # [b, kv_head, group, q, dim], pre-scaled
     kT = key.float().transpose(-1, -2).unsqueeze(2)  # [b, kv_head, 1, dim, k]
     for qs in range(0, n_q, rows):
         qe = min(n_q, qs + rows)
-        kmax = min(n_k, qe + (n_k - n_q)) if causal else n_k  # keys this block can see at most
-        s = (q32[:, :, :, qs:qe] @ kT[..., :kmax]).view(b, h, qe - qs, kmax) * scaling  # [b, h, qb, kmax]
+        kmax = min(n_k, qe + offset) if causal else n_k  # keys this block can see at most
+        s = (q32[:, :, :, qs:qe] @ kT[..., :kmax]).view(b, h, qe - qs, kmax)  # [b, h, qb, kmax]
+        empty_rows = None
         if attention_mask is not None:
             m = attention_mask[..., qs:qe, :kmax]
-            s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.float()
+            if m.dtype == torch.bool:
+                s.masked_fill_(~m, float("-inf"))
+                empty_rows = ~m.any(-1, keepdim=True)  # [b or 1, 1, qb, 1]: rows with no visible key
+            else:
+                s += m.float()
         elif causal:
-            qpos = torch.arange(qs, qe, device=s.device)[:, None] + (n_k - n_q)
-            s = s.masked_fill(torch.arange(kmax, device=s.device)[None, :] > qpos, float("-inf"))
+            # Only the square of keys qs..qe-1 (plus offset) can lie in the future of a row.
+            lo = qs + offset
+            tri = torch.ones(qe - qs, kmax - lo, dtype=torch.bool, device=s.device).triu_(1)
+            s[..., lo:].masked_fill_(tri, float("-inf"))
         p = torch.softmax(s, dim=-1)
-        if not torch.isfinite(s.amax(-1)).all():  # a fully masked row: no attention, not NaN
-            p = torch.nan_to_num(p, nan=0.0)
+        if empty_rows is not None and bool(empty_rows.any()):
+            p = p.masked_fill(empty_rows, 0.0)  # a fully masked row attends nowhere: 0, not NaN
         yield qs, p
 
 

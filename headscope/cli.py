@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import platform
-import re
 import sys
 import time
 from pathlib import Path
@@ -37,10 +36,6 @@ class _Group(click.Group):
 @click.version_option(package_name="headscope")
 def main() -> None:
     """Find out what each attention head of a pretrained transformer does."""
-
-
-def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", Path(name).name or name).strip("-") or "model"
 
 
 def _parse_thresholds(items: tuple[str, ...]) -> dict[str, float]:
@@ -98,8 +93,9 @@ def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, seq_len, engi
     from headscope.probes import load_pairs
     from headscope.report import check_out_dir
     from headscope.sources import resolve
+    from headscope.views import model_slug
 
-    out = Path(out) if out else Path("runs") / _slug(model_name)
+    out = Path(out) if out else Path("runs") / model_slug(model_name)
     check_out_dir(out, force)
     if batch_size is not None and batch_size < 1:
         raise HeadscopeError(f"--batch-size must be at least 1, got {batch_size}.")
@@ -239,6 +235,12 @@ def metrics() -> None:
         rule = f"{m.label} ({'<=' if m.below else '>='} {m.threshold:g})"
         click.echo(f"{m.name:<16} {m.probe:<7} {rule:<34} {m.definition}")
 
+
+from headscope.cli_views import compare, plot, show  # noqa: E402 - registered after the group exists
+
+main.add_command(show)
+main.add_command(plot)
+main.add_command(compare)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -147,7 +147,7 @@ class Model:
         keeps each layer's last pattern in ``attn._pattern``; it is cleared as soon as the next
         layer runs and at the end, so at most one layer's pattern is alive at a time.
         """
-        layers = sorted(set(range(self.n_layers) if layers is None else layers))
+        layers = self._check_layers(layers)
         last = layers[-1]
         attns = [blk.attn for blk in self.bridge.blocks]
 
@@ -192,12 +192,18 @@ class Model:
 
         if not self.supports_blocked:
             raise HeadscopeError(f"{self.name}: its attention does not use the transformers attention interface; use the hooks engine.")
-        layers = sorted(set(range(self.n_layers) if layers is None else layers))
+        layers = self._check_layers(layers)
         scorer = BlockScorer(on_block, frozenset(layers), layers[-1], block_bytes or BLOCK_BYTES)
         self.hf.eval()
         with torch.inference_mode(), scoring(scorer), contextlib.suppress(StopForward):
             self.hf(input_ids=tokens.to(self.device), attention_mask=attention_mask.to(self.device).long(),
                     use_cache=False)
+
+    def _check_layers(self, layers: list[int] | None) -> list[int]:
+        layers = sorted(set(range(self.n_layers) if layers is None else layers))
+        if not layers or layers[0] < 0 or layers[-1] >= self.n_layers:
+            raise HeadscopeError(f"Layers {layers} are not in 0..{self.n_layers - 1}; give at least one valid layer.")
+        return layers
 
     def forward_logits(
         self, tokens: Int[Tensor, "batch pos"], attention_mask: Bool[Tensor, "batch pos"] | None = None

@@ -219,8 +219,15 @@ def load_run(path: str | Path):
     path = Path(path)
     if not (path / "scores.csv").is_file():
         raise HeadscopeError(f"'{path}' is not a headscope run directory (no scores.csv).")
-    scores = pd.read_csv(path / "scores.csv", keep_default_na=False, na_values=["NaN", "nan", ""])
-    scores["label"] = scores["label"].fillna("").astype(str)
+    try:
+        scores = pd.read_csv(path / "scores.csv", keep_default_na=False, na_values={"score": ["NaN", "nan", ""], "chance": ["NaN", "nan", ""]},
+                             dtype={"label": str})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise HeadscopeError(f"'{path / 'scores.csv'}' cannot be read as a scores table ({exc}).") from None
+    missing = [c for c in COLUMNS if c not in scores.columns]
+    if missing:
+        raise HeadscopeError(f"'{path / 'scores.csv'}' lacks column(s) {', '.join(missing)}; is it from `headscope scan`?")
+    scores["label"] = scores["label"].fillna("")
     meta = json.loads((path / "metadata.json").read_text()) if (path / "metadata.json").is_file() else {}
     probes: dict[str, Probe] = {}
     if (path / "tokens.jsonl").is_file():

@@ -98,7 +98,7 @@ def test_small_blocks_change_nothing(tiny_gpt2):
         orig = tiny_gpt2.run_pattern_blocks
 
         def spy(tokens, mask, on_block, layers=None, block_bytes=None):
-            return orig(tokens, mask, lambda l, p, qs: (seen.append(qs), on_block(l, p, qs)), layers, 1)
+            return orig(tokens, mask, lambda layer, p, qs: (seen.append(qs), on_block(layer, p, qs)), layers, 1)
 
         tiny_gpt2.run_pattern_blocks = spy
         got = score_probe(tiny_gpt2, probe, metrics, batch_size=2, engine="blocked")
@@ -117,7 +117,7 @@ def test_blocked_forward_stops_after_the_last_layer(tiny_gpt2):
     try:
         layers = []
         tiny_gpt2.run_pattern_blocks(torch.tensor([[0, 5, 6]]), torch.ones(1, 3, dtype=torch.bool),
-                                     lambda l, p, qs: layers.append(l), layers=[0])
+                                     lambda layer, p, qs: layers.append(layer), layers=[0])
     finally:
         handle.remove()
     assert layers == [0] and fired == []

@@ -99,11 +99,26 @@ def key_set_mass(pattern: Tensor, batch: PatternBatch, flags: Tensor | None) -> 
     """
     if flags is None:
         raise HeadscopeError("This metric needs key flags (separator/punctuation) in its PatternBatch.")
-    keys = flags.to(pattern.device).clone()  # [batch, key]
-    keys[:, 0] = False
-    sel = visible_keys(pattern, batch) & keys[:, None, :]  # [batch, query, key]
-    mass = (pattern * sel[:, None]).sum(-1)  # [batch, head, query]
-    qualifies = sel.any(-1) & query_range(pattern, batch, 0, batch.lengths - 1)  # [batch, query]
+    nq, nk = pattern.shape[-2], pattern.shape[-1]
+    k = torch.arange(nk, device=pattern.device)
+    real = k[None, :] < batch.lengths.to(pattern.device)[:, None]  # [batch, key]
+    keys = flags.to(pattern.device)[:, :nk] & real & (k[None, :] >= 1)  # [batch, key]
+    f = keys.to(pattern.dtype)
+    q = query_positions(pattern, batch)  # [query]
+    if not batch.causal:
+        mass = (pattern @ f[:, None, :, None]).squeeze(-1)  # [batch, head, query]: every key visible
+        sees = keys.any(-1, keepdim=True).expand(-1, nq)  # [batch, query]
+    else:
+        # Keys before the block's first query are visible to every row: one matrix-vector product.
+        # Only the keys from q_start on need the k <= q test (a small triangle in a query block).
+        ks = min(batch.q_start, nk)
+        mass = (pattern[..., :ks] @ f[:, None, :ks, None]).squeeze(-1)  # [batch, head, query]
+        if ks < nk:
+            tail = f[:, None, ks:] * (k[None, ks:] <= q[:, None])[None]  # [batch, query, key - ks]
+            mass = mass + (pattern[..., ks:] * tail[:, None]).sum(-1)
+        first = torch.where(keys, k[None, :], nk).amin(-1)  # [batch]: first flagged key, or nk
+        sees = q[None, :] >= first[:, None]  # [batch, query]
+    qualifies = sees & query_range(pattern, batch, 0, batch.lengths - 1)  # [batch, query]
     return pool(mass, qualifies)
 
 

@@ -16,9 +16,12 @@ from headscope.metrics.base import Metric, PatternBatch, Pooled, pool, query_ran
 
 
 def entropy(pattern, batch: PatternBatch) -> Pooled:
-    k = torch.arange(pattern.shape[-1], device=pattern.device)
-    real = (k[None, :] < batch.lengths.to(pattern.device)[:, None])[:, None, None, :]  # [b,1,1,key]
-    vals = torch.special.entr(pattern * real).sum(-1)  # [batch, head, query]
+    nk = pattern.shape[-1]
+    if bool((batch.lengths < nk).any()):  # padding keys in range: they never count
+        k = torch.arange(nk, device=pattern.device)
+        real = (k[None, :] < batch.lengths.to(pattern.device)[:, None])[:, None, None, :]  # [b,1,1,key]
+        pattern = pattern * real
+    vals = torch.special.entr(pattern).sum(-1)  # [batch, head, query]
     return pool(vals, query_range(pattern, batch, 1, batch.lengths - 1))
 
 

@@ -1,0 +1,295 @@
+"""Saved runs side by side: different models, or one model under different seeds.
+
+Everything here reads ``scores.csv`` tables; no model is ever loaded.
+
+    >>> runs = load_runs(["runs/smollm2-135m", "runs/all-minilm-l6-v2"])   # doctest: +SKIP
+    >>> summary(runs)              # per metric and run: max, mean, labelled, chance  # doctest: +SKIP
+    >>> head_differences(runs)     # per-head differences, runs of one shape          # doctest: +SKIP
+    >>> write_comparison(runs, "compare/")                                  # doctest: +SKIP
+
+``runs`` is an ordered ``{label: scores}`` dict; labels are the models' short names, or the run
+directories' names when two runs hold the same model (seeds).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from headscope.errors import HeadscopeError, did_you_mean
+from headscope.metrics import REGISTRY
+from headscope.views import model_slug
+
+NEEDED = ["model", "metric", "probe", "layer", "head", "score", "chance", "n", "label"]
+
+
+# ------------------------------------------------------------------------------ reading runs
+
+
+def read_run(path: str | Path):
+    """:func:`headscope.report.load_run` with one clear line for a missing or non-run directory."""
+    from headscope.report import load_run
+
+    p = Path(path)
+    table = p / "scores.csv"
+    if not p.is_dir() or not table.is_file():
+        parent = p.parent if p.parent.is_dir() else Path(".")
+        runs = [d.name for d in parent.iterdir() if (d / "scores.csv").is_file()]
+        what = "does not exist" if not p.exists() else "is not a directory" if not p.is_dir() else (
+            "is not a headscope run directory (no scores.csv)")
+        raise HeadscopeError(f"'{p}' {what}; give a directory written by `headscope scan`."
+                             + did_you_mean(p.name, runs))
+    try:
+        header = list(pd.read_csv(table, nrows=0).columns)
+        missing = [c for c in NEEDED if c not in header]
+        run = None if missing else load_run(p)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise HeadscopeError(f"'{table}' cannot be read as a table ({str(exc).splitlines()[0]}); "
+                             "rerun the scan.") from None
+    if run is None or run.scores.empty:
+        raise HeadscopeError(f"'{table}' lacks {', '.join(missing) or 'rows'}; a run's scores.csv has "
+                             f"columns {', '.join(NEEDED)}.")
+    return run
+
+
+def run_labels(models: Sequence[str], paths: Sequence[Path]) -> list[str]:
+    """Short model names; run directory names when two runs hold the same model.
+
+    >>> run_labels(["org/a", "b"], [Path("x"), Path("y")])
+    ['a', 'b']
+    >>> run_labels(["m", "m"], [Path("runs/m-s0"), Path("runs/m-s1")])
+    ['m-s0', 'm-s1']
+    """
+    for labels in ([model_slug(m) for m in models], [p.name for p in paths],
+                   [f"{p.parent.name}/{p.name}" for p in paths]):
+        if len(set(labels)) == len(labels):
+            return labels
+    return [f"{model_slug(m)}#{i}" for i, m in enumerate(models)]
+
+
+def load_runs(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
+    """Read two or more distinct run directories into ``{label: scores}`` (in the order given)."""
+    paths = [Path(p) for p in paths]
+    if len(paths) < 2:
+        raise HeadscopeError(f"compare needs at least two run directories, got {len(paths)}; "
+                             "e.g. headscope compare runs/a runs/b.")
+    seen: dict[Path, Path] = {}
+    for p in paths:
+        key = p.resolve()
+        if key in seen:
+            raise HeadscopeError(f"'{seen[key]}' and '{p}' are the same run directory; give distinct runs.")
+        seen[key] = p
+    results = [read_run(p) for p in paths]
+    labels = run_labels([r.model_name for r in results], paths)
+    return {label: r.scores for label, r in zip(labels, results, strict=True)}
+
+
+# ------------------------------------------------------------------------------ tables
+
+
+def metric_order(runs: dict[str, pd.DataFrame]) -> list[str]:
+    """Every metric of any run, in the order first seen."""
+    return list(dict.fromkeys(m for s in runs.values() for m in s["metric"].unique()))
+
+
+def summary(runs: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """One row per (metric, run): heads, max, mean, labelled heads, chance, top head.
+
+    ``max``/``mean`` are over the run's heads (NaN scores skipped); ``top_head`` is the highest
+    head, or the lowest for metrics whose label goes to low scores (entropy).
+    """
+    rows = []
+    for metric in metric_order(runs):
+        below = REGISTRY[metric].below if metric in REGISTRY else False
+        for label, scores in runs.items():
+            sub = scores[scores["metric"] == metric]
+            if sub.empty:
+                continue
+            valid = sub[sub["score"].notna()]
+            top = valid.loc[valid["score"].idxmin() if below else valid["score"].idxmax()] if len(valid) else None
+            rows.append({
+                "metric": metric, "run": label, "model": str(sub["model"].iloc[0]),
+                "heads": len(sub), "max": sub["score"].max(), "mean": sub["score"].mean(),
+                "labelled": int((sub["label"] != "").sum()), "chance": float(sub["chance"].iloc[0]),
+                "top_head": _head_name(top) if top is not None else "",
+            })
+    return pd.DataFrame(rows, columns=["metric", "run", "model", "heads", "max", "mean", "labelled",
+                                       "chance", "top_head"])
+
+
+def _head_name(row) -> str:
+    return f"L{int(row['layer'])}H{int(row['head'])}"
+
+
+def same_shape(runs: dict[str, pd.DataFrame]) -> bool:
+    """Whether every run has the same set of (layer, head) pairs."""
+    shapes = [set(zip(s["layer"], s["head"], strict=True)) for s in runs.values()]
+    return all(sh == shapes[0] for sh in shapes[1:])
+
+
+def head_differences(runs: dict[str, pd.DataFrame], k: int | None = None) -> pd.DataFrame:
+    """Per-head scores of every run side by side, largest ``|diff|`` first within each metric.
+
+    Two runs: ``diff = second - first``. More runs: ``diff = max - min`` over runs (the spread).
+    Only metrics every run has; heads with a NaN score in any run are left out. ``k`` keeps the
+    ``k`` largest per metric. Needs :func:`same_shape`.
+    """
+    if not same_shape(runs):
+        raise HeadscopeError("Per-head differences need runs with the same layers x heads; these differ "
+                             f"({', '.join(f'{k}: {_shape(s)}' for k, s in runs.items())}).")
+    labels = list(runs)
+    common = [m for m in metric_order(runs) if all((s["metric"] == m).any() for s in runs.values())]
+    parts = []
+    for metric in common:
+        wide = pd.concat({label: runs[label][runs[label]["metric"] == metric].set_index(["layer", "head"])["score"]
+                          for label in labels}, axis=1).dropna()  # [(layer, head), run]
+        diff = wide[labels[1]] - wide[labels[0]] if len(labels) == 2 else wide.max(axis=1) - wide.min(axis=1)
+        part = wide.assign(diff=diff, abs_diff=diff.abs()).reset_index()
+        part = part.sort_values(["abs_diff", "layer", "head"], ascending=[False, True, True])
+        if k is not None:
+            part = part.head(k)
+        part.insert(0, "metric", metric)
+        part.insert(3, "head_name", [f"L{la}H{h}" for la, h in zip(part["layer"], part["head"], strict=True)])
+        parts.append(part)
+    cols = ["metric", "layer", "head", "head_name", *labels, "diff", "abs_diff"]
+    return pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)
+
+
+def _shape(scores: pd.DataFrame) -> str:
+    return f"{scores['layer'].nunique()}x{scores['head'].nunique()}"
+
+
+def _fmt(x) -> str:
+    return "NaN" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
+
+
+def format_summary(table: pd.DataFrame) -> str:
+    """The :func:`summary` table as plain text for stdout."""
+    w = max([12, *(len(r) for r in table["run"])])
+    lines = [f"{'metric':<16} {'run':<{w}} {'max':>7} {'mean':>7} {'labelled':>9} {'chance':>7}  top head"]
+    for r in table.itertuples():
+        lines.append(f"{r.metric:<16} {r.run:<{w}} {_fmt(r.max):>7} {_fmt(r.mean):>7} "
+                     f"{f'{r.labelled}/{r.heads}':>9} {_fmt(r.chance):>7}  {r.top_head}")
+    return "\n".join(lines)
+
+
+def format_differences(diffs: pd.DataFrame, labels: Sequence[str], k: int = 3) -> str:
+    """The ``k`` largest per-head differences of each metric as plain text."""
+    what = f"{labels[1]} - {labels[0]}" if len(labels) == 2 else "max - min over runs"
+    lines = [f"largest per-head differences ({what}):"]
+    for metric, sub in diffs.groupby("metric", sort=False):
+        sign = "+" if len(labels) == 2 else ""  # a spread is never negative
+        items = ", ".join(f"{r.head_name} {r.diff:{sign}.3f}" for r in sub.head(k).itertuples())
+        lines.append(f"  {metric:<16} {items}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ figures
+
+
+def _vrange(metric: str, values: np.ndarray) -> tuple[float, float]:
+    if metric == "entropy" and np.isfinite(values).any():
+        return 0.0, float(max(1.0, math.ceil(np.nanmax(values))))
+    return 0.0, 1.0
+
+
+def distribution_figure(runs: dict[str, pd.DataFrame]) -> Figure:
+    """Per metric, each run's head scores as a box with every head drawn as a dot; chance as a dash."""
+    metrics = metric_order(runs)
+    labels = list(runs)
+    cols = min(4, len(metrics))
+    rows = math.ceil(len(metrics) / cols)
+    width = max(3.2, 0.9 * len(labels) + 1.5)
+    fig = Figure(figsize=(width * cols, 3.4 * rows), layout="constrained")
+    rng = np.random.default_rng(0)  # jitter only; a local generator, no global RNG
+    for i, metric in enumerate(metrics):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        values = [runs[la].loc[runs[la]["metric"] == metric, "score"].to_numpy(dtype=float) for la in labels]
+        finite = [v[np.isfinite(v)] for v in values]
+        pos = [j for j, v in enumerate(finite) if len(v)]
+        if pos:
+            ax.boxplot([finite[j] for j in pos], positions=pos, widths=0.5, showfliers=False,
+                       medianprops={"color": "black"})
+        for j, v in enumerate(finite):
+            ax.scatter(j + rng.uniform(-0.15, 0.15, len(v)), v, s=8, alpha=0.6, color=f"C{j % 10}", zorder=3,
+                       label=labels[j])
+            sub = runs[labels[j]][runs[labels[j]]["metric"] == metric]
+            if len(sub) and np.isfinite(sub["chance"].iloc[0]):
+                ax.hlines(float(sub["chance"].iloc[0]), j - 0.35, j + 0.35, colors="grey", linestyles="--")
+            if len(sub) and not len(v):
+                ax.text(j, 0.5, "NaN", ha="center", va="center", fontsize=8, transform=ax.get_xaxis_transform())
+        lo, hi = _vrange(metric, np.concatenate(values))
+        ax.set_ylim(lo - 0.02 * (hi - lo), hi + 0.02 * (hi - lo))
+        ax.set_xticks(range(len(labels)), labels, rotation=30 if len(labels) > 2 else 0, ha="right" if len(labels) > 2 else "center", fontsize=8)
+        ax.set_xlim(-0.6, len(labels) - 0.4)
+        ax.set_title(metric + (" (nats)" if metric == "entropy" else ""), fontsize=10)
+    fig.suptitle("head scores per run (dot = one head, dashed = chance)")
+    return fig
+
+
+def difference_figure(runs: dict[str, pd.DataFrame]) -> Figure:
+    """Two runs of the same shape: per metric, a layer x head heatmap of ``second - first``."""
+    if len(runs) != 2 or not same_shape(runs):
+        raise HeadscopeError("A difference heatmap needs exactly two runs with the same layers x heads.")
+    (la, a), (lb, b) = runs.items()
+    metrics = [m for m in metric_order(runs) if (a["metric"] == m).any() and (b["metric"] == m).any()]
+    cols = min(4, len(metrics))
+    rows = math.ceil(len(metrics) / cols)
+    n_layers, n_heads = a["layer"].nunique(), a["head"].nunique()
+    fig = Figure(figsize=(max(3.2, 0.3 * n_heads + 1.8) * cols, max(2.8, 0.18 * n_layers + 1.4) * rows),
+                 layout="constrained")
+    for i, metric in enumerate(metrics):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        pa = a[a["metric"] == metric].pivot(index="layer", columns="head", values="score")
+        pb = b[b["metric"] == metric].pivot(index="layer", columns="head", values="score")
+        d = (pb - pa).to_numpy(dtype=float)  # [layer, head]
+        lim = 1.0 if metric != "entropy" else max(1.0, math.ceil(np.nanmax(np.abs(d)))) if np.isfinite(d).any() else 1.0
+        im = ax.imshow(d, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_xticks(range(n_heads))
+        ax.set_yticks(range(n_layers))
+        ax.tick_params(labelsize=7 if max(n_layers, n_heads) > 16 else 9)
+        if n_layers * n_heads <= 200:
+            for (layer, head), v in np.ndenumerate(d):
+                if np.isfinite(v) and abs(v) >= 0.25 * lim:
+                    ax.text(head, layer, f"{v:+.2f}", ha="center", va="center", fontsize=6)
+        if not np.isfinite(d).any():
+            ax.text(0.5, 0.5, "NaN", transform=ax.transAxes, ha="center", va="center")
+        ax.set_title(metric, fontsize=10)
+        fig.colorbar(im, ax=ax, shrink=0.7)
+    fig.suptitle(f"per-head score difference: {lb} - {la}")
+    return fig
+
+
+# ------------------------------------------------------------------------------ writing
+
+
+def check_out_dir(out: str | Path) -> Path:
+    """Refuse an output path that exists and is not a directory (files in a directory are replaced)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise HeadscopeError(f"--out '{out}' exists and is not a directory; choose another --out.")
+    return out
+
+
+def write_comparison(runs: dict[str, pd.DataFrame], out: str | Path, dpi: int = 110) -> list[Path]:
+    """Write ``compare.csv``, ``distributions.png`` and, for runs of one shape, ``head_diffs.csv``
+    (and, for two runs, ``difference.png``) into ``out``; return the paths."""
+    out = check_out_dir(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "compare.csv", out / "distributions.png"]
+    summary(runs).to_csv(paths[0], index=False, float_format="%.8g", na_rep="NaN")
+    distribution_figure(runs).savefig(paths[1], dpi=dpi)
+    if same_shape(runs):
+        paths.append(out / "head_diffs.csv")
+        head_differences(runs).to_csv(paths[-1], index=False, float_format="%.8g", na_rep="NaN")
+        if len(runs) == 2:
+            paths.append(out / "difference.png")
+            difference_figure(runs).savefig(paths[-1], dpi=dpi)
+    return paths

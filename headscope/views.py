@@ -1,0 +1,272 @@
+"""One head's attention pattern on one text: extract it, draw it, write it as an offline HTML page.
+
+    >>> model = headscope.load_model("smollm2-135m")                   # doctest: +SKIP
+    >>> hp = head_pattern(model, "The river bank flooded", 3, 2)       # doctest: +SKIP
+    >>> hp.pattern.shape                                               # doctest: +SKIP
+    (6, 6)
+    >>> pattern_figure(hp).savefig("smollm2-135m-L3H2.png")            # doctest: +SKIP
+
+The pattern is post-softmax, rows = queries, columns = keys, over ``model.wrap(model.encode(text))``
+(BOS + tokens for decoders, [CLS] + tokens + [SEP] for encoders), one sequence, no padding.
+
+The HTML view is one self-contained file: data, CSS and a few lines of hand-written JS are inlined,
+so it opens offline (no CDN, no network). Hovering a cell shows the query token, key token and weight.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from headscope.errors import HeadscopeError
+
+FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+@dataclass(frozen=True)
+class HeadPattern:
+    """One head's pattern on one sequence, with what is needed to label it."""
+
+    model: str  # the model name as typed
+    layer: int
+    head: int
+    text: str
+    token_ids: list[int]
+    tokens: list[str]  # display strings (see :func:`display_token`)
+    pattern: np.ndarray  # [query, key], float32, post-softmax
+    causal: bool
+
+    @property
+    def head_name(self) -> str:
+        return f"L{self.layer}H{self.head}"
+
+
+# ------------------------------------------------------------------------------ names
+
+
+def model_slug(name: str) -> str:
+    """A file-name-safe short name of a model (a local folder's name, an ``org/name`` repo's name).
+
+    >>> model_slug("HuggingFaceTB/SmolLM2-135M"), model_slug("/tmp/my model/")
+    ('SmolLM2-135M', 'my-model')
+    """
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", Path(name).name or name).strip("-") or "model"
+
+
+def default_out_path(model_name: str, layer: int, head: int) -> Path:
+    """``./{model-slug}-L{layer}H{head}.png``."""
+    return Path(f"{model_slug(model_name)}-L{layer}H{head}.png")
+
+
+def display_token(s: str) -> str:
+    """A token as a label: spaces shown as ``␣``, newlines as ``↵``, other control characters escaped.
+
+    >>> display_token(" bank"), display_token("\\n"), display_token("")
+    ('␣bank', '↵', '∅')
+    """
+    if s == "":
+        return "∅"
+    s = s.replace(" ", "␣").replace("\n", "↵").replace("\r", "\\r").replace("\t", "\\t")
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in s)
+
+
+_HEAD_RE = re.compile(r"^\s*(?:L\s*)?(\d+)\s*(?:\.|H)\s*(\d+)\s*$", re.IGNORECASE)
+
+
+def parse_head(spec: str, n_layers: int | None = None, n_heads: int | None = None) -> tuple[int, int]:
+    """``"3.2"`` (or ``"L3H2"``) -> ``(3, 2)``, 0-based; checked against the model's shape when given.
+
+    Without ``n_layers``/``n_heads`` only the form is checked (the CLI does that before it spends
+    seconds loading the model, then checks the range).
+
+    >>> parse_head("3.2", 30, 9), parse_head("L3H2")
+    ((3, 2), (3, 2))
+    >>> parse_head("3-2", 30, 9)
+    Traceback (most recent call last):
+    ...
+    headscope.errors.HeadscopeError: Head '3-2' is not LAYER.HEAD; write it like 3.2 (layers 0..29, heads 0..8).
+    """
+    sized = n_layers is not None and n_heads is not None
+    valid = f"layers 0..{n_layers - 1}, heads 0..{n_heads - 1}" if sized else "0-based layer, then head"
+    m = _HEAD_RE.match(spec)
+    if m is None:
+        nums = [int(x) for x in re.findall(r"\d+", spec)]
+        if len(nums) != 2:
+            nums = [0, 0]
+        if sized:
+            nums = [min(nums[0], n_layers - 1), min(nums[1], n_heads - 1)]
+        raise HeadscopeError(f"Head '{spec}' is not LAYER.HEAD; write it like {nums[0]}.{nums[1]} ({valid}).")
+    layer, head = int(m.group(1)), int(m.group(2))
+    if sized and (layer >= n_layers or head >= n_heads):
+        nearest = f"{min(layer, n_layers - 1)}.{min(head, n_heads - 1)}"
+        raise HeadscopeError(f"Head '{spec}' is out of range: the model has {valid}; nearest valid: {nearest}.")
+    return layer, head
+
+
+# ------------------------------------------------------------------------------ extraction
+
+
+def head_pattern(model, text: str, layer: int, head: int) -> HeadPattern:
+    """Run ``model`` once on ``text`` and keep head ``(layer, head)``'s ``[query, key]`` pattern."""
+    import torch
+
+    if not (0 <= layer < model.n_layers and 0 <= head < model.n_heads):
+        parse_head(f"{layer}.{head}", model.n_layers, model.n_heads)  # raises with the valid range
+    body = model.encode(text)
+    if not body:
+        raise HeadscopeError("The text has no tokens; give a non-empty --text, e.g. 'The river bank flooded'.")
+    ids = model.wrap(body)
+    if len(ids) > model.n_ctx:
+        raise HeadscopeError(f"The text is {len(ids)} tokens with special tokens, longer than the model's "
+                             f"context ({model.n_ctx}); shorten it to at most {model.n_ctx - (len(ids) - len(body))} tokens.")
+    tokens = torch.tensor([ids], dtype=torch.long)  # [1, pos]
+    mask = torch.ones_like(tokens, dtype=torch.bool)  # [1, pos]
+    kept: dict[str, np.ndarray] = {}
+
+    def on_pattern(_layer: int, pattern) -> None:  # pattern: [batch=1, head, query, key]
+        kept["p"] = pattern[0, head].float().cpu().numpy().copy()  # [query, key]
+
+    model.run_patterns(tokens, mask, on_pattern, layers=[layer])
+    return HeadPattern(model=model.name, layer=layer, head=head, text=text, token_ids=list(ids),
+                       tokens=[display_token(s) for s in model.str_tokens(ids)],
+                       pattern=kept["p"], causal=model.causal)
+
+
+# ------------------------------------------------------------------------------ figure
+
+
+def pattern_figure(hp: HeadPattern) -> Figure:
+    """Query rows x key columns, colour 0-1, tokens on both axes, model and head in the title."""
+    n = len(hp.tokens)
+    side = float(np.clip(0.28 * n + 2.5, 4.0, 24.0))
+    fig = Figure(figsize=(side + 1.2, side), layout="constrained")
+    ax = fig.add_subplot()
+    im = ax.imshow(hp.pattern, cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+    step = max(1, int(np.ceil(n / 150)))  # keep labels legible on long texts
+    ticks = list(range(0, n, step))
+    size = 9 if n <= 30 else 7 if n <= 60 else 5
+    ax.set_xticks(ticks, [hp.tokens[i] for i in ticks], rotation=90, fontsize=size)
+    ax.set_yticks(ticks, [hp.tokens[i] for i in ticks], fontsize=size)
+    ax.set_xlabel("key")
+    ax.set_ylabel("query")
+    if n <= 16:  # write the weights on a small grid
+        for (q, k), v in np.ndenumerate(hp.pattern):
+            if v >= 0.05:
+                ax.text(k, q, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                        color="black" if v > 0.6 else "white")
+    kind = "causal" if hp.causal else "bidirectional"
+    ax.set_title(f"{hp.model}: {hp.head_name} attention ({kind}, {n} tokens)", fontsize=10)
+    fig.colorbar(im, ax=ax, shrink=0.8, label="attention weight")
+    return fig
+
+
+# ------------------------------------------------------------------------------ html
+
+_HTML = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>__TITLE__</title>
+<style>
+body { font-family: sans-serif; margin: 1.5em; color: #222; }
+#readout { font-family: monospace; min-height: 1.4em; padding: .3em 0; white-space: pre;
+           position: sticky; top: 0; background: #fff; }
+table { border-collapse: collapse; font-family: monospace; font-size: 11px; }
+td.c { width: 14px; height: 14px; padding: 0; border: 1px solid #fff; }
+th { font-weight: normal; padding: 0 3px; white-space: pre; }
+th.k { writing-mode: vertical-rl; transform: rotate(180deg); text-align: left; vertical-align: bottom; }
+th.q { text-align: right; }
+th.on { background: #ffd54f; }
+td.c:hover { outline: 2px solid #e53935; }
+</style></head>
+<body>
+<h3>__TITLE__</h3>
+<div>text: <code>__TEXT__</code></div>
+<div>rows: queries, columns: keys; colour 0 (dark) to 1 (yellow). Hover a cell.</div>
+<div id="readout"></div>
+<table id="grid"></table>
+<noscript>This view needs JavaScript (inline, no network access).</noscript>
+<script type="application/json" id="hs-data">__DATA__</script>
+<script>
+(function () {
+  const D = JSON.parse(document.getElementById("hs-data").textContent);
+  const T = D.tokens, P = D.pattern, n = T.length;
+  // viridis, sampled at 10 stops
+  const V = [[68,1,84],[72,40,120],[62,73,137],[49,104,142],[38,130,142],
+             [31,158,137],[53,183,121],[109,205,89],[180,222,44],[253,231,37]];
+  function colour(w) {
+    const x = Math.min(1, Math.max(0, w)) * (V.length - 1);
+    const i = Math.min(Math.floor(x), V.length - 2), f = x - i;
+    return "rgb(" + V[i].map((a, j) => Math.round(a + (V[i + 1][j] - a) * f)).join(",") + ")";
+  }
+  const grid = document.getElementById("grid"), out = document.getElementById("readout");
+  const head = grid.insertRow();
+  head.appendChild(document.createElement("th"));
+  const keyCells = [], queryCells = [];
+  T.forEach(function (t) {
+    const th = document.createElement("th"); th.className = "k"; th.textContent = t;
+    head.appendChild(th); keyCells.push(th);
+  });
+  for (let q = 0; q < n; q++) {
+    const row = grid.insertRow();
+    const th = document.createElement("th"); th.className = "q"; th.textContent = T[q];
+    row.appendChild(th); queryCells.push(th);
+    for (let k = 0; k < n; k++) {
+      const td = row.insertCell(); td.className = "c";
+      td.style.background = colour(P[q][k]);
+      td.dataset.q = q; td.dataset.k = k;
+    }
+  }
+  let last = null;
+  grid.addEventListener("mouseover", function (e) {
+    const td = e.target.closest("td.c"); if (!td) return;
+    const q = +td.dataset.q, k = +td.dataset.k;
+    if (last) { last.forEach(function (c) { c.classList.remove("on"); }); }
+    last = [queryCells[q], keyCells[k]];
+    last.forEach(function (c) { c.classList.add("on"); });
+    out.textContent = "query " + q + " " + JSON.stringify(T[q]) + "  ->  key " + k + " " +
+      JSON.stringify(T[k]) + "  weight " + P[q][k].toFixed(4);
+  });
+})();
+</script>
+</body></html>
+"""
+
+
+def pattern_html(hp: HeadPattern) -> str:
+    """A self-contained HTML page: hover a cell for query token, key token and weight."""
+    title = f"{hp.model}: {hp.head_name} attention"
+    data = {"model": hp.model, "layer": hp.layer, "head": hp.head, "tokens": hp.tokens,
+            "token_ids": hp.token_ids, "pattern": np.round(hp.pattern.astype(float), 6).tolist()}
+    # "<" escaped so no token can close the <script> element early.
+    blob = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")
+    return (_HTML.replace("__TITLE__", html.escape(title)).replace("__TEXT__", html.escape(hp.text))
+            .replace("__DATA__", blob))
+
+
+def write_views(hp: HeadPattern, out: str | Path, html_view: bool = False, dpi: int = 130) -> list[Path]:
+    """Write the figure to ``out`` (.png, .svg or .pdf) and, with ``html_view``, ``out`` as .html."""
+    out = Path(out)
+    check_figure_path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pattern_figure(hp).savefig(out, dpi=dpi)
+    paths = [out]
+    if html_view:
+        page = out.with_suffix(".html")
+        page.write_text(pattern_html(hp), encoding="utf-8")
+        paths.append(page)
+    return paths
+
+
+def check_figure_path(out: str | Path) -> Path:
+    """Refuse an output path that is a directory or has a suffix we cannot write."""
+    out = Path(out)
+    if out.suffix.lower() not in FIGURE_SUFFIXES:
+        raise HeadscopeError(f"--out '{out}' must end in {', '.join(FIGURE_SUFFIXES)}; e.g. {out.with_suffix('.png')}.")
+    if out.is_dir():
+        raise HeadscopeError(f"--out '{out}' is a directory; give a file name such as {out / 'head.png'}.")
+    return out
