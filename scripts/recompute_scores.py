@@ -1,0 +1,316 @@
+"""Independent cross-check of a headscope run directory.
+
+Recomputes every (metric, layer, head) score, its chance value and its n from ``tokens.jsonl`` alone,
+with plain Hugging Face eager attention (one sequence at a time, no padding, no token_type_ids), from
+the definitions in ``docs/design.md`` section 4, and compares with ``scores.csv``.
+
+    python scripts/recompute_scores.py RUN_DIR [--model-dir DIR] [--tol 1e-3]
+
+Exit status: 0 when every score, chance and n agrees (score/chance within ``--tol``, NaN only where
+NaN), 1 otherwise.
+
+On purpose this imports nothing from ``headscope.metrics``, ``headscope.extract`` or
+``headscope.scoring``: it is a second implementation. The only headscope code used is
+``headscope.sources`` (to find the cached weights of the two offline models).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import unicodedata
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+METRICS = {  # metric -> probe
+    "previous_token": "text",
+    "next_token": "text",
+    "sink": "text",
+    "separator": "text",
+    "punctuation": "text",
+    "entropy": "text",
+    "induction": "repeat",
+    "duplicate_token": "repeat",
+}
+
+OFFLINE = ("smollm2-135m", "all-minilm-l6-v2")
+
+
+# --------------------------------------------------------------------------- the model
+
+
+def model_folder(meta: dict, model_dir: str | os.PathLike | None = None) -> str:
+    """The local checkpoint folder (or hub repo id) of the model a run used."""
+    if model_dir is not None:
+        return str(model_dir)
+    name = str(meta.get("model", ""))
+    if name.lower() in OFFLINE:
+        from headscope.sources import PACKAGED, packaged_folder
+
+        return str(packaged_folder(PACKAGED[name.lower()]))
+    src = meta.get("source", {})
+    ref = src.get("source") if isinstance(src, dict) else src
+    if ref and Path(ref).is_dir():
+        return str(ref)
+    if name and Path(name).is_dir():
+        return name
+    if ref and str(ref).startswith("hf:"):  # a hub model, read from the local HF cache
+        return str(ref)[3:]
+    raise SystemExit(f"cannot locate the model of this run (model={name!r}, source={ref!r}); "
+                     "pass --model-dir")
+
+
+def load(folder: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """(model, tokenizer, causal) with eager attention, eval mode."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer, BertModel
+
+    cfg = AutoConfig.from_pretrained(folder)
+    archs = " ".join(getattr(cfg, "architectures", None) or [])
+    kw = dict(dtype=dtype, attn_implementation="eager")
+    if cfg.model_type == "bert":
+        model, causal = BertModel.from_pretrained(folder, **kw), False
+    elif "CausalLM" in archs or "LMHeadModel" in archs or cfg.model_type in ("gpt2", "llama", "gpt_neox"):
+        model, causal = AutoModelForCausalLM.from_pretrained(folder, **kw), True
+    else:
+        model = AutoModel.from_pretrained(folder, **kw)
+        causal = bool(getattr(cfg, "is_decoder", False))
+    model.to(device).eval()
+    tok = AutoTokenizer.from_pretrained(folder)
+    return model, tok, causal
+
+
+def is_punctuation(text: str) -> bool:
+    s = text.strip()
+    return bool(s) and all(unicodedata.category(c).startswith("P") for c in s)
+
+
+# --------------------------------------------------------------------------- the maths
+
+
+class Acc:
+    """Per-head running sums of f and of chance, and the pair count n, for one metric."""
+
+    def __init__(self, n_layers: int, n_heads: int):
+        self.f = np.zeros((n_layers, n_heads))
+        self.chance = 0.0
+        self.n = 0
+
+    def add(self, f_sum: np.ndarray, chance_sum: float, count: int):
+        self.f += f_sum
+        self.chance += chance_sum
+        self.n += count
+
+    def result(self, nan_score: bool = False):
+        if self.n == 0:
+            return np.full_like(self.f, np.nan), math.nan, 0
+        score = np.full_like(self.f, np.nan) if nan_score else self.f / self.n
+        return score, (math.nan if nan_score else self.chance / self.n), self.n
+
+
+def attentions(model, ids: list[int], device: str) -> torch.Tensor:
+    """[layer, head, query, key] float64, one sequence, no padding, no token_type_ids."""
+    x = torch.tensor([ids], dtype=torch.long, device=device)
+    # The bare transformer of a *ForCausalLM: same attention, no unembedding (~20% of the time).
+    body = getattr(model, "base_model", model) or model
+    with torch.no_grad():
+        out = body(input_ids=x, output_attentions=True)
+    att = out.attentions
+    if att is None or any(a is None for a in att):
+        raise RuntimeError("the model returned no attention weights (is attention eager?)")
+    return torch.stack([a[0] for a in att]).to(torch.float64).cpu()
+
+
+def score_text(A: torch.Tensor, ids: list[int], causal: bool, sep_id, punct_ids: set, accs: dict):
+    n = len(ids)
+    idx = torch.arange(n)
+    visible = (idx[None, :] <= idx[:, None]) if causal else torch.ones(n, n, dtype=torch.bool)
+    n_vis = visible.sum(1).to(torch.float64)  # keys each query can see
+    uniform = 1.0 / n_vis
+
+    q = idx[1:]  # 1 <= q <= n-1
+    accs["previous_token"].add(A[:, :, q, q - 1].sum(-1).numpy(), uniform[q].sum().item(), len(q))
+    accs["sink"].add(A[:, :, q, 0].sum(-1).numpy(), uniform[q].sum().item(), len(q))
+    ent = -torch.special.xlogy(A[:, :, q, :], A[:, :, q, :]).sum(-1)  # 0 ln 0 = 0
+    accs["entropy"].add(ent.sum(-1).numpy(), torch.log(n_vis[q]).sum().item(), len(q))
+
+    q = idx[:-1]  # 0 <= q <= n-2
+    accs["next_token"].add(A[:, :, q, q + 1].sum(-1).numpy(), uniform[q].sum().item(), len(q))
+
+    ids_t = torch.tensor(ids)
+    for name, key_ok in (("separator", ids_t == (sep_id if sep_id is not None else -1)),
+                         ("punctuation", torch.tensor([i in punct_ids for i in ids]))):
+        key_ok = key_ok.clone()
+        key_ok[0] = False  # position 0 never counts as a separator/punctuation key
+        M = visible & key_ok[None, :]  # [q, k] visible keys of the class
+        qual = M.any(1)
+        f = (A * M.to(A.dtype)).sum(-1)[:, :, qual].sum(-1)
+        chance = (M.sum(1).to(torch.float64) / n_vis)[qual].sum().item()
+        accs[name].add(f.numpy(), chance, int(qual.sum()))
+
+
+def score_repeat(A: torch.Tensor, ids: list[int], L: int, causal: bool, accs: dict, where: str):
+    n = len(ids)
+    q = torch.arange(L + 1, 2 * L + 1)  # L+1 <= q <= 2L
+    if int(q[-1]) >= n:
+        raise ValueError(f"{where}: sequence of {n} tokens is too short for repeat_len {L}")
+    if any(ids[i] != ids[i - L] for i in q.tolist()):
+        print(f"warning: {where}: token at q differs from token at q-L (not BOS+R+R?)", file=sys.stderr)
+    n_vis = (q + 1).to(torch.float64) if causal else torch.full((len(q),), float(n), dtype=torch.float64)
+    chance = (1.0 / n_vis).sum().item()
+    accs["induction"].add(A[:, :, q, q - L + 1].sum(-1).numpy(), chance, len(q))
+    accs["duplicate_token"].add(A[:, :, q, q - L].sum(-1).numpy(), chance, len(q))
+
+
+def read_tokens(run_dir: Path) -> list[dict]:
+    with open(run_dir / "tokens.jsonl") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def recompute(run_dir, model_dir=None, device: str = "cpu", progress: bool = False,
+              threads: int | None = 1) -> pd.DataFrame:
+    """The recomputed long table of ``run_dir``: one row per (metric, layer, head).
+
+    ``threads``: torch intra-op threads while recomputing (restored afterwards; None = leave as is).
+    One thread is the default because on a shared 2-core machine two OpenMP threads ran the same
+    SmolLM2 forward 5-8x slower than one.
+    """
+    old_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return _recompute(Path(run_dir), model_dir, device, progress)
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+def _recompute(run_dir: Path, model_dir, device: str, progress: bool) -> pd.DataFrame:
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    dtype = getattr(torch, str(meta.get("dtype", "float32")))
+    model, tok, causal = load(model_folder(meta, model_dir), dtype=dtype, device=device)
+    if "causal" in meta and bool(meta["causal"]) != causal:
+        print(f"warning: metadata says causal={meta['causal']}, the model loaded here is "
+              f"causal={causal}", file=sys.stderr)
+
+    sep_id = tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id
+    records = read_tokens(run_dir)
+    vocab_ids = sorted({i for r in records if r["probe"] == "text" for i in r["token_ids"]})
+    punct_ids = {i for i in vocab_ids if is_punctuation(tok.decode([i]))}
+
+    accs = None
+    for j, rec in enumerate(records):
+        ids = [int(i) for i in rec["token_ids"]]
+        A = attentions(model, ids, device)
+        if accs is None:
+            accs = {m: Acc(A.shape[0], A.shape[1]) for m in METRICS}
+        if rec["probe"] == "text":
+            score_text(A, ids, causal, sep_id, punct_ids, accs)
+        elif rec["probe"] == "repeat":
+            score_repeat(A, ids, int(rec["repeat_len"]), causal, accs,
+                         where=f"repeat sequence {rec.get('index')}")
+        else:
+            raise ValueError(f"unknown probe {rec['probe']!r} in tokens.jsonl line {j + 1}")
+        if progress and (j + 1) % 16 == 0:
+            print(f"  {j + 1}/{len(records)} sequences", file=sys.stderr)
+    if accs is None:
+        raise ValueError(f"{run_dir / 'tokens.jsonl'} holds no sequence")
+
+    rows = []
+    for metric, probe in METRICS.items():
+        score, chance, n = accs[metric].result(nan_score=(metric == "next_token" and causal))
+        for layer in range(score.shape[0]):
+            for head in range(score.shape[1]):
+                rows.append(dict(model=meta.get("model"), metric=metric, probe=probe, layer=layer,
+                                 head=head, head_name=f"L{layer}H{head}",
+                                 score=float(score[layer, head]), chance=chance, n=n))
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+def _diff(a: pd.Series, b: pd.Series) -> pd.Series:
+    """|a-b|, 0 where both are NaN, inf where exactly one is."""
+    a, b = a.astype(float), b.astype(float)
+    d = (a - b).abs()
+    both = a.isna() & b.isna()
+    one = a.isna() ^ b.isna()
+    return d.mask(both, 0.0).mask(one, np.inf)
+
+
+def compare(ours: pd.DataFrame, theirs: pd.DataFrame, tol: float = 1e-3):
+    """(per-metric summary DataFrame, list of problem strings)."""
+    key = ["metric", "layer", "head"]
+    m = theirs.merge(ours, on=key, how="outer", suffixes=("_run", "_re"), indicator=True)
+    problems = []
+    only_run = m[m["_merge"] == "left_only"]
+    only_re = m[m["_merge"] == "right_only"]
+    if len(only_run):
+        problems.append(f"{len(only_run)} rows of scores.csv not recomputed "
+                        f"(metrics {sorted(only_run.metric.unique())})")
+    run_metrics = set(theirs.metric)
+    missing = only_re[~only_re.metric.isin(run_metrics)].metric.unique()
+    if len(missing):
+        print(f"note: metrics not in scores.csv (not compared): {sorted(missing)}", file=sys.stderr)
+    if len(only_re[only_re.metric.isin(run_metrics)]):
+        problems.append(f"{len(only_re[only_re.metric.isin(run_metrics)])} (metric, layer, head) "
+                        "rows missing from scores.csv")
+    both = m[m["_merge"] == "both"].copy()
+    both["d_score"] = _diff(both.score_run, both.score_re)
+    both["d_chance"] = _diff(both.chance_run, both.chance_re)
+    both["n_bad"] = both.n_run.astype(int) != both.n_re.astype(int)
+    summary = both.groupby("metric", sort=False).agg(
+        max_d_score=("d_score", "max"), max_d_chance=("d_chance", "max"),
+        n_run=("n_run", "first"), n_re=("n_re", "first"), n_mismatch=("n_bad", "sum"))
+    for metric, s in summary.iterrows():
+        if not (s.max_d_score <= tol):
+            worst = both[both.metric == metric].sort_values("d_score").iloc[-1]
+            problems.append(f"{metric}: score differs by {s.max_d_score:.3g} (worst L{worst.layer}H"
+                            f"{worst['head']}: run {float(worst.score_run):.8g}, recomputed {float(worst.score_re):.8g})")
+        if not (s.max_d_chance <= tol):
+            problems.append(f"{metric}: chance differs by {s.max_d_chance:.3g}")
+        if s.n_mismatch:
+            problems.append(f"{metric}: n differs on {int(s.n_mismatch)} rows "
+                            f"(first: run {int(s.n_run)}, recomputed {int(s.n_re)})")
+    return summary, problems
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir")
+    ap.add_argument("--model-dir", default=None, help="checkpoint folder (default: from metadata.json)")
+    ap.add_argument("--tol", type=float, default=1e-3)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch's default)")
+    ap.add_argument("--save", default=None, help="also write the recomputed table to this CSV")
+    args = ap.parse_args(argv)
+
+    run_dir = Path(args.run_dir)
+    theirs = pd.read_csv(run_dir / "scores.csv")
+    ours = recompute(run_dir, args.model_dir, device=args.device, progress=True,
+                     threads=args.threads or None)
+    if args.save:
+        ours.to_csv(args.save, index=False)
+    summary, problems = compare(ours, theirs, args.tol)
+    with pd.option_context("display.width", 200, "display.float_format", "{:.3g}".format):
+        print(summary.to_string())
+    if problems:
+        print(f"\nMISMATCH (tolerance {args.tol:g}):")
+        for p in problems:
+            print("  " + p)
+        return 1
+    print(f"\nOK: every score, chance and n agrees within {args.tol:g} "
+          f"({len(theirs)} rows, {theirs.metric.nunique()} metrics)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for `import headscope`
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Every score of a real `headscope scan` agrees with an independent recomputation.
+
+``scripts/recompute_scores.py`` recomputes score, chance and n of every (metric, layer, head) from
+``tokens.jsonl`` alone, with plain Hugging Face eager attention, one sequence at a time, from the
+definitions in design.md section 4 (it imports nothing from headscope's metrics/extract/scoring).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from click.testing import CliRunner
+
+from headscope.cli import main
+from scripts.recompute_scores import compare, recompute
+
+TOL = 1e-3
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One torch thread for scan and recompute: on a shared 2-core machine, two OpenMP threads ran
+    the same SmolLM2 forward 5-8x slower than one. Restored afterwards."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def _scan(model: str, out) -> None:
+    args = ["scan", model, "--out", str(out), "--n-prompts", "6", "--repeat-len", "20",
+            "--batch-size", "4", "--quiet", "--no-figures"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+
+
+def _assert_agrees(run_dir) -> pd.DataFrame:
+    theirs = pd.read_csv(run_dir / "scores.csv")
+    ours = recompute(run_dir)
+    merged = theirs.merge(ours, on=["metric", "layer", "head"], suffixes=("_run", "_re"),
+                          how="outer", validate="one_to_one", indicator=True)
+    assert (merged["_merge"] == "both").all(), merged[merged["_merge"] != "both"]
+    for col in ("score", "chance"):
+        a, b = merged[f"{col}_run"].to_numpy(float), merged[f"{col}_re"].to_numpy(float)
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(b), err_msg=f"NaN pattern of {col}")
+        ok = np.isnan(a) | (np.abs(a - b) <= TOL)
+        assert ok.all(), merged.loc[~ok, ["metric", "layer", "head", f"{col}_run", f"{col}_re"]]
+    assert (merged["n_run"] == merged["n_re"]).all()
+    assert not compare(ours, theirs, TOL)[1]
+    return merged
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("model", ["smollm2-135m", "all-minilm-l6-v2"])
+def test_real_scan_matches_independent_recompute(model, tmp_path):
+    out = tmp_path / "run"
+    _scan(model, out)
+    merged = _assert_agrees(out)
+    assert set(merged.metric) == {"previous_token", "next_token", "sink", "separator",
+                                  "punctuation", "entropy", "induction", "duplicate_token"}
+    next_scores = merged.loc[merged.metric == "next_token", "score_run"]
+    assert next_scores.isna().all() == (model == "smollm2-135m")  # NaN exactly on causal models
+    assert (merged.n_run > 0).all()
+
+
+@pytest.mark.parametrize("folder", ["tiny_gpt2_dir", "tiny_bert_dir"])
+def test_tiny_local_scan_matches_independent_recompute(folder, request, tmp_path):
+    """Fast: random 2-layer local checkpoints (causal GPT-2 and encoder BERT), found from metadata."""
+    out = tmp_path / "run"
+    _scan(str(request.getfixturevalue(folder)), out)
+    merged = _assert_agrees(out)
+    assert merged.loc[merged.metric == "next_token", "score_run"].isna().all() == (folder == "tiny_gpt2_dir")
