@@ -77,11 +77,13 @@ def _parse_thresholds(items: tuple[str, ...]) -> dict[str, float]:
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps.")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
               show_default=True, help="Model weights dtype; patterns are scored in float32.")
+@click.option("--threads", type=int, default=None,
+              help="CPU threads for torch. [default: torch's choice, usually one per core]")
 @click.option("--force", is_flag=True, help="Replace an existing run directory.")
 @click.option("--no-figures", is_flag=True, help="Skip the PNG heatmaps.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
 def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, seq_len, engine, prompts, metric_names,
-         thresholds, device, dtype, force, no_figures, quiet) -> None:
+         thresholds, device, dtype, threads, force, no_figures, quiet) -> None:
     """Score every head of MODEL and write a run directory.
 
     MODEL is an offline model (smollm2-135m, all-minilm-l6-v2), a transformer-lens name such as
@@ -103,6 +105,8 @@ def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, seq_len, engi
         raise HeadscopeError(f"--n-prompts must be at least 1, got {n_prompts}.")
     if repeat_len < 1:
         raise HeadscopeError(f"--repeat-len must be at least 1, got {repeat_len}.")
+    if threads is not None and threads < 1:
+        raise HeadscopeError(f"--threads must be at least 1, got {threads}.")
     chosen = [get_metric(m.strip()) for m in metric_names.split(",") if m.strip()] if metric_names else list(REGISTRY.values())
     threshold_map = _parse_thresholds(thresholds)
     pairs = load_pairs(prompts)
@@ -122,6 +126,10 @@ def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, seq_len, engi
     from headscope.report import save_run, summary_table
     from headscope.runner import scan as run_scan
 
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
     t0 = time.perf_counter()
     model = load_model(model_name, device=device, dtype=dtype, progress=say)
     t_load = time.perf_counter() - t0
@@ -195,6 +203,7 @@ def _metadata(model, source, result, seed, prompts, t_load) -> dict:
         "prompts": str(Path(prompts).resolve()) if prompts else "builtin:headscope/data/pairs.tsv",
         "token_type_ids": "all zero (sequences are fed as token ids alone)",
         "device": str(model.device),
+        "threads": torch.get_num_threads(),
         "dtype": str(model.dtype).replace("torch.", ""),
         "versions": {
             "headscope": headscope.__version__,
