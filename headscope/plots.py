@@ -42,7 +42,7 @@ def draw_heatmap(ax, scores: pd.DataFrame, metric: str, annotate: bool = True, t
     ax.tick_params(labelsize=7 if max(n_layers, n_heads) > 16 else 9)
     if annotate and n_layers * n_heads <= 400:
         for (layer, head), v in np.ndenumerate(values):
-            strong = (v <= 0.3) if below else (v >= STRONG)
+            strong = (v <= REGISTRY[metric].threshold) if below else (v >= STRONG)
             if np.isfinite(v) and strong:
                 ax.text(head, layer, f"{v:.2f}", ha="center", va="center", fontsize=6,
                         color="black" if (v - vmin) / (vmax - vmin + 1e-9) > 0.6 else "white")

@@ -173,5 +173,5 @@ class PunctuationTable:
         for i in ids.unique().tolist():
             if i not in self._known:
                 self._known[i] = is_punctuation(self._model.decode_one(i))
-        lut = {i: v for i, v in self._known.items()}
-        return torch.tensor([[lut[i] for i in row] for row in ids.tolist()], dtype=torch.bool)
+        known = self._known
+        return torch.tensor([[known[i] for i in row] for row in ids.tolist()], dtype=torch.bool)

@@ -1,0 +1,120 @@
+"""Per-layer views of a scan table, the view of Clark et al. (2019), "What does BERT look at?".
+
+Clark et al. plot, for each layer, the attention heads put on [CLS], [SEP] and punctuation on
+average. Here that is the mean over a layer's heads of the ``sink`` (position 0: BOS or [CLS]),
+``separator`` and ``punctuation`` scores of a headscope scan. Nothing here needs the model.
+
+>>> import pandas as pd
+>>> scores = pd.DataFrame({"model": "m", "metric": "sink", "layer": [0, 0, 1, 1], "head": [0, 1, 0, 1],
+...                        "head_name": ["L0H0", "L0H1", "L1H0", "L1H1"], "score": [0.2, 0.4, 0.9, 0.7],
+...                        "chance": 0.1, "label": ["", "", "sink head", "sink head"]})
+>>> layer_means(scores, ["sink"])[["metric", "layer", "mean", "max"]]
+  metric  layer  mean  max
+0   sink      0   0.3  0.4
+1   sink      1   0.8  0.9
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from headscope.errors import HeadscopeError
+from headscope.metrics import REGISTRY
+
+CLARK_METRICS = ("sink", "separator", "punctuation")
+
+
+def layer_means(scores: pd.DataFrame, metrics: Sequence[str] = CLARK_METRICS, run: str | None = None) -> pd.DataFrame:
+    """Per (metric, layer): the mean and max score over the layer's heads, and the chance value.
+
+    ``run`` names the table in a ``run`` column (default: its model name), so tables of several
+    models or conditions can be concatenated and drawn with :func:`layer_curves`. NaN scores
+    (e.g. ``next_token`` on a causal model) give NaN means.
+    """
+    missing = [m for m in metrics if m not in set(scores["metric"])]
+    if missing:
+        raise HeadscopeError(f"No rows for {', '.join(missing)}; this table has: {', '.join(scores['metric'].unique())}.")
+    sub = scores[scores["metric"].isin(metrics)]
+    out = (sub.groupby(["model", "metric", "layer"], sort=False)
+              .agg(mean=("score", "mean"), max=("score", "max"), chance=("chance", "first"),
+                   heads=("score", "size"))
+              .reset_index())
+    out.insert(0, "run", run if run is not None else out["model"])
+    order = {m: i for i, m in enumerate(metrics)}
+    return out.sort_values(["metric", "layer"], key=lambda c: c.map(order) if c.name == "metric" else c,
+                           kind="stable").reset_index(drop=True)
+
+
+def layer_curves(table: pd.DataFrame, panels: str = "run", lines: str = "metric", title: str | None = None) -> Figure:
+    """Per-layer mean curves from :func:`layer_means` tables (concatenated).
+
+    One panel per value of ``panels``, one line per value of ``lines``; each line's chance value is
+    drawn dashed in the same colour. y runs 0-1; x is the layer.
+    """
+    for col in (panels, lines):
+        if col not in table.columns:
+            raise HeadscopeError(f"layer_curves: no column '{col}'; use one of {', '.join(table.columns)}.")
+    groups = list(dict.fromkeys(table[panels]))
+    fig = Figure(figsize=(4.6 * len(groups), 3.6), layout="constrained")
+    axes = fig.subplots(1, len(groups), squeeze=False)[0]
+    for ax, group in zip(axes, groups, strict=True):
+        sub = table[table[panels] == group]
+        for i, (name, line) in enumerate(sub.groupby(lines, sort=False)):
+            colour = f"C{i}"
+            ax.plot(line["layer"], line["mean"], marker="o", ms=3, color=colour, label=str(name))
+            ax.plot(line["layer"], line["chance"], ls="--", lw=0.8, color=colour)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("layer")
+        ax.set_ylabel("mean over heads")
+        ax.set_title(str(group), fontsize=10)
+        ax.legend(fontsize=8)
+    fig.suptitle(title or "mean attention per layer (dashed: a uniform head)", fontsize=11)
+    return fig
+
+
+def side_by_side(runs: Mapping[str, pd.DataFrame], metric: str | Mapping[str, str], title: str | None = None) -> Figure:
+    """Layer x head heatmaps of several tables (``{label: scores}``) in one figure.
+
+    ``metric`` is one metric for every panel, or ``{label: metric}`` to draw a different metric
+    in each panel (e.g. one model's ``sink`` next to its ``separator``).
+    """
+    from headscope.plots import draw_heatmap
+
+    chosen = {label: metric if isinstance(metric, str) else metric[label] for label in runs}
+    shapes = {label: (s["layer"].nunique(), s["head"].nunique()) for label, s in runs.items()}
+    widths = [max(2.5, 0.4 * h + 1.5) for _, h in shapes.values()]
+    height = max(3.0, 0.22 * max(n for n, _ in shapes.values()) + 1.4)
+    fig = Figure(figsize=(sum(widths) + 1.0, height), layout="constrained")
+    axes = fig.subplots(1, len(runs), squeeze=False, width_ratios=widths)[0]
+    for ax, (label, scores) in zip(axes, runs.items(), strict=True):
+        m = chosen[label]
+        n = int(scores.loc[scores["metric"] == m, "n"].iloc[0]) if "n" in scores else None
+        name = label if isinstance(metric, str) else f"{label}: {m}"
+        im = draw_heatmap(ax, scores, m, title=name + (f" (n = {n} queries)" if n else ""))
+    fig.colorbar(im, ax=list(axes), shrink=0.8)
+    fig.suptitle(title or (metric if isinstance(metric, str) else ", ".join(dict.fromkeys(chosen.values()))),
+                 fontsize=11)
+    return fig
+
+
+def labelled_heads(scores: pd.DataFrame, max_names: int | None = 12) -> pd.DataFrame:
+    """One row per label: the metric, how many heads carry it, and their names (strongest first).
+
+    At most ``max_names`` names are listed (``None``: all), then how many more there are.
+    """
+    rows = []
+    for metric in scores["metric"].unique():
+        sub = scores[(scores["metric"] == metric) & (scores["label"] != "")]
+        if sub.empty:
+            continue
+        below = REGISTRY[metric].below if metric in REGISTRY else False
+        sub = sub.sort_values("score", ascending=below)
+        names = list(sub["head_name"])
+        shown = names if max_names is None else names[:max_names]
+        more = f", ... ({len(names) - len(shown)} more)" if len(shown) < len(names) else ""
+        rows.append({"model": sub["model"].iloc[0], "label": sub["label"].iloc[0], "metric": metric,
+                     "heads": len(sub), "names": ", ".join(shown) + more})
+    return pd.DataFrame(rows, columns=["model", "label", "metric", "heads", "names"])

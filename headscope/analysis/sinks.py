@@ -1,0 +1,124 @@
+"""Attention sinks: heads that park attention on position 0, and what happens without BOS.
+
+The ``sink`` metric of a scan is each head's mean attention to position 0 (queries ``1..n-1``).
+Gu et al. (2024, "When Attention Sink Emerges in Language Models") summarise a model by its
+**sink rate**: the share of heads whose average attention to the first token exceeds
+``epsilon = 0.3``. (They average over every query; the ``sink`` metric leaves out query 0, which in
+a causal model can only see itself. On 30-token prompts the two differ by at most 1/30.)
+
+To ask whether the sink is the BOS *token* or the first *position*, :func:`without_first_token`
+drops position 0 from every sequence of a probe, so an ordinary word sits at position 0, and the
+same scan measures attention to it.
+
+>>> import pandas as pd
+>>> scores = pd.DataFrame({"metric": "sink", "layer": [0, 0, 1, 1], "head": [0, 1, 0, 1],
+...                        "score": [0.1, 0.5, 0.9, 0.2]})
+>>> sink_rate(scores)
+0.5
+>>> sink_rate(scores, per_layer=True).tolist()
+[0.5, 0.5]
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from headscope.errors import HeadscopeError
+
+SINK_EPSILON = 0.3  # Gu et al. (2024)
+
+
+def sink_rate(scores: pd.DataFrame, threshold: float = SINK_EPSILON, per_layer: bool = False):
+    """Share of heads whose ``sink`` score exceeds ``threshold``; per layer: a Series by layer."""
+    sub = scores[scores["metric"] == "sink"]
+    if sub.empty:
+        raise HeadscopeError("The scores table has no 'sink' rows; scan a text probe first.")
+    above = sub["score"] > threshold
+    if per_layer:
+        return above.groupby(sub["layer"]).mean().rename("sink_rate")
+    return float(above.mean())
+
+
+def without_first_token(probe):
+    """A copy of ``probe`` with position 0 (BOS or [CLS]) dropped from every sequence.
+
+    Decoders: ``BOS a SEP b`` becomes ``a SEP b``, so position 0 holds the first word of ``a``.
+    Encoders: ``[CLS] a [SEP] b [SEP]`` becomes ``a [SEP] b [SEP]``.
+    """
+    from headscope.probes import Probe
+
+    if probe.repeat_len is not None:
+        raise HeadscopeError("without_first_token is for text probes; on a repeat probe it would shift "
+                             "every position the repeat metrics rely on.")
+    if any(len(s) < 3 for s in probe.sequences):
+        raise HeadscopeError("Every sequence needs at least 3 tokens to drop its first one and keep two.")
+    return Probe(probe.name, [list(s[1:]) for s in probe.sequences], repeat_len=probe.repeat_len,
+                 settings={**probe.settings, "first_token_dropped": True})
+
+
+def sink_comparison(runs: dict[str, pd.DataFrame], threshold: float = SINK_EPSILON) -> pd.DataFrame:
+    """One row per run (``{label: scores}``): mean sink score, sink rate, strongest sink head."""
+    rows = []
+    for label, scores in runs.items():
+        sub = scores[scores["metric"] == "sink"]
+        if sub.empty:
+            raise HeadscopeError(f"Run '{label}' has no 'sink' rows; scan a text probe first.")
+        top = sub.loc[sub["score"].idxmax()]
+        rows.append({"run": label, "model": sub["model"].iloc[0], "mean_sink": float(sub["score"].mean()),
+                     "sink_rate": sink_rate(scores, threshold), "heads": len(sub),
+                     "top_head": top["head_name"], "top_score": float(top["score"]),
+                     "chance": float(sub["chance"].iloc[0])})
+    return pd.DataFrame(rows)
+
+
+def attention_to_position(model, probe, position: int, batch_size: int = 8) -> pd.DataFrame:
+    """Every head's mean attention to key ``position``, over the queries after it (``q > position``).
+
+    For ``position = 0`` this is the ``sink`` score. It answers what the sink score cannot: how much
+    attention a token gets when it is *not* first (e.g. the first word, at position 1 behind BOS).
+    Padding never counts. One row per head: model, layer, head, head_name, score, n (queries).
+    """
+    from headscope.extract import pad_batch
+
+    if position < 0 or any(len(s) <= position + 1 for s in probe.sequences):
+        raise HeadscopeError(f"Every sequence needs a query after position {position}; the shortest has "
+                             f"{min(len(s) for s in probe.sequences)} tokens.")
+    total = torch.zeros(model.n_layers, model.n_heads, dtype=torch.float64)
+    count = 0
+    for start in range(0, len(probe), batch_size):
+        tokens, mask, lengths = pad_batch(probe.sequences[start:start + batch_size], model.pad_id)
+        q = torch.arange(tokens.shape[1])
+        rows = (q[None, :] > position) & (q[None, :] < lengths[:, None])  # [batch, query]
+        count += int(rows.sum())
+
+        def on_pattern(layer: int, pattern, rows=rows) -> None:  # [batch, head, query, key]
+            to_key = pattern[..., position].float().cpu()  # [batch, head, query]
+            total[layer] += (to_key * rows[:, None, :]).sum((0, 2), dtype=torch.float64)
+
+        model.run_patterns(tokens, mask, on_pattern)
+    score = total / count
+    return pd.DataFrame([{"model": model.name, "layer": layer, "head": head, "head_name": f"L{layer}H{head}",
+                          "score": float(score[layer, head]), "n": count}
+                         for layer in range(model.n_layers) for head in range(model.n_heads)])
+
+
+def first_word_attention(model, probe, threshold: float = SINK_EPSILON, batch_size: int = 8) -> pd.DataFrame:
+    """Is the sink the first token or the first position? The same first word, in two places.
+
+    Three rows, each a summary over heads of :func:`attention_to_position`: the special token at
+    position 0 (the ``sink`` score), the first word at position 1 behind it, and the first word at
+    position 0 once the special token is dropped (:func:`without_first_token`). Columns: mean and
+    max over heads, and how many heads exceed ``threshold``.
+    """
+    special = model.str_tokens([model.bos_id])[0]
+    tables = {
+        f"{special} at position 0": attention_to_position(model, probe, 0, batch_size),
+        "first word at position 1, behind it": attention_to_position(model, probe, 1, batch_size),
+        f"first word at position 0, {special} dropped": attention_to_position(
+            model, without_first_token(probe), 0, batch_size),
+    }
+    rows = [{"position 0 / key": label, "mean": t["score"].mean(), "max": t["score"].max(),
+             f"heads > {threshold:g}": int((t["score"] > threshold).sum()), "heads": len(t)}
+            for label, t in tables.items()]
+    return pd.DataFrame(rows).set_index("position 0 / key")
