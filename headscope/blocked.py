@@ -26,6 +26,7 @@ from torch import Tensor
 #: The scorer of the forward pass in progress (None outside :func:`scoring`).
 _ACTIVE: contextvars.ContextVar[BlockScorer | None] = contextvars.ContextVar("headscope_scorer", default=None)
 
+NEG = torch.finfo(torch.float32).min  # a masked score (eager attention uses the same)
 BLOCK_BYTES = 32 * 2**20  # one block of scores, fp32: small enough to stay in cache-friendly sizes
 
 
@@ -37,7 +38,7 @@ class StopForward(Exception):
 class BlockScorer:
     """What one forward pass should do with its patterns."""
 
-    on_block: Callable[[int, Tensor, int], None]  # (layer, pattern block [b, h, qb, kb], q_start)
+    on_block: Callable[..., None]  # (layer, pattern block [b, h, qb, kb], q_start, log of the block)
     layers: frozenset[int]
     last: int
     block_bytes: int = BLOCK_BYTES
@@ -65,8 +66,14 @@ def pattern_blocks(
     scaling: float,
     causal: bool,
     rows: int,
-) -> Iterator[tuple[int, Float[Tensor, "batch head block keys"]]]:
+    with_log: bool = False,
+) -> Iterator[tuple]:
     """Yield ``(q_start, softmax pattern block)``; causal blocks stop at key ``q_start + block``.
+
+    With ``with_log``, yield ``(q_start, block, log_block)``: the block is computed as
+    ``exp(log_softmax(s))`` (same cost as ``softmax``) and ``log_block`` lets the entropy metric skip
+    a logarithm per element. Masked scores are set to the most negative finite float, as eager
+    attention does, so ``log_block`` is finite and ``block * log_block`` is 0 where masked.
 
     ``attention_mask``: None, boolean (True = may attend) or additive float, broadcastable to
     ``[batch, head, q, k]``. Grouped-query attention is handled without copying keys: query head
@@ -86,7 +93,7 @@ def pattern_blocks(
         if attention_mask is not None:
             m = attention_mask[..., qs:qe, :kmax]
             if m.dtype == torch.bool:
-                s.masked_fill_(~m, float("-inf"))
+                s.masked_fill_(~m, NEG)
                 empty_rows = ~m.any(-1, keepdim=True)  # [b or 1, 1, qb, 1]: rows with no visible key
             else:
                 s += m.float()
@@ -94,11 +101,15 @@ def pattern_blocks(
             # Only the square of keys qs..qe-1 (plus offset) can lie in the future of a row.
             lo = qs + offset
             tri = torch.ones(qe - qs, kmax - lo, dtype=torch.bool, device=s.device).triu_(1)
-            s[..., lo:].masked_fill_(tri, float("-inf"))
-        p = torch.softmax(s, dim=-1)
+            s[..., lo:].masked_fill_(tri, NEG)
+        if with_log:
+            logp = torch.log_softmax(s, dim=-1)
+            p = logp.exp()
+        else:
+            p = torch.softmax(s, dim=-1)
         if empty_rows is not None and bool(empty_rows.any()):
-            p = p.masked_fill(empty_rows, 0.0)  # a fully masked row attends nowhere: 0, not NaN
-        yield qs, p
+            p = p.masked_fill(empty_rows, 0.0)  # a fully masked row attends nowhere: 0, not uniform
+        yield (qs, p, logp) if with_log else (qs, p)
 
 
 def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
@@ -112,8 +123,8 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
         causal = is_causal if is_causal is not None else bool(getattr(module, "is_causal", False))
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         rows = block_rows(query.shape[0], query.shape[1], key.shape[2], scorer.block_bytes)
-        for qs, block in pattern_blocks(query, key, attention_mask, scale, causal, rows):
-            scorer.on_block(layer, block, qs)
+        for qs, block, log_block in pattern_blocks(query, key, attention_mask, scale, causal, rows, with_log=True):
+            scorer.on_block(layer, block, qs, log_block)
         if layer == scorer.last:
             raise StopForward
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,

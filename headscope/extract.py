@@ -99,9 +99,12 @@ def score_probe(
         batch = pattern_batch(model, probe, tokens, mask, lengths, punct)
         dev_batch = _to(batch, model.device)
 
-        def on_block(layer: int, pattern: Tensor, q_start: int = 0, batch=dev_batch, n=tokens.shape[1]) -> None:
+        def on_block(layer: int, pattern: Tensor, q_start: int = 0, log_pattern: Tensor | None = None,
+                     batch=dev_batch, n=tokens.shape[1]) -> None:
             p = pattern.float()  # [batch, head, query block, key]; bf16/fp16 scored in fp32
             block = batch if q_start == 0 and p.shape[-1] == n else _block(batch, q_start, p.shape[-1])
+            if log_pattern is not None:
+                block = replace(block, log_pattern=log_pattern)
             for m in metrics:
                 pooled = m(p, block)
                 totals[m.name][layer] += pooled.total.sum(0).cpu()  # [head]

@@ -178,14 +178,15 @@ class Model:
         self,
         tokens: Int[Tensor, "batch pos"],
         attention_mask: Bool[Tensor, "batch pos"],
-        on_block: Callable[[int, Float[Tensor, "batch head block key"], int], None],
+        on_block: Callable[..., None],
         layers: list[int] | None = None,
         block_bytes: int | None = None,
     ) -> None:
-        """One fused-attention forward; ``on_block(layer, block, q_start)`` gets exact pattern blocks.
+        """One fused-attention forward; ``on_block(layer, block, q_start, log_block)`` gets exact blocks.
 
         Each block is ``softmax(q k^T * scale + mask)`` for query rows ``q_start..q_start+rows-1``
-        (causal models: keys ``0..q_start+rows-1`` only). No full pattern is ever held; the forward
+        (causal models: keys ``0..q_start+rows-1`` only), and ``log_block`` is its natural log
+        (finite: masked entries hold the most negative float). No full pattern is ever held; the forward
         stops right after the last wanted layer's attention scores.
         """
         from headscope.blocked import BLOCK_BYTES, BlockScorer, StopForward, scoring

@@ -58,6 +58,11 @@ def test_blocks_with_padding_masks_bool_and_additive():
     additive = torch.zeros(b, 1, n, n).masked_fill(~bool_mask, torch.finfo(torch.float32).min)
     got2 = assemble(pattern_blocks(q, k, additive, 0.5, True, 3), n)
     torch.testing.assert_close(got2, want)
+    # the log blocks are the log of the blocks where attention is non-zero, and finite everywhere
+    for _, p, logp in pattern_blocks(q, k, bool_mask, 0.5, True, 3, with_log=True):
+        assert torch.isfinite(logp).all()
+        torch.testing.assert_close(logp.exp(), p)
+        torch.testing.assert_close(-(p * logp).sum(-1), torch.special.entr(p).sum(-1))
     # a fully masked row (possible with exotic masks) gives zeros, never NaN
     empty = bool_mask.clone()
     empty[1, 0, 6] = False
@@ -98,7 +103,7 @@ def test_small_blocks_change_nothing(tiny_gpt2):
         orig = tiny_gpt2.run_pattern_blocks
 
         def spy(tokens, mask, on_block, layers=None, block_bytes=None):
-            return orig(tokens, mask, lambda layer, p, qs: (seen.append(qs), on_block(layer, p, qs)), layers, 1)
+            return orig(tokens, mask, lambda layer, p, qs, lp: (seen.append(qs), on_block(layer, p, qs, lp)), layers, 1)
 
         tiny_gpt2.run_pattern_blocks = spy
         got = score_probe(tiny_gpt2, probe, metrics, batch_size=2, engine="blocked")
@@ -117,7 +122,7 @@ def test_blocked_forward_stops_after_the_last_layer(tiny_gpt2):
     try:
         layers = []
         tiny_gpt2.run_pattern_blocks(torch.tensor([[0, 5, 6]]), torch.ones(1, 3, dtype=torch.bool),
-                                     lambda layer, p, qs: layers.append(layer), layers=[0])
+                                     lambda layer, p, qs, lp: layers.append(layer), layers=[0])
     finally:
         handle.remove()
     assert layers == [0] and fired == []

@@ -36,6 +36,7 @@ class PatternBatch:
     separator: Bool[Tensor, "batch key"] | None = None  # keys holding the separator token
     punctuation: Bool[Tensor, "batch key"] | None = None  # keys holding a punctuation token
     repeat_len: int | None = None  # L of the repeat probe: BOS + R + R, |R| = L
+    log_pattern: Tensor | None = None  # ln of the pattern, when the engine has it (same shape)
 
 
 class Pooled(NamedTuple):

@@ -21,7 +21,10 @@ def entropy(pattern, batch: PatternBatch) -> Pooled:
         k = torch.arange(nk, device=pattern.device)
         real = (k[None, :] < batch.lengths.to(pattern.device)[:, None])[:, None, None, :]  # [b,1,1,key]
         pattern = pattern * real
-    vals = torch.special.entr(pattern).sum(-1)  # [batch, head, query]
+    if batch.log_pattern is not None:  # the blocked engine hands over ln A: no log per element
+        vals = -(pattern * batch.log_pattern).sum(-1)  # [batch, head, query]
+    else:
+        vals = torch.special.entr(pattern).sum(-1)  # [batch, head, query]
     return pool(vals, query_range(pattern, batch, 1, batch.lengths - 1))
 
 
