@@ -94,6 +94,8 @@ def test_bad_inputs_fail_with_one_line_and_no_output(tmp_path, tiny_gpt2_dir):
     _bad(tmp_path, [m, "--threshold", "inductoin=0.5"], "Did you mean: induction")
     _bad(tmp_path, [m, "--metrics", "sink,entropi"], "Did you mean: entropy")
     _bad(tmp_path, [m, "--device", "cuda:7"], "no CUDA GPU")
+    _bad(tmp_path, [m, "--threads", "0"], "--threads must be at least 1")
+    _bad(tmp_path, [m, "--seq-len", "500"], "--seq-len 500 is outside")
 
 
 def test_own_prompts_file(tmp_path, tiny_gpt2_dir):
@@ -127,3 +129,18 @@ def test_thresholds_relabel(tmp_path, tiny_gpt2_dir):
     assert (scores.loc[scores.metric == "entropy", "label"] == "focused head").all()
     assert (scores.loc[scores.metric == "sink", "label"] == "sink head").all()
     assert os.path.exists(out / "metadata.json")
+
+
+def test_seq_len_makes_every_sequence_that_long_and_engines_agree(tmp_path, tiny_gpt2_dir):
+    runs = {}
+    for engine in ("blocked", "hooks"):
+        out = tmp_path / engine
+        res = run("scan", str(tiny_gpt2_dir), "--out", str(out), "--seq-len", "41", "--n-prompts", "2",
+                  "--engine", engine, "--threads", "1", "--quiet", "--no-figures")
+        assert res.exit_code == 0, res.output
+        runs[engine] = pd.read_csv(out / "scores.csv")
+    tokens = pd.read_json(tmp_path / "blocked" / "tokens.jsonl", lines=True)
+    assert tokens.token_ids.map(len).tolist() == [41, 41, 41, 41]  # 2 packed texts, 2 x BOS+R+R (L=20)
+    assert set(tokens.loc[tokens.probe == "repeat", "repeat_len"]) == {20}
+    diff = (runs["blocked"]["score"] - runs["hooks"]["score"]).abs().max()
+    assert diff < 1e-5
