@@ -4,7 +4,8 @@ Each measurement runs in a fresh subprocess (so peak memory is its own): load th
 resident memory, reset the kernel's high-water mark (``/proc/self/clear_refs``), run once, and
 report wall time and peak memory above the loaded model. Measured, on the same tokens:
 
-* ``scan``       headscope scan of the text metrics (blocked engine, the default) on packed text;
+* ``scan``       headscope scan of the text metrics (default engine: fused where the CPU kernel builds);
+* ``scan-blocked`` the same scan from exact pattern blocks (the engine without the C++ kernel);
 * ``scan-hooks`` the same scan reading transformer-lens ``hook_pattern`` (eager attention);
 * ``sdpa``       the HF model's fused-attention forward, no logits (the base model);
 * ``eager``      the same with eager attention, which materialises every pattern;
@@ -105,8 +106,8 @@ def worker(spec: dict) -> dict:
 
 def _runner(model, method, probe, tokens, mask, text_metrics, batch, score_probe):
     """A zero-argument callable doing one measured thing."""
-    if method in ("scan", "scan-hooks"):
-        engine = "blocked" if method == "scan" else "hooks"
+    if method in ("scan", "scan-blocked", "scan-hooks"):
+        engine = {"scan": "auto", "scan-blocked": "blocked", "scan-hooks": "hooks"}[method]
         if engine == "hooks":
             model.bridge  # noqa: B018 - build it before timing
 
@@ -160,13 +161,13 @@ def plan(quick: bool) -> list[tuple[str, int, int, list[str]]]:
     if quick:
         return [(smol, 512, 1, ["scan", "sdpa", "eager", "tl-pat"]), (smol, 128, 8, ["scan", "logits"])]
     return [
-        (smol, 128, 8, ["scan", "scan-hooks", "logits", "sdpa"]),
-        (smol, 512, 1, ["scan", "scan-hooks", "sdpa", "eager", "tl-pat", "tl-all"]),
-        (smol, 2048, 1, ["scan", "scan-hooks", "sdpa", "eager", "tl-pat", "tl-all"]),
-        (smol, 4096, 1, ["scan", "sdpa", "eager", "tl-pat"]),
+        (smol, 128, 8, ["scan", "scan-blocked", "scan-hooks", "logits", "sdpa"]),
+        (smol, 512, 1, ["scan", "scan-blocked", "scan-hooks", "sdpa", "eager", "tl-pat", "tl-all"]),
+        (smol, 2048, 1, ["scan", "scan-blocked", "scan-hooks", "sdpa", "eager", "tl-pat", "tl-all"]),
+        (smol, 4096, 1, ["scan", "scan-blocked", "sdpa", "eager", "tl-pat"]),
         (smol, 8192, 1, ["scan", "sdpa"]),
-        ("gpt2-small-shape", 128, 8, ["scan", "scan-hooks", "logits", "sdpa"]),
-        ("gpt2-small-shape", 1024, 1, ["scan", "scan-hooks", "sdpa", "eager", "tl-pat", "tl-all"]),
+        ("gpt2-small-shape", 128, 8, ["scan", "scan-blocked", "scan-hooks", "logits", "sdpa"]),
+        ("gpt2-small-shape", 1024, 1, ["scan", "scan-blocked", "scan-hooks", "sdpa", "eager", "tl-pat", "tl-all"]),
     ]
 
 
@@ -186,7 +187,7 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="headscope-bench-"))
     rows = []
-    print(f"{'model':<18} {'tokens':>10} {'method':<11} {'wall s':>8} {'x sdpa':>7} {'x logits':>8} {'peak+GB':>8} {'+GB vs sdpa':>11}")
+    print(f"{'model':<18} {'tokens':>10} {'method':<12} {'wall s':>8} {'x sdpa':>7} {'x logits':>8} {'peak+GB':>8} {'+GB vs sdpa':>11}")
     for model, seq_len, batch, methods in plan(args.quick):
         res = {}
         for method in methods:
@@ -194,7 +195,7 @@ def main() -> None:
                 layers, heads = TL_BYTES[model]
                 need = layers * heads * seq_len**2 * batch * 4 / 2**30 * (1 if method == "tl-pat" else 2.2)
                 if need > 0.6 * avail_gb():
-                    print(f"{model:<18} {f'{batch}x{seq_len}':>10} {method:<11} skipped: its cache needs ~{need:.0f} GB of {avail_gb():.0f} GB free")
+                    print(f"{model:<18} {f'{batch}x{seq_len}':>10} {method:<12} skipped: its cache needs ~{need:.0f} GB of {avail_gb():.0f} GB free")
                     continue
             r = measure(model, seq_len, batch, method, tmp)
             if r is None:
@@ -205,7 +206,7 @@ def main() -> None:
             xs = r["wall_s"] / res["sdpa"]["wall_s"] if "sdpa" in res else float("nan")
             xl = r["wall_s"] / res["logits"]["wall_s"] if "logits" in res else float("nan")
             dm = r["peak_extra_gb"] - res["sdpa"]["peak_extra_gb"] if "sdpa" in res else float("nan")
-            print(f"{model:<18} {f'{batch}x{seq_len}':>10} {method:<11} {r['wall_s']:>8.2f} {xs:>7.2f} {xl:>8.2f} "
+            print(f"{model:<18} {f'{batch}x{seq_len}':>10} {method:<12} {r['wall_s']:>8.2f} {xs:>7.2f} {xl:>8.2f} "
                   f"{r['peak_extra_gb']:>8.2f} {dm:>+11.2f}")
     scans = [(r["seq_len"], r["wall_s"]) for r in rows if r["model"] == "smollm2-135m" and r["method"] == "scan" and r["batch"] == 1]
     if len(scans) >= 2:

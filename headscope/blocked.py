@@ -9,7 +9,9 @@ models a block only computes keys up to its last query, which halves the work.
 
 The function :func:`attention` has the signature of a transformers attention implementation; it is
 registered under the name ``"headscope"`` by :mod:`headscope.models` (the one module that knows
-transformers). While no :class:`BlockScorer` is active it is plain ``sdpa``.
+transformers). While no :class:`BlockScorer` is active it is plain ``sdpa``. When the scorer asks
+for the fused engine and the call allows it (CPU, boolean or no mask), the layer's pattern is not
+recomputed at all: :mod:`headscope.kernels` hands over per-row statistics instead.
 """
 
 from __future__ import annotations
@@ -38,10 +40,12 @@ class StopForward(Exception):
 class BlockScorer:
     """What one forward pass should do with its patterns."""
 
-    on_block: Callable[..., None]  # (layer, pattern block [b, h, qb, kb], q_start, log of the block)
+    on_block: Callable[..., None]  # (layer, pattern block [b, h, qb, kb] or HeadStats, q_start, log of the block)
     layers: frozenset[int]
     last: int
     block_bytes: int = BLOCK_BYTES
+    #: Fused engine: the flag sets whose mass is wanted (name -> [batch, key]); None = pattern blocks.
+    fused_flags: dict[str, Tensor] | None = None
 
 
 @contextlib.contextmanager
@@ -122,9 +126,16 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
     if scorer is not None and layer in scorer.layers:
         causal = is_causal if is_causal is not None else bool(getattr(module, "is_causal", False))
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        rows = block_rows(query.shape[0], query.shape[1], key.shape[2], scorer.block_bytes)
-        for qs, block, log_block in pattern_blocks(query, key, attention_mask, scale, causal, rows, with_log=True):
-            scorer.on_block(layer, block, qs, log_block)
+        from headscope import kernels
+
+        if scorer.fused_flags is not None and kernels.supports(query, attention_mask):
+            stats = kernels.head_stats(query, key, attention_mask, scale, causal, scorer.fused_flags)
+            scorer.on_block(layer, stats, 0, None)
+        else:
+            rows = block_rows(query.shape[0], query.shape[1], key.shape[2], scorer.block_bytes)
+            for qs, block, log_block in pattern_blocks(query, key, attention_mask, scale, causal, rows,
+                                                       with_log=True):
+                scorer.on_block(layer, block, qs, log_block)
         if layer == scorer.last:
             raise StopForward
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,

@@ -66,8 +66,9 @@ def _parse_thresholds(items: tuple[str, ...]) -> dict[str, float]:
 @click.option("--repeat-len", type=int, default=50, show_default=True, help="L of the repeat probe BOS+R+R.")
 @click.option("--seq-len", type=int, default=None,
               help="Make every sequence this many tokens: text packed until full, R as long as fits.")
-@click.option("--engine", type=click.Choice(["auto", "blocked", "hooks"]), default="auto", show_default=True,
-              help="blocked: fused attention + exact pattern blocks; hooks: transformer-lens hook_pattern.")
+@click.option("--engine", type=click.Choice(["auto", "fused", "blocked", "hooks"]), default="auto", show_default=True,
+              help="fused: CPU kernel, per-row statistics; blocked: exact pattern blocks; "
+                   "hooks: transformer-lens hook_pattern.")
 @click.option("--prompts", type=click.Path(dir_okay=False), default=None,
               help="Segment pairs, one 'A<TAB>B' a line (UTF-8). [default: the built-in corpus]")
 @click.option("--metrics", "metric_names", default=None,
@@ -140,10 +141,12 @@ def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, seq_len, engi
     if any(m.probe == "repeat" for m in chosen):
         L = repeat_len if seq_len is None else repeat_len_for(model, seq_len)
         probes.append(repeat_probe(model, repeat_len=L, n_sequences=n_prompts, seed=seed))
+    from headscope import kernels
     from headscope.extract import resolve_engine
 
+    kernels.on_build = lambda msg: say(msg[0].lower() + msg[1:])
     say(f"scanning {model.n_layers} layers x {model.n_heads} heads on {model.device} "
-        f"({resolve_engine(model, engine)} engine)")
+        f"({resolve_engine(model, engine, chosen)} engine)")
     progress = None
     if not quiet:
         from tqdm.auto import tqdm

@@ -19,6 +19,8 @@ from torch import Tensor
 
 from headscope.errors import HeadscopeError
 from headscope.metrics import Metric, PatternBatch, uniform_pattern
+from headscope.metrics.base import key_set_flags
+from headscope.metrics.stats import HeadStats
 from headscope.probes import Probe, PunctuationTable
 
 
@@ -74,12 +76,14 @@ def score_probe(
 ) -> dict[str, MetricScores]:
     """Score every head of ``model`` on ``probe`` for each metric, streaming layer by layer.
 
-    ``engine``: ``"blocked"`` runs fused attention and scores exact pattern blocks (see
-    :mod:`headscope.blocked`); ``"hooks"`` reads each layer's full pattern from the
-    transformer-lens bridge's ``hook_pattern``; ``"auto"`` takes ``blocked`` when the model supports
-    it. Both give the same scores. ``batch_size=None`` picks one from the sequence length.
+    ``engine``: ``"fused"`` runs the model's fused attention and gives the metrics per-row
+    statistics from one extra ``q kᵀ`` pass (see :mod:`headscope.kernels`); ``"blocked"`` scores
+    exact pattern blocks instead (see :mod:`headscope.blocked`); ``"hooks"`` reads each layer's full
+    pattern from the transformer-lens bridge's ``hook_pattern``; ``"auto"`` takes the first of these
+    that the model, device and metrics allow. All give the same scores. ``batch_size=None`` picks
+    one from the sequence length.
     """
-    engine = resolve_engine(model, engine)
+    engine = resolve_engine(model, engine, metrics)
     if batch_size is None:
         batch_size = auto_batch_size(model, max(len(s) for s in probe.sequences))
     if batch_size < 1:
@@ -99,9 +103,10 @@ def score_probe(
         batch = pattern_batch(model, probe, tokens, mask, lengths, punct)
         dev_batch = _to(batch, model.device)
 
-        def on_block(layer: int, pattern: Tensor, q_start: int = 0, log_pattern: Tensor | None = None,
-                     batch=dev_batch, n=tokens.shape[1]) -> None:
-            p = pattern.float()  # [batch, head, query block, key]; bf16/fp16 scored in fp32
+        def on_block(layer: int, pattern: Tensor | HeadStats, q_start: int = 0,
+                     log_pattern: Tensor | None = None, batch=dev_batch, n=tokens.shape[1]) -> None:
+            # [batch, head, query block, key]; bf16/fp16 scored in fp32 (HeadStats are float64)
+            p = pattern if isinstance(pattern, HeadStats) else pattern.float()
             block = batch if q_start == 0 and p.shape[-1] == n else _block(batch, q_start, p.shape[-1])
             if log_pattern is not None:
                 block = replace(block, log_pattern=log_pattern)
@@ -109,7 +114,9 @@ def score_probe(
                 pooled = m(p, block)
                 totals[m.name][layer] += pooled.total.sum(0).cpu()  # [head]
 
-        if engine == "blocked":
+        if engine == "fused":
+            model.run_pattern_blocks(tokens, mask, on_block, fused_flags=fused_flags(dev_batch, tokens.shape[1]))
+        elif engine == "blocked":
             model.run_pattern_blocks(tokens, mask, on_block)
         else:
             model.run_patterns(tokens, mask, on_block)
@@ -127,16 +134,41 @@ def score_probe(
     return {m.name: MetricScores(m, totals[m.name], counts[m.name], chance[m.name]) for m in metrics}
 
 
-ENGINES = ("auto", "blocked", "hooks")
+ENGINES = ("auto", "fused", "blocked", "hooks")
+FLAG_SETS = ("separator", "punctuation")  # PatternBatch key sets whose mass the fused kernel sums
 
 
-def resolve_engine(model, engine: str) -> str:
+def fused_flags(batch: PatternBatch, n_keys: int) -> dict[str, Tensor]:
+    """The key sets of ``batch`` for the fused kernel, exactly as :func:`key_set_mass` counts them."""
+    return {name: key_set_flags(batch, name, n_keys, batch.lengths.device)
+            for name in FLAG_SETS if getattr(batch, name) is not None}
+
+
+def resolve_engine(model, engine: str, metrics: Sequence[Metric] | None = None) -> str:
+    """The engine ``engine`` names, with ``"auto"`` resolved; one clear line when it cannot run."""
     if engine not in ENGINES:
         raise HeadscopeError(f"Unknown engine '{engine}'; use one of {', '.join(ENGINES)}.")
+    not_fused = [m.name for m in (metrics or []) if not m.fused]
+    on_cpu = getattr(model.device, "type", "cpu") == "cpu"
     if engine == "auto":
-        return "blocked" if model.supports_blocked else "hooks"
-    if engine == "blocked" and not model.supports_blocked:
-        raise HeadscopeError(f"{model.name} does not support the blocked engine; use --engine hooks.")
+        if not model.supports_blocked:
+            return "hooks"
+        from headscope import kernels
+
+        return "fused" if on_cpu and not not_fused and kernels.available() else "blocked"
+    if engine in ("fused", "blocked") and not model.supports_blocked:
+        raise HeadscopeError(f"{model.name} does not support the {engine} engine; use --engine hooks.")
+    if engine == "fused":
+        from headscope import kernels
+
+        if not on_cpu:
+            raise HeadscopeError(f"The fused engine runs on the CPU only, not {model.device}; use --engine blocked.")
+        if not_fused:
+            raise HeadscopeError(f"Metric(s) {', '.join(not_fused)} need the pattern itself (Metric.fused is False); "
+                                 "use --engine blocked.")
+        if not kernels.available():
+            raise HeadscopeError(f"The fused engine is not available: {kernels.unavailable_reason()}; "
+                                 "use --engine blocked.")
     return engine
 
 

@@ -181,6 +181,7 @@ class Model:
         on_block: Callable[..., None],
         layers: list[int] | None = None,
         block_bytes: int | None = None,
+        fused_flags: dict[str, Tensor] | None = None,
     ) -> None:
         """One fused-attention forward; ``on_block(layer, block, q_start, log_block)`` gets exact blocks.
 
@@ -188,13 +189,16 @@ class Model:
         (causal models: keys ``0..q_start+rows-1`` only), and ``log_block`` is its natural log
         (finite: masked entries hold the most negative float). No full pattern is ever held; the forward
         stops right after the last wanted layer's attention scores.
+
+        With ``fused_flags`` (name -> ``[batch, key]`` key sets), layers whose attention the fused
+        kernel can take get one :class:`~headscope.metrics.stats.HeadStats` each instead of blocks.
         """
         from headscope.blocked import BLOCK_BYTES, BlockScorer, StopForward, scoring
 
         if not self.supports_blocked:
             raise HeadscopeError(f"{self.name}: its attention does not use the transformers attention interface; use the hooks engine.")
         layers = self._check_layers(layers)
-        scorer = BlockScorer(on_block, frozenset(layers), layers[-1], block_bytes or BLOCK_BYTES)
+        scorer = BlockScorer(on_block, frozenset(layers), layers[-1], block_bytes or BLOCK_BYTES, fused_flags)
         self.hf.eval()
         with torch.inference_mode(), scoring(scorer), contextlib.suppress(StopForward):
             self.hf(input_ids=tokens.to(self.device), attention_mask=attention_mask.to(self.device).long(),

@@ -99,6 +99,6 @@ def scan(
         scores=frame,
         probes=probes,
         metadata={"timings": timings, "causal": model.causal, "batch_size": batch_size or "auto",
-                  "engine": resolve_engine(model, engine)},
+                  "engine": resolve_engine(model, engine, chosen)},
         thresholds={m.name: thresholds.get(m.name, m.threshold) for m in ordered},
     )

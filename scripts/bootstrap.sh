@@ -10,3 +10,6 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 .venv/bin/python -m pip install -q -e ".[dev,parquet]"
 # A kernel named python3 inside the venv, for the report notebooks.
 .venv/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+# Compile the fused scan kernel now (once, ~1 min; torch caches it). Without a C++ compiler scans
+# still work (blocked engine), so a failed build only prints why.
+.venv/bin/python -c "from headscope import kernels; kernels.available() and print('headscope: fused kernel ready')"

@@ -1,4 +1,5 @@
-"""The blocked engine: exact pattern blocks from q and k, equal to the hook_pattern path."""
+"""The blocked and fused engines: exact pattern blocks (or per-row statistics) from q and k, equal
+to the hook_pattern path."""
 
 from __future__ import annotations
 
@@ -75,20 +76,22 @@ def test_block_rows_respects_the_byte_budget():
     assert block_rows(64, 32, 8192, 1) == 16  # never fewer than 16 rows
 
 
-def assert_engines_agree(model, n_prompts, repeat_len, batch_size):
-    """Both engines, same probes: scores to 1e-5, identical counts and chance values."""
+def assert_engines_agree(model, n_prompts, repeat_len, batch_size, engines=("fused", "blocked")):
+    """Each engine against hook_pattern, same probes: scores to 1e-5, identical counts and chance."""
     metrics = list(REGISTRY.values())
     for probe in headscope.default_probes(model, n_prompts=n_prompts, repeat_len=repeat_len, seed=2):
-        a = score_probe(model, probe, metrics, batch_size=batch_size, engine="blocked")
         b = score_probe(model, probe, metrics, batch_size=batch_size, engine="hooks")
-        for name in a:
-            torch.testing.assert_close(a[name].score, b[name].score, atol=1e-5, rtol=0, equal_nan=True)
-            assert a[name].count == b[name].count
-            assert a[name].chance == pytest.approx(b[name].chance, nan_ok=True)
+        for engine in engines:
+            a = score_probe(model, probe, metrics, batch_size=batch_size, engine=engine)
+            for name in a:
+                torch.testing.assert_close(a[name].score, b[name].score, atol=1e-5, rtol=0, equal_nan=True,
+                                           msg=lambda m, e=engine, n=name: f"{e} vs hooks, {n}: {m}")
+                assert a[name].count == b[name].count
+                assert a[name].chance == pytest.approx(b[name].chance, nan_ok=True)
 
 
 @pytest.mark.parametrize("fixture", ["tiny_gpt2", "tiny_bert"])
-def test_blocked_engine_equals_hooks_engine(fixture, request):
+def test_blocked_and_fused_engines_equal_hooks_engine(fixture, request):
     model = request.getfixturevalue(fixture)
     assert model.supports_blocked
     assert_engines_agree(model, n_prompts=5, repeat_len=7, batch_size=2)
@@ -153,5 +156,5 @@ def test_auto_batch_size_shrinks_with_length(tiny_gpt2):
 
 @pytest.mark.real
 @pytest.mark.parametrize("fixture", ["smollm2", "minilm"])
-def test_blocked_equals_hooks_on_real_models(fixture, request):
+def test_blocked_and_fused_equal_hooks_on_real_models(fixture, request):
     assert_engines_agree(request.getfixturevalue(fixture), n_prompts=4, repeat_len=30, batch_size=4)

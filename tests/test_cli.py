@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pandas as pd
@@ -133,7 +134,7 @@ def test_thresholds_relabel(tmp_path, tiny_gpt2_dir):
 
 def test_seq_len_makes_every_sequence_that_long_and_engines_agree(tmp_path, tiny_gpt2_dir):
     runs = {}
-    for engine in ("blocked", "hooks"):
+    for engine in ("fused", "blocked", "hooks"):
         out = tmp_path / engine
         res = run("scan", str(tiny_gpt2_dir), "--out", str(out), "--seq-len", "41", "--n-prompts", "2",
                   "--engine", engine, "--threads", "1", "--quiet", "--no-figures")
@@ -142,5 +143,6 @@ def test_seq_len_makes_every_sequence_that_long_and_engines_agree(tmp_path, tiny
     tokens = pd.read_json(tmp_path / "blocked" / "tokens.jsonl", lines=True)
     assert tokens.token_ids.map(len).tolist() == [41, 41, 41, 41]  # 2 packed texts, 2 x BOS+R+R (L=20)
     assert set(tokens.loc[tokens.probe == "repeat", "repeat_len"]) == {20}
-    diff = (runs["blocked"]["score"] - runs["hooks"]["score"]).abs().max()
-    assert diff < 1e-5
+    for engine in ("fused", "blocked"):
+        assert (runs[engine]["score"] - runs["hooks"]["score"]).abs().max() < 1e-5
+    assert json.loads((tmp_path / "fused" / "metadata.json").read_text())["engine"] == "fused"

@@ -27,4 +27,5 @@ METRIC = Metric(
     definition="on BOS+R+R (|R|=L): mean of A[q, q-L] over queries L+1 <= q <= 2L",
     label="duplicate-token head",
     threshold=0.4,
+    fused=True,
 )

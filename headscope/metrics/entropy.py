@@ -10,22 +10,11 @@ always attends to one key scores 0; the chance value is the mean of ln(visible k
 tensor([[0.6931]], dtype=torch.float64)
 """
 
-import torch
-
-from headscope.metrics.base import Metric, PatternBatch, Pooled, pool, query_range
+from headscope.metrics.base import Metric, PatternBatch, Pooled, pool, query_range, row_entropy
 
 
 def entropy(pattern, batch: PatternBatch) -> Pooled:
-    nk = pattern.shape[-1]
-    if bool((batch.lengths < nk).any()):  # padding keys in range: they never count
-        k = torch.arange(nk, device=pattern.device)
-        real = (k[None, :] < batch.lengths.to(pattern.device)[:, None])[:, None, None, :]  # [b,1,1,key]
-        pattern = pattern * real
-    if batch.log_pattern is not None:  # the blocked engine hands over ln A: no log per element
-        vals = -(pattern * batch.log_pattern).sum(-1)  # [batch, head, query]
-    else:
-        vals = torch.special.entr(pattern).sum(-1)  # [batch, head, query]
-    return pool(vals, query_range(pattern, batch, 1, batch.lengths - 1))
+    return pool(row_entropy(pattern, batch), query_range(pattern, batch, 1, batch.lengths - 1))
 
 
 METRIC = Metric(
@@ -36,4 +25,5 @@ METRIC = Metric(
     label="focused head",
     threshold=0.3,
     below=True,
+    fused=True,
 )

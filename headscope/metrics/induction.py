@@ -36,4 +36,5 @@ METRIC = Metric(
     definition="on BOS+R+R (|R|=L): mean of A[q, q-L+1] over queries L+1 <= q <= 2L",
     label="induction head",
     threshold=0.4,
+    fused=True,
 )

@@ -33,4 +33,5 @@ METRIC = Metric(
     label="next-token head",
     threshold=0.5,
     nan_reason=CAUSAL_REASON,
+    fused=True,
 )

@@ -24,4 +24,5 @@ METRIC = Metric(
     definition="mean of A[q, q-1] over queries 1 <= q <= n-1",
     label="previous-token head",
     threshold=0.5,
+    fused=True,
 )

@@ -16,7 +16,7 @@ from headscope.metrics.base import Metric, PatternBatch, Pooled, key_set_mass
 
 
 def punctuation(pattern, batch: PatternBatch) -> Pooled:
-    return key_set_mass(pattern, batch, batch.punctuation)
+    return key_set_mass(pattern, batch, "punctuation")
 
 
 METRIC = Metric(
@@ -26,4 +26,5 @@ METRIC = Metric(
     definition="mean attention mass on visible punctuation keys k >= 1, over queries that see one",
     label="punctuation head",
     threshold=0.5,
+    fused=True,
 )

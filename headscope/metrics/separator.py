@@ -16,7 +16,7 @@ from headscope.metrics.base import Metric, PatternBatch, Pooled, key_set_mass
 
 
 def separator(pattern, batch: PatternBatch) -> Pooled:
-    return key_set_mass(pattern, batch, batch.separator)
+    return key_set_mass(pattern, batch, "separator")
 
 
 METRIC = Metric(
@@ -26,4 +26,5 @@ METRIC = Metric(
     definition="mean attention mass on visible separator keys k >= 1, over queries that see one",
     label="separator head",
     threshold=0.5,
+    fused=True,
 )

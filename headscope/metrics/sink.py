@@ -10,11 +10,11 @@ only look at itself, which says nothing about the head.
 tensor([[0.3750]], dtype=torch.float64)
 """
 
-from headscope.metrics.base import Metric, PatternBatch, Pooled, pool, query_range
+from headscope.metrics.base import Metric, PatternBatch, Pooled, at_key, pool, query_range
 
 
 def sink(pattern, batch: PatternBatch) -> Pooled:
-    vals = pattern[..., 0]  # [batch, head, query]: A[q, 0]
+    vals = at_key(pattern, batch, 0)  # [batch, head, query]: A[q, 0]
     return pool(vals, query_range(pattern, batch, 1, batch.lengths - 1))
 
 
@@ -25,4 +25,5 @@ METRIC = Metric(
     definition="mean of A[q, 0] over queries 1 <= q <= n-1",
     label="sink head",
     threshold=0.5,
+    fused=True,
 )

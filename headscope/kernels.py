@@ -1,0 +1,123 @@
+"""The fused CPU kernel: per-row attention statistics without the pattern (``csrc/head_stats.cpp``).
+
+Every built-in metric reads a query row of the pattern in one of three ways: one entry
+(``A[q, 0]``, ``A[q, q-1]``, ...), the mass on a set of flagged keys, or the row's entropy. The
+kernel computes the last two for every row in one pass over ``q kᵀ`` tiles that stay in cache,
+with a running maximum as flash attention does, plus the row's log-sum-exp so that any single
+entry is ``exp(q·k - lse)`` afterwards. The softmax pattern never exists in memory, and the cost is
+about half of the fused attention the model runs anyway (one ``q kᵀ`` instead of ``q kᵀ`` and
+``A v``).
+
+The extension is compiled on first use with the C++ compiler torch's ``cpp_extension`` finds
+(about a minute, once; cached by torch under ``~/.cache/torch_extensions``). Where it cannot be
+built, or with ``HEADSCOPE_KERNEL=0``, :func:`available` is False and scans use the blocked engine,
+which gives the same scores from exact pattern blocks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from headscope.metrics.stats import HeadStats
+
+SOURCE = Path(__file__).with_name("csrc") / "head_stats.cpp"
+MAX_FLAGS = 4  # flag channels the kernel takes at once
+
+_module = None
+_reason: str | None = None
+#: Called with one line before a build starts (the CLI prints it; the library stays silent).
+on_build: Callable[[str], None] | None = None
+
+
+def available() -> bool:
+    """Whether the kernel is built and loadable (builds it on the first call)."""
+    return _load() is not None
+
+
+def unavailable_reason() -> str:
+    """Why :func:`available` is False ("" when it is True)."""
+    _load()
+    return _reason or ""
+
+
+def _load():
+    global _module, _reason
+    if _module is not None or _reason is not None:
+        return _module
+    if os.environ.get("HEADSCOPE_KERNEL", "1") == "0":
+        _reason = "disabled by HEADSCOPE_KERNEL=0"
+        return None
+    try:
+        from torch.utils import cpp_extension
+
+        name = "headscope_head_stats"
+        build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
+        if on_build is not None and not any(build_dir.glob(f"{name}*.so")):
+            on_build("Compiling headscope's attention-statistics kernel (once, about a minute)...")
+        flags = ["-O3", "-fopenmp"] + (["-mavx2", "-mfma"] if _has_avx2() else [])
+        _module = cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=flags,
+                                     extra_ldflags=["-fopenmp"], verbose=False)
+    except Exception as exc:  # no compiler, no ninja, unsupported platform: the blocked engine works
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        _reason = f"the C++ kernel could not be built ({first[:200]})"
+        print(f"headscope: {_reason}; using the blocked engine.", file=sys.stderr)
+    return _module
+
+
+def _has_avx2() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            words = set(f.read(1 << 16).split())
+        return {"avx2", "fma"} <= words
+    except OSError:
+        return False
+
+
+def supports(query: Tensor, attention_mask: Tensor | None) -> bool:
+    """Whether this attention call can go through the kernel (CPU, boolean or no mask)."""
+    if query.device.type != "cpu":
+        return False
+    if attention_mask is not None and (attention_mask.dtype != torch.bool or attention_mask.dim() != 4
+                                       or attention_mask.shape[1] != 1):
+        return False  # additive biases (ALiBi, ...) or per-head masks: exact pattern blocks instead
+    return available()
+
+
+def head_stats(
+    query: Tensor, key: Tensor, attention_mask: Tensor | None, scaling: float, causal: bool,
+    flags: dict[str, Tensor],
+) -> HeadStats:
+    """Per-row statistics of ``softmax(q kᵀ * scaling + mask)`` for one layer.
+
+    ``query`` ``[batch, head, q, dim]``; ``key`` ``[batch, kv_head, k, dim]`` (grouped-query
+    attention: head ``h`` uses key head ``h // (heads / kv_heads)``); ``attention_mask`` None or
+    boolean ``[batch or 1, 1, q or 1, k]`` (True = may attend); ``flags``: name -> ``[batch, k]``
+    (0/1) key sets whose attention mass is wanted.
+    """
+    module = _load()
+    if module is None:
+        raise RuntimeError(f"The fused kernel is not available: {_reason}")
+    b, h, n_q, _ = query.shape
+    n_k = key.shape[2]
+    q32 = (query.float() * scaling).contiguous()
+    k32 = key.float().contiguous()
+    mask = None
+    if attention_mask is not None:
+        mask = attention_mask[:, 0].expand(b, n_q, n_k)  # a view: broadcast dims keep stride 0
+    names = list(flags)
+    if len(names) > MAX_FLAGS:
+        raise ValueError(f"At most {MAX_FLAGS} flag channels, got {len(names)}.")
+    f = (torch.stack([flags[n].float() for n in names], 1).contiguous() if names
+         else torch.zeros(b, 0, n_k))
+    empty = torch.empty(0, dtype=torch.bool)
+    ent, mass, lse = module.head_stats(q32, k32, empty if mask is None else mask, f, causal)
+    return HeadStats(
+        shape=(b, h, n_q, n_k), entropy=ent, masses={n: mass[..., i] for i, n in enumerate(names)},
+        lse=lse, query=q32, key=k32, causal=causal, mask=mask,
+    )

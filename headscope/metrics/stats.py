@@ -1,0 +1,55 @@
+"""A layer's attention summarised per query row: what the fused engine hands to metrics.
+
+The built-in metrics read a pattern row in three ways only: single entries, the mass on a flagged
+key set, and the entropy. :class:`HeadStats` holds the last two for every row (computed by the
+fused kernel, :mod:`headscope.kernels`) plus each row's log-sum-exp, from which any single entry is
+``A[q, k] = exp(q·k - lse[q])`` on demand. The selectors in :mod:`headscope.metrics.base`
+accept either a pattern tensor or a ``HeadStats``, so a metric written with them runs on both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+
+@dataclass
+class HeadStats:
+    """Per-row statistics standing in for a ``[batch, head, query, key]`` pattern."""
+
+    shape: tuple[int, int, int, int]  # (batch, head, query, key) of the pattern it stands for
+    entropy: Float[Tensor, "batch head query"]  # -sum_k A ln A, float64
+    masses: dict[str, Float[Tensor, "batch head query"]]  # flag-set name -> sum_k A[q,k] flag[k]
+    lse: Float[Tensor, "batch head query"]  # ln sum_k exp(score); -inf for a row that sees nothing
+    query: Float[Tensor, "batch head query dim"]  # queries, already times the softmax scale
+    key: Float[Tensor, "batch kv_head key dim"]
+    causal: bool
+    mask: Bool[Tensor, "batch query key"] | None = None  # True = may attend (None: all, or causal)
+    q_start: int = 0
+
+    @property
+    def device(self) -> torch.device:
+        return self.entropy.device
+
+    def at(self, keys: Int[Tensor, " query"]) -> Float[Tensor, "batch head query"]:
+        """``A[b, h, q, keys[q]]`` for every row; 0 where that key is out of range or not visible."""
+        b, h, n_q, n_k = self.shape
+        kvh = self.key.shape[1]
+        keys = keys.to(self.device)
+        inside = (keys >= 0) & (keys < n_k)  # [query]
+        kc = keys.clamp(0, n_k - 1)
+        k_sel = self.key[:, :, kc].double()  # [b, kv_head, query, dim]
+        q = self.query.double().view(b, kvh, h // kvh, n_q, -1)  # [b, kv_head, group, query, dim]
+        s = (q * k_sel[:, :, None]).sum(-1).view(b, h, n_q)  # the score of that key, float64
+        finite = torch.isfinite(self.lse)
+        p = torch.where(finite, torch.exp(s - torch.where(finite, self.lse, 0.0)), 0.0)
+        vis = inside[None, :].expand(b, n_q)  # [batch, query]
+        if self.causal:
+            pos = torch.arange(n_q, device=self.device) + (n_k - n_q)
+            vis = vis & (kc <= pos)[None, :]
+        if self.mask is not None:
+            vis = vis & self.mask[:, torch.arange(n_q, device=self.device), kc]
+        return p * vis[:, None, :]

@@ -1,0 +1,184 @@
+"""The fused kernel: per-row entropy, flag masses and log-sum-exp equal to the pattern's, exactly.
+
+The kernel must build here (CI has a C++ compiler); only ``HEADSCOPE_KERNEL=0`` may turn it off.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from headscope import kernels
+from headscope.extract import fused_flags, pattern_batch, resolve_engine, score_probe
+from headscope.metrics import REGISTRY, Metric, PatternBatch
+from headscope.metrics.base import at_key, at_offset, key_set_mass, pool, query_range, row_entropy
+from headscope.metrics.stats import HeadStats
+from headscope.probes import packed_text_probe
+
+pytestmark = pytest.mark.skipif(os.environ.get("HEADSCOPE_KERNEL") == "0",
+                                reason="fused kernel disabled by HEADSCOPE_KERNEL=0")
+
+
+def test_kernel_builds():
+    assert kernels.available(), kernels.unavailable_reason()
+
+
+def reference(q, k, mask, causal):
+    """float64 softmax of the float32 scores, the textbook way: pattern [b, h, q, k] and lse."""
+    g = q.shape[1] // k.shape[1]
+    s = (q @ k.repeat_interleave(g, 1).transpose(-1, -2)).double()
+    n_q, n_k = s.shape[-2:]
+    vis = torch.ones(q.shape[0], n_q, n_k, dtype=torch.bool)
+    if causal:
+        vis &= torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)
+    if mask is not None:
+        vis &= mask[:, 0].expand_as(vis)
+    s = s.masked_fill(~vis[:, None], float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.nan_to_num(torch.exp(s - lse[..., None]), nan=0.0)
+    return p, lse
+
+
+def test_uniform_rows_give_closed_forms():
+    """All scores equal: row q of a causal head sees q+1 keys, so entropy = ln(q+1), lse = ln(q+1)."""
+    n = 700  # two key tiles, a partial query tile, a tail of 700 % 8 = 4 keys
+    q, k = torch.zeros(1, 2, n, 8), torch.zeros(1, 1, n, 8)
+    flag = torch.zeros(1, n, dtype=torch.bool)
+    flag[0, 1::3] = True  # keys 1, 4, 7, ...
+    st = kernels.head_stats(q, k, None, 1.0, True, {"f": flag})
+    rows = torch.arange(n, dtype=torch.float64)
+    torch.testing.assert_close(st.entropy[0, 1], torch.log(rows + 1), atol=1e-6, rtol=0)
+    torch.testing.assert_close(st.lse[0, 0], torch.log(rows + 1), atol=1e-6, rtol=0)
+    flagged_seen = torch.div(rows + 2, 3, rounding_mode="floor")  # keys 1, 4, ... <= q
+    torch.testing.assert_close(st.masses["f"][0, 0], flagged_seen / (rows + 1), atol=1e-6, rtol=0)
+    # every single entry is 1/(q+1) where visible, 0 in the future
+    torch.testing.assert_close(st.at(torch.zeros(n, dtype=torch.long))[0, 0], 1 / (rows + 1))
+    assert st.at(torch.arange(n) + 1)[0, 0].abs().max() == 0
+
+
+def test_a_row_that_sees_nothing_attends_nowhere():
+    q, k = torch.randn(1, 1, 4, 8), torch.randn(1, 1, 4, 8)
+    mask = torch.ones(1, 1, 4, 4, dtype=torch.bool)
+    mask[0, 0, 2] = False
+    st = kernels.head_stats(q, k, mask, 1.0, False, {"f": torch.ones(1, 4)})
+    assert st.entropy[0, 0, 2] == 0 and st.masses["f"][0, 0, 2] == 0 and st.lse[0, 0, 2] == -math.inf
+    assert st.at(torch.zeros(4, dtype=torch.long))[0, 0, 2] == 0
+    assert torch.isfinite(st.entropy).all()
+
+
+@pytest.mark.parametrize("b,h,kvh,n_q,n_k,d,causal,padded", [
+    (1, 9, 3, 600, 600, 64, True, False),   # SmolLM2's grouping, two key tiles
+    (2, 4, 4, 37, 37, 16, False, True),     # bidirectional with padding (BERT)
+    (3, 6, 2, 130, 130, 32, True, True),    # causal with padding
+    (1, 2, 1, 5, 1030, 8, True, False),     # a KV cache: queries at the end of 1,030 keys
+])
+def test_kernel_equals_the_pattern(b, h, kvh, n_q, n_k, d, causal, padded):
+    g = torch.Generator().manual_seed(n_k)
+    q = torch.randn(b, h, n_q, d, generator=g)
+    k = torch.randn(b, kvh, n_k, d, generator=g)
+    q[..., 0] += 3.0  # a sink on key 0, as real heads have
+    k[:, :, 0, 0] += 3.0
+    mask = None
+    if padded:
+        lengths = torch.randint(n_k // 2, n_k + 1, (b,), generator=g)
+        mask = (torch.arange(n_k)[None, :] < lengths[:, None])[:, None, None, :]  # [b, 1, 1, k]
+    flags = {"a": torch.rand(b, n_k, generator=g) < 0.1, "b": torch.rand(b, n_k, generator=g) < 0.5}
+    st = kernels.head_stats(q, k, mask, 0.5, causal, flags)
+    p, lse = reference(q * 0.5, k, mask, causal)
+    ent = -(p * torch.log(p.clamp_min(1e-300))).sum(-1)
+    # Two float32 GEMMs (the kernel's tiles, the reference's q @ k) round scores differently, by a
+    # few ulp of |score| (~1e-6 here); a wrong mask or an off-by-one would be off by > 1e-3.
+    torch.testing.assert_close(st.entropy, ent, atol=1e-5, rtol=0)
+    finite = torch.isfinite(lse)
+    torch.testing.assert_close(st.lse[finite], lse[finite], atol=1e-5, rtol=0)
+    for name, f in flags.items():
+        torch.testing.assert_close(st.masses[name], (p * f.double()[:, None, None, :]).sum(-1), atol=1e-5, rtol=0)
+    for key in (torch.zeros(n_q, dtype=torch.long), torch.arange(n_q) + (n_k - n_q) - 1, torch.arange(n_q) - 3):
+        want = p.gather(-1, key.clamp(0, n_k - 1).view(1, 1, n_q, 1).expand(b, h, n_q, 1)).squeeze(-1)
+        want = want * ((key >= 0) & (key < n_k))
+        # entries are exp(float64 score - lse of the kernel's float32 scores): same rounding story
+        torch.testing.assert_close(st.at(key), want, atol=1e-5, rtol=0)
+
+
+def test_every_fused_metric_scores_stats_like_the_pattern():
+    """The same metric function on HeadStats and on the pattern: same per-sequence sums and counts."""
+    g = torch.Generator().manual_seed(3)
+    for causal in (True, False):
+        b, h, n = 3, 4, 23
+        lengths = torch.tensor([23, 17, 9])
+        q, k = torch.randn(b, h, n, 8, generator=g), torch.randn(b, h, n, 8, generator=g)
+        mask = (torch.arange(n)[None, :] < lengths[:, None])[:, None, None, :]
+        if causal:
+            mask = mask & torch.ones(n, n, dtype=torch.bool).tril()
+        batch = PatternBatch(lengths=lengths, causal=causal, separator=torch.rand(b, n, generator=g) < 0.2,
+                             punctuation=torch.rand(b, n, generator=g) < 0.3, repeat_len=5)
+        p, _ = reference(q, k, mask, causal)
+        st = kernels.head_stats(q, k, mask, 1.0, causal, fused_flags(batch, n))
+        fused = [m for m in REGISTRY.values() if m.fused]
+        assert {m.name for m in fused} == set(REGISTRY)  # every built-in metric runs fused
+        for m in fused:
+            want, got = m(p.float(), batch), m(st, batch)
+            torch.testing.assert_close(got.total, want.total, atol=1e-5, rtol=0, equal_nan=True)
+            torch.testing.assert_close(got.count, want.count)
+
+
+def test_selectors_accept_both():
+    st = kernels.head_stats(torch.zeros(1, 1, 3, 4), torch.zeros(1, 1, 3, 4), None, 1.0, True, {})
+    batch = PatternBatch(lengths=torch.tensor([3]), causal=True)
+    assert isinstance(st, HeadStats) and st.shape == (1, 1, 3, 3)
+    torch.testing.assert_close(at_key(st, batch, 0)[0, 0], torch.tensor([1, 1 / 2, 1 / 3], dtype=torch.float64))
+    torch.testing.assert_close(at_offset(st, batch, -1)[0, 0], torch.tensor([0, 1 / 2, 1 / 3], dtype=torch.float64))
+    torch.testing.assert_close(row_entropy(st, batch)[0, 0], torch.log(torch.tensor([1.0, 2, 3], dtype=torch.float64)))
+    with pytest.raises(KeyError):
+        key_set_mass(st, PatternBatch(lengths=torch.tensor([3]), causal=True, separator=torch.ones(1, 3, dtype=torch.bool)),
+                     "separator")  # the kernel was not asked for that set
+
+
+def test_engine_choice(tiny_gpt2, monkeypatch):
+    metrics = list(REGISTRY.values())
+    assert resolve_engine(tiny_gpt2, "auto", metrics) == "fused"
+    own = Metric(name="own", probe="text", definition="d", label="l", threshold=0.5,
+                 fn=lambda p, b: pool(p[..., 0], query_range(p, b, 1, b.lengths - 1)))
+    assert resolve_engine(tiny_gpt2, "auto", metrics + [own]) == "blocked"  # needs the pattern itself
+    with pytest.raises(Exception, match="need the pattern itself"):
+        resolve_engine(tiny_gpt2, "fused", [own])
+    monkeypatch.setattr(kernels, "_module", None)
+    monkeypatch.setattr(kernels, "_reason", "no compiler")
+    assert resolve_engine(tiny_gpt2, "auto", metrics) == "blocked"
+    with pytest.raises(Exception, match="no compiler"):
+        resolve_engine(tiny_gpt2, "fused", metrics)
+
+
+def test_fused_scan_uses_the_kernel_and_matches_blocked(tiny_gpt2):
+    probe = packed_text_probe(tiny_gpt2, None, seq_len=70, n_sequences=3)
+    metrics = list(REGISTRY.values())
+    seen = []
+    orig = tiny_gpt2.run_pattern_blocks
+
+    def spy(tokens, mask, on_block, layers=None, block_bytes=None, fused_flags=None):
+        return orig(tokens, mask, lambda layer, p, qs, lp: (seen.append(type(p)), on_block(layer, p, qs, lp)),
+                    layers, block_bytes, fused_flags)
+
+    tiny_gpt2.run_pattern_blocks = spy
+    try:
+        got = score_probe(tiny_gpt2, probe, metrics, batch_size=2, engine="fused")
+    finally:
+        del tiny_gpt2.run_pattern_blocks
+    assert seen and set(seen) == {HeadStats}
+    want = score_probe(tiny_gpt2, probe, metrics, batch_size=3, engine="blocked")
+    for name in want:
+        torch.testing.assert_close(got[name].score, want[name].score, atol=1e-5, rtol=0, equal_nan=True)
+        assert got[name].count == want[name].count
+
+
+def test_pattern_batch_flags_match_key_set_mass(tiny_gpt2):
+    probe = packed_text_probe(tiny_gpt2, None, seq_len=30, n_sequences=2)
+    tokens = torch.tensor(probe.sequences)
+    mask = torch.ones_like(tokens, dtype=torch.bool)
+    batch = pattern_batch(tiny_gpt2, probe, tokens, mask, torch.tensor([30, 30]))
+    flags = fused_flags(batch, 30)
+    assert set(flags) == {"separator", "punctuation"}
+    assert not flags["punctuation"][:, 0].any()  # position 0 never counts
