@@ -1,8 +1,8 @@
 """Benchmark: headscope's scan against the model's own forward passes, as ratios from one run.
 
-Each measurement runs in a fresh subprocess (so peak memory is its own): load the model, note the
-resident memory, reset the kernel's high-water mark (``/proc/self/clear_refs``), run once, and
-report wall time and peak memory above the loaded model. Measured, on the same tokens:
+Each measurement runs in a fresh subprocess (so peak memory is its own): load the model, warm up,
+note the resident memory, reset the kernel's high-water mark (``/proc/self/clear_refs``), run (best
+of 3 when one run takes under 10 s), and report wall time and peak memory above the loaded model. Measured, on the same tokens:
 
 * ``scan``       headscope scan of the text metrics (default engine: fused where the CPU kernel builds);
 * ``scan-blocked`` the same scan from exact pattern blocks (the engine without the C++ kernel);
@@ -93,12 +93,16 @@ def worker(spec: dict) -> dict:
             run()
     base_kb = _rss_kb("VmRSS")
     _reset_peak()
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        run()
-    wall = time.perf_counter() - t0
+    walls = []
+    while True:  # short runs are repeated (best of 3): one 3-second run on a shared machine is noise
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            run()
+        walls.append(time.perf_counter() - t0)
+        if len(walls) == 3 or walls[0] > 10:
+            break
     peak_kb = _rss_kb("VmHWM")
-    out = {"wall_s": wall, "peak_extra_gb": max(0, peak_kb - base_kb) / 2**20}
+    out = {"wall_s": min(walls), "runs": len(walls), "peak_extra_gb": max(0, peak_kb - base_kb) / 2**20}
     if hasattr(run, "cache_gb"):
         out["cache_gb"] = run.cache_gb
     return out

@@ -182,3 +182,15 @@ def test_pattern_batch_flags_match_key_set_mass(tiny_gpt2):
     flags = fused_flags(batch, 30)
     assert set(flags) == {"separator", "punctuation"}
     assert not flags["punctuation"][:, 0].any()  # position 0 never counts
+
+
+def test_blas_and_aten_gemm_paths_agree():
+    """The kernel calls the BLAS sgemm_ torch links when it can find it, at::mm_out otherwise."""
+    g = torch.Generator().manual_seed(5)
+    q, k = torch.randn(1, 4, 300, 16, generator=g), torch.randn(1, 2, 300, 16, generator=g)
+    f = (torch.rand(1, 1, 300, generator=g) < 0.3).float()
+    module = kernels._load()
+    direct = module.head_stats(q, k, torch.empty(0, dtype=torch.bool), f, True)
+    aten = module.head_stats(q, k, torch.empty(0, dtype=torch.bool), f, True, direct_blas=False)
+    for a, b in zip(direct, aten, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)

@@ -5,8 +5,8 @@
 //   ent[r]     = -sum_k A[r,k] ln A[r,k]          (as ln z - sum_k e_k d_k / z, d = s - max)
 //   mass[r,f]  = sum_k A[r,k] flags[f,k]           (one column per flag channel)
 //   lse[r]     = ln sum_k exp(s_k)                  (so any single A[r,k] = exp(s_k - lse))
-// Scores s = q . k are computed tile by tile with at::mm_out into a buffer small enough to stay in
-// cache; the pattern itself never exists in memory. Masked keys (causal, or a boolean mask) are
+// Scores s = q . k are computed tile by tile with one GEMM call each into a buffer small enough to
+// stay in cache; the pattern itself never exists in memory. Masked keys (causal, or a boolean mask) are
 // left out; a row that sees no key gets 0 entropy, 0 mass and lse = -inf.
 //
 // q: [B, H, Nq, D] float32, contiguous, already multiplied by the softmax scale.
@@ -18,6 +18,7 @@
 #include <ATen/Parallel.h>
 
 #include <atomic>
+#include <dlfcn.h>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -28,6 +29,31 @@
 #endif
 
 namespace {
+
+// The BLAS torch links (MKL on x86 wheels) exports the Fortran sgemm_; calling it directly skips
+// the per-call tensor overhead of at::mm_out on thousands of small tiles. at::mm_out otherwise.
+using sgemm_fn = void (*)(const char*, const char*, const int*, const int*, const int*, const float*,
+                          const float*, const int*, const float*, const int*, const float*, float*,
+                          const int*);
+sgemm_fn find_sgemm() {
+  static const sgemm_fn f = reinterpret_cast<sgemm_fn>(dlsym(RTLD_DEFAULT, "sgemm_"));
+  return f;
+}
+
+// S[R x kn] (row-major) = Q[R x D] K[kn x D]^T.
+void scores(const float* Q, const float* K, float* S, int64_t R, int64_t kn, int64_t D,
+            const at::TensorOptions& opt, bool direct_blas) {
+  if (sgemm_fn gemm = direct_blas ? find_sgemm() : nullptr) {
+    // Column-major view: S^T[kn x R] = K^T' [kn x D] * Q^T [D x R], i.e. gemm("T", "N").
+    const int m = static_cast<int>(kn), n = static_cast<int>(R), k = static_cast<int>(D);
+    const float one = 1.f, zero = 0.f;
+    gemm("T", "N", &m, &n, &k, &one, K, &k, Q, &k, &zero, S, &m);
+    return;
+  }
+  at::Tensor St = at::from_blob(S, {R, kn}, opt);
+  at::mm_out(St, at::from_blob(const_cast<float*>(Q), {R, D}, opt),
+             at::from_blob(const_cast<float*>(K), {kn, D}, opt).t());
+}
 
 constexpr float MASKED = -1e30f;  // a masked score: exp underflows to 0 and 0 * MASKED stays 0
 constexpr int64_t QT = 64;        // query rows per tile
@@ -119,7 +145,8 @@ inline void row_sums(const float* s, int64_t n, float m, const float* const* fla
 }  // namespace
 
 std::vector<at::Tensor> head_stats(const at::Tensor& q, const at::Tensor& k, const at::Tensor& mask,
-                                   const at::Tensor& flags, bool causal) {
+                                   const at::Tensor& flags, bool causal,
+                                   bool direct_blas) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4, "q and k must be [batch, head, pos, dim]");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat, "q and k must be float32");
   TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && flags.is_contiguous(), "inputs must be contiguous");
@@ -175,12 +202,9 @@ std::vector<at::Tensor> head_stats(const at::Tensor& q, const at::Tensor& k, con
       std::fill(m.begin(), m.end(), MASKED);
       const float* qrow = qp + ((b * H + h) * Nq + q0) * D;
       const float* kh = kp + ((b * KVH + h / G) * Nk) * D;
-      at::Tensor Qt = at::from_blob(const_cast<float*>(qrow), {R, D}, fopt);
       for (int64_t kt = 0; kt < kend; kt += KT) {
         const int64_t kn = std::min(KT, kend - kt);
-        at::Tensor Kt = at::from_blob(const_cast<float*>(kh + kt * D), {kn, D}, fopt);
-        at::Tensor St = at::from_blob(S, {R, kn}, fopt);
-        at::mm_out(St, Qt, Kt.t());
+        scores(qrow, kh + kt * D, S, R, kn, D, fopt, direct_blas);
         const float* frow[MAXF];
         for (int f = 0; f < nf; ++f) frow[f] = fp + (b * nf + f) * Nk + kt;
         for (int64_t r = 0; r < R; ++r) {
@@ -224,6 +248,6 @@ std::vector<at::Tensor> head_stats(const at::Tensor& q, const at::Tensor& k, con
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("head_stats", &head_stats, "per-row entropy, flag masses and logsumexp of softmax(q k^T)",
-        py::arg("q"), py::arg("k"), py::arg("mask"), py::arg("flags"), py::arg("causal"),
+        py::arg("q"), py::arg("k"), py::arg("mask"), py::arg("flags"), py::arg("causal"), py::arg("direct_blas") = true,
         py::call_guard<py::gil_scoped_release>());
 }

@@ -41,9 +41,10 @@ class HeadStats:
         keys = keys.to(self.device)
         inside = (keys >= 0) & (keys < n_k)  # [query]
         kc = keys.clamp(0, n_k - 1)
-        k_sel = self.key[:, :, kc].double()  # [b, kv_head, query, dim]
-        q = self.query.double().view(b, kvh, h // kvh, n_q, -1)  # [b, kv_head, group, query, dim]
-        s = (q * k_sel[:, :, None]).sum(-1).view(b, h, n_q)  # the score of that key, float64
+        k_sel = self.key[:, :, kc]  # [b, kv_head, query, dim]
+        q = self.query.view(b, kvh, h // kvh, n_q, -1)  # [b, kv_head, group, query, dim]
+        # the score of that key: float32 products summed in float64 (as exact as the kernel's GEMM)
+        s = (q * k_sel[:, :, None]).sum(-1, dtype=torch.float64).view(b, h, n_q)
         finite = torch.isfinite(self.lse)
         p = torch.where(finite, torch.exp(s - torch.where(finite, self.lse, 0.0)), 0.0)
         vis = inside[None, :].expand(b, n_q)  # [batch, query]
