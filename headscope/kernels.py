@@ -56,6 +56,7 @@ def _load():
     try:
         from torch.utils import cpp_extension
 
+        _ninja_on_path()
         name = "headscope_head_stats"
         build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
         if on_build is not None and not any(build_dir.glob(f"{name}*.so")):
@@ -68,6 +69,20 @@ def _load():
         _reason = f"the C++ kernel could not be built ({first[:200]})"
         print(f"headscope: {_reason}; using the blocked engine.", file=sys.stderr)
     return _module
+
+
+def _ninja_on_path() -> None:
+    """torch runs ``ninja`` from PATH; the pip ``ninja`` package's binary sits in the venv, which a
+    non-activated venv (``.venv/bin/python -m ...``) does not put on PATH."""
+    import shutil
+
+    if shutil.which("ninja") is None:
+        try:
+            import ninja
+
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+        except (ImportError, AttributeError):
+            pass
 
 
 def _has_avx2() -> bool:
