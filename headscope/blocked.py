@@ -30,6 +30,7 @@ _ACTIVE: contextvars.ContextVar[BlockScorer | None] = contextvars.ContextVar("he
 
 NEG = torch.finfo(torch.float32).min  # a masked score (eager attention uses the same)
 BLOCK_BYTES = 32 * 2**20  # one block of scores, fp32: small enough to stay in cache-friendly sizes
+OWN_OUTPUT = True  # fused engine: the kernel computes the layer's output too (else sdpa does)
 
 
 class StopForward(Exception):
@@ -128,9 +129,21 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         from headscope import kernels
 
+        unmodelled = [k for k in ("position_bias", "softcap", "s_aux", "sinks") if kwargs.get(k) is not None]
+        if unmodelled:
+            from headscope.errors import HeadscopeError
+
+            raise HeadscopeError(f"This model's attention uses {', '.join(unmodelled)}, which the fused and "
+                                 "blocked engines do not model; use --engine hooks.")
         if scorer.fused_flags is not None and kernels.supports(query, attention_mask):
-            stats = kernels.head_stats(query, key, attention_mask, scale, causal, scorer.fused_flags)
-            scorer.on_block(layer, stats, 0, None)
+            if layer == scorer.last or not OWN_OUTPUT:
+                stats = kernels.head_stats(query, key, attention_mask, scale, causal, scorer.fused_flags)
+                scorer.on_block(layer, stats, 0, None)
+            else:  # the kernel's own output replaces sdpa's: one pass over the scores, not two
+                out, stats = kernels.attention(query, key, value, attention_mask, scale, causal,
+                                               scorer.fused_flags)
+                scorer.on_block(layer, stats, 0, None)
+                return out.transpose(1, 2).contiguous(), None
         else:
             rows = block_rows(query.shape[0], query.shape[1], key.shape[2], scorer.block_bytes)
             for qs, block, log_block in pattern_blocks(query, key, attention_mask, scale, causal, rows,

@@ -115,6 +115,20 @@ def head_stats(
     boolean ``[batch or 1, 1, q or 1, k]`` (True = may attend); ``flags``: name -> ``[batch, k]``
     (0/1) key sets whose attention mass is wanted.
     """
+    return _run(query, key, None, attention_mask, scaling, causal, flags)[1]
+
+
+def attention(
+    query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, scaling: float,
+    causal: bool, flags: dict[str, Tensor],
+) -> tuple[Tensor, HeadStats]:
+    """The attention output ``softmax(q kᵀ * scaling + mask) v`` ``[batch, head, q, dim_v]`` (in
+    ``query``'s dtype) and the per-row statistics of :func:`head_stats`, from one pass: the same
+    tiles of exp-scores feed both, so the scan costs about what the fused attention alone does."""
+    return _run(query, key, value, attention_mask, scaling, causal, flags)
+
+
+def _run(query, key, value, attention_mask, scaling, causal, flags):
     module = _load()
     if module is None:
         raise RuntimeError(f"The fused kernel is not available: {_reason}")
@@ -131,8 +145,10 @@ def head_stats(
     f = (torch.stack([flags[n].float() for n in names], 1).contiguous() if names
          else torch.zeros(b, 0, n_k))
     empty = torch.empty(0, dtype=torch.bool)
-    ent, mass, lse = module.head_stats(q32, k32, empty if mask is None else mask, f, causal)
-    return HeadStats(
+    v32 = torch.empty(0) if value is None else value.float().contiguous()
+    ent, mass, lse, out = module.head_stats(q32, k32, empty if mask is None else mask, f, causal, v32)
+    stats = HeadStats(
         shape=(b, h, n_q, n_k), entropy=ent, masses={n: mass[..., i] for i, n in enumerate(names)},
         lse=lse, query=q32, key=k32, causal=causal, mask=mask,
     )
+    return (out.to(query.dtype) if value is not None else None), stats

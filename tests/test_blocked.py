@@ -158,3 +158,17 @@ def test_auto_batch_size_shrinks_with_length(tiny_gpt2):
 @pytest.mark.parametrize("fixture", ["smollm2", "minilm"])
 def test_blocked_and_fused_equal_hooks_on_real_models(fixture, request):
     assert_engines_agree(request.getfixturevalue(fixture), n_prompts=4, repeat_len=30, batch_size=4)
+
+
+@pytest.mark.parametrize("kwarg", ["softcap", "s_aux", "position_bias"])
+def test_attention_it_cannot_model_is_refused_not_mis_scored(kwarg):
+    """Logit soft-capping, learned sinks and position biases change the pattern; say so, never guess."""
+    from headscope.blocked import BlockScorer, attention, scoring
+
+    class Attn(torch.nn.Module):
+        layer_idx, is_causal = 0, True
+
+    q = torch.randn(1, 2, 4, 8)
+    with scoring(BlockScorer(lambda *a: None, frozenset({0}), 0)):
+        with pytest.raises(headscope.HeadscopeError, match="--engine hooks"):
+            attention(Attn(), q, q, q, None, scaling=0.5, **{kwarg: torch.ones(1)})

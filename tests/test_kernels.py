@@ -188,9 +188,41 @@ def test_blas_and_aten_gemm_paths_agree():
     """The kernel calls the BLAS sgemm_ torch links when it can find it, at::mm_out otherwise."""
     g = torch.Generator().manual_seed(5)
     q, k = torch.randn(1, 4, 300, 16, generator=g), torch.randn(1, 2, 300, 16, generator=g)
+    v = torch.randn(1, 2, 300, 16, generator=g)
     f = (torch.rand(1, 1, 300, generator=g) < 0.3).float()
     module = kernels._load()
-    direct = module.head_stats(q, k, torch.empty(0, dtype=torch.bool), f, True)
-    aten = module.head_stats(q, k, torch.empty(0, dtype=torch.bool), f, True, direct_blas=False)
+    no_mask = torch.empty(0, dtype=torch.bool)
+    direct = module.head_stats(q, k, no_mask, f, True, v)
+    aten = module.head_stats(q, k, no_mask, f, True, v, direct_blas=False)
+    assert len(direct) == 4 and direct[3].shape == (1, 4, 300, 16)
     for a, b in zip(direct, aten, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("b,h,kvh,n_q,n_k,d,dv,causal,padded", [
+    (1, 9, 3, 600, 600, 64, 64, True, False),
+    (2, 4, 4, 37, 37, 16, 19, False, True),
+    (3, 6, 2, 130, 130, 32, 32, True, True),
+    (1, 2, 1, 5, 1030, 8, 8, True, False),
+])
+def test_kernel_output_is_the_attention_output(b, h, kvh, n_q, n_k, d, dv, causal, padded):
+    """The fused engine lets the kernel's A v replace sdpa's: it must be the same output."""
+    g = torch.Generator().manual_seed(d)
+    q, k = torch.randn(b, h, n_q, d, generator=g), torch.randn(b, kvh, n_k, d, generator=g)
+    v = torch.randn(b, kvh, n_k, dv, generator=g)
+    mask = None
+    if padded:
+        lengths = torch.randint(n_k // 2, n_k + 1, (b,), generator=g)
+        mask = (torch.arange(n_k)[None, :] < lengths[:, None])[:, None, None, :]
+        if causal:
+            mask = mask & torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)
+    out, stats = kernels.attention(q, k, v, mask, 0.3, causal, {})
+    p, _ = reference(q * 0.3, k, mask, causal)
+    want = p @ v.repeat_interleave(h // kvh, 1).double()
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(stats.entropy, kernels.head_stats(q, k, mask, 0.3, causal, {}).entropy)
+    if dv == d and n_q == n_k:  # torch's own fused attention (its is_causal aligns top-left)
+        sdpa = torch.nn.functional.scaled_dot_product_attention(
+            q, k.repeat_interleave(h // kvh, 1), v.repeat_interleave(h // kvh, 1),
+            attn_mask=mask, is_causal=causal and mask is None, scale=0.3)
+        torch.testing.assert_close(out, sdpa, atol=1e-5, rtol=0)

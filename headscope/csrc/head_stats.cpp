@@ -5,6 +5,7 @@
 //   ent[r]     = -sum_k A[r,k] ln A[r,k]          (as ln z - sum_k e_k d_k / z, d = s - max)
 //   mass[r,f]  = sum_k A[r,k] flags[f,k]           (one column per flag channel)
 //   lse[r]     = ln sum_k exp(s_k)                  (so any single A[r,k] = exp(s_k - lse))
+//   out[r]     = sum_k A[r,k] v_k                   (optional: the attention output itself)
 // Scores s = q . k are computed tile by tile with one GEMM call each into a buffer small enough to
 // stay in cache; the pattern itself never exists in memory. Masked keys (causal, or a boolean mask) are
 // left out; a row that sees no key gets 0 entropy, 0 mass and lse = -inf.
@@ -14,6 +15,7 @@
 // mask: bool [B, Nq, Nk] (any strides, e.g. broadcast), true = may attend; or an empty tensor.
 // flags: float32 [B, F, Nk], contiguous (F may be 0).
 // causal: key j is visible to query i only if j <= i + (Nk - Nq).
+// v: [B, KVH, Nk, Dv] float32, contiguous, or an empty tensor (no output).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -114,8 +116,9 @@ inline float row_max(const float* s, int64_t n) {
 constexpr int MAXF = 4;
 
 // Adds sum e, sum e*d and sum e*flag_f (e = exp(d), d = s - m) over n keys to the outputs.
-inline void row_sums(const float* s, int64_t n, float m, const float* const* flags, int nf,
-                     double& z, double& zs, double* zf) {
+// With ``keep``, each s[j] is replaced by its e (the weights the output needs).
+inline void row_sums(float* s, int64_t n, float m, const float* const* flags, int nf,
+                     double& z, double& zs, double* zf, bool keep) {
   int64_t j = 0;
 #ifdef HS_AVX2
   const __m256 vm = _mm256_set1_ps(m);
@@ -125,6 +128,7 @@ inline void row_sums(const float* s, int64_t n, float m, const float* const* fla
   for (; j + 8 <= n; j += 8) {
     __m256 d = _mm256_sub_ps(_mm256_loadu_ps(s + j), vm);
     __m256 e = exp256(d);
+    if (keep) _mm256_storeu_ps(s + j, e);
     az = _mm256_add_ps(az, e);
     as = _mm256_fmadd_ps(e, d, as);
     for (int f = 0; f < nf; ++f) af[f] = _mm256_fmadd_ps(e, _mm256_loadu_ps(flags[f] + j), af[f]);
@@ -136,16 +140,32 @@ inline void row_sums(const float* s, int64_t n, float m, const float* const* fla
   for (; j < n; ++j) {
     float d = s[j] - m;
     float e = d < -87.0f ? 0.0f : std::exp(d);
+    if (keep) s[j] = e;
     z += e;
     zs += static_cast<double>(e) * d;
     for (int f = 0; f < nf; ++f) zf[f] += static_cast<double>(e) * flags[f][j];
   }
 }
 
+// O[R x Dv] += E[R x kn] V[kn x Dv] (all row-major).
+void accumulate(const float* E, const float* V, float* O, int64_t R, int64_t kn, int64_t Dv,
+                const at::TensorOptions& opt, bool direct_blas) {
+  if (sgemm_fn gemm = direct_blas ? find_sgemm() : nullptr) {
+    // Column-major view: O^T[Dv x R] += V^T[Dv x kn] * E^T[kn x R].
+    const int m = static_cast<int>(Dv), n = static_cast<int>(R), k = static_cast<int>(kn);
+    const float one = 1.f;
+    gemm("N", "N", &m, &n, &k, &one, V, &m, E, &k, &one, O, &m);
+    return;
+  }
+  at::Tensor Ot = at::from_blob(O, {R, Dv}, opt);
+  Ot.addmm_(at::from_blob(const_cast<float*>(E), {R, kn}, opt),
+            at::from_blob(const_cast<float*>(V), {kn, Dv}, opt));
+}
+
 }  // namespace
 
 std::vector<at::Tensor> head_stats(const at::Tensor& q, const at::Tensor& k, const at::Tensor& mask,
-                                   const at::Tensor& flags, bool causal,
+                                   const at::Tensor& flags, bool causal, const at::Tensor& v,
                                    bool direct_blas) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4, "q and k must be [batch, head, pos, dim]");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat, "q and k must be float32");
@@ -157,6 +177,12 @@ std::vector<at::Tensor> head_stats(const at::Tensor& q, const at::Tensor& k, con
   const int nf = flags.numel() ? static_cast<int>(flags.size(1)) : 0;
   TORCH_CHECK(nf <= MAXF, "at most 4 flag channels");
   TORCH_CHECK(nf == 0 || (flags.size(0) == B && flags.size(2) == Nk), "flags must be [batch, F, keys]");
+  const bool has_v = v.numel() > 0;
+  const int64_t Dv = has_v ? v.size(3) : 0;
+  if (has_v) {
+    TORCH_CHECK(v.scalar_type() == at::kFloat && v.is_contiguous() && v.dim() == 4 && v.size(0) == B &&
+                v.size(1) == KVH && v.size(2) == Nk, "v must be float32 [batch, kv_head, keys, dim]");
+  }
   const bool has_mask = mask.numel() > 0;
   if (has_mask) {
     TORCH_CHECK(mask.scalar_type() == at::kBool && mask.dim() == 3 && mask.size(0) == B &&
@@ -166,6 +192,9 @@ std::vector<at::Tensor> head_stats(const at::Tensor& q, const at::Tensor& k, con
   at::Tensor ent = at::zeros({B, H, Nq}, f64);
   at::Tensor mass = at::zeros({B, H, Nq, std::max(nf, 1)}, f64);
   at::Tensor lse = at::full({B, H, Nq}, -std::numeric_limits<double>::infinity(), f64);
+  at::Tensor out = at::zeros({B, H, has_v ? Nq : 0, std::max<int64_t>(Dv, 1)}, q.options());
+  const float* vp = has_v ? v.data_ptr<float>() : nullptr;
+  float* outp = out.data_ptr<float>();
 
   const float* qp = q.data_ptr<float>();
   const float* kp = k.data_ptr<float>();
@@ -190,7 +219,7 @@ std::vector<at::Tensor> head_stats(const at::Tensor& q, const at::Tensor& k, con
     at::Tensor sbuf = at::empty({QT * KT}, fopt);
     float* S = sbuf.data_ptr<float>();
     std::vector<double> z(QT), zs(QT), zf(QT * MAXF);
-    std::vector<float> m(QT);
+    std::vector<float> m(QT), O(has_v ? QT * Dv : 0);
     for (int64_t t = next++; t < ntasks; t = next++) {
       const int64_t tile = ntiles - 1 - t / (B * H);
       const int64_t bh = t % (B * H), b = bh / H, h = bh % H;
@@ -200,6 +229,7 @@ std::vector<at::Tensor> head_stats(const at::Tensor& q, const at::Tensor& k, con
       std::fill(zs.begin(), zs.end(), 0.0);
       std::fill(zf.begin(), zf.end(), 0.0);
       std::fill(m.begin(), m.end(), MASKED);
+      std::fill(O.begin(), O.end(), 0.f);
       const float* qrow = qp + ((b * H + h) * Nq + q0) * D;
       const float* kh = kp + ((b * KVH + h / G) * Nk) * D;
       for (int64_t kt = 0; kt < kend; kt += KT) {
@@ -211,26 +241,33 @@ std::vector<at::Tensor> head_stats(const at::Tensor& q, const at::Tensor& k, con
           const int64_t i = q0 + r;
           int64_t lim = kn;
           if (causal) lim = std::min(kn, i + offset + 1 - kt);
-          if (lim <= 0) continue;
           float* s = S + r * kn;
+          if (has_v) std::fill(s + std::max<int64_t>(lim, 0), s + kn, 0.f);  // future keys: weight 0
+          if (lim <= 0) continue;
           if (has_mask) {
             const bool* mrow = mp + b * ms0 + i * ms1 + kt * ms2;
             for (int64_t j = 0; j < lim; ++j)
               if (!mrow[j * ms2]) s[j] = MASKED;
           }
           const float mt = row_max(s, lim);
-          if (mt <= MASKED) continue;  // nothing visible in this tile
+          if (mt <= MASKED) {  // nothing visible in this tile
+            if (has_v) std::fill(s, s + lim, 0.f);
+            continue;
+          }
           if (mt > m[r]) {
             if (z[r] > 0) {
               const double c = std::exp(static_cast<double>(m[r]) - mt);
               zs[r] = (zs[r] + (static_cast<double>(m[r]) - mt) * z[r]) * c;
               z[r] *= c;
               for (int f = 0; f < nf; ++f) zf[r * MAXF + f] *= c;
+              const float cf = static_cast<float>(c);
+              for (int64_t d = 0; d < Dv; ++d) O[r * Dv + d] *= cf;
             }
             m[r] = mt;
           }
-          row_sums(s, lim, m[r], frow, nf, z[r], zs[r], &zf[r * MAXF]);
+          row_sums(s, lim, m[r], frow, nf, z[r], zs[r], &zf[r * MAXF], has_v);
         }
+        if (has_v) accumulate(S, vp + ((b * KVH + h / G) * Nk + kt) * Dv, O.data(), R, kn, Dv, fopt, direct_blas);
       }
       for (int64_t r = 0; r < R; ++r) {
         const int64_t o = (b * H + h) * Nq + q0 + r;
@@ -239,15 +276,20 @@ std::vector<at::Tensor> head_stats(const at::Tensor& q, const at::Tensor& k, con
         entp[o] = lz - zs[r] / z[r];
         lsep[o] = m[r] + lz;
         for (int f = 0; f < nf; ++f) massp[o * mcols + f] = zf[r * MAXF + f] / z[r];
+        if (has_v) {
+          const float inv = static_cast<float>(1.0 / z[r]);
+          for (int64_t d = 0; d < Dv; ++d) outp[o * Dv + d] = O[r * Dv + d] * inv;
+        }
       }
     }
   });
   if (nf == 0) mass = mass.narrow(3, 0, 0);
-  return {ent, mass, lse};
+  if (!has_v) out = out.narrow(3, 0, 0);
+  return {ent, mass, lse, out};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("head_stats", &head_stats, "per-row entropy, flag masses and logsumexp of softmax(q k^T)",
-        py::arg("q"), py::arg("k"), py::arg("mask"), py::arg("flags"), py::arg("causal"), py::arg("direct_blas") = true,
+        py::arg("q"), py::arg("k"), py::arg("mask"), py::arg("flags"), py::arg("causal"), py::arg("v"), py::arg("direct_blas") = true,
         py::call_guard<py::gil_scoped_release>());
 }
