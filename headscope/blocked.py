@@ -10,8 +10,9 @@ models a block only computes keys up to its last query, which halves the work.
 The function :func:`attention` has the signature of a transformers attention implementation; it is
 registered under the name ``"headscope"`` by :mod:`headscope.models` (the one module that knows
 transformers). While no :class:`BlockScorer` is active it is plain ``sdpa``. When the scorer asks
-for the fused engine and the call allows it (CPU, boolean or no mask), the layer's pattern is not
-recomputed at all: :mod:`headscope.kernels` hands over per-row statistics instead.
+for the fused engine and the call allows it (CPU, boolean or no mask), no pattern is computed at
+all: :mod:`headscope.kernels` returns the layer's output together with per-row statistics from one
+pass over the scores, and sdpa is not run for that layer.
 """
 
 from __future__ import annotations
