@@ -185,6 +185,8 @@ def main() -> None:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="two small configurations only")
     ap.add_argument("--json", type=Path, help="also write every measurement here")
+    ap.add_argument("--only", action="append", metavar="MODEL:BATCHxSEQ",
+                    help="measure only these configurations, e.g. smollm2-135m:8x128 (repeatable)")
     ap.add_argument("--rounds", type=int, default=2,
                     help="measure each configuration's methods this many times, interleaved; keep the fastest")
     args = ap.parse_args()
@@ -197,6 +199,8 @@ def main() -> None:
     rows, best = [], {}
     print(f"{'model':<18} {'tokens':>10} {'method':<12} {'wall s':>8} {'x sdpa':>7} {'x logits':>8} {'peak+GB':>8} {'+GB vs sdpa':>11}")
     for model, seq_len, batch, methods in plan(args.quick):
+        if args.only and f"{model}:{batch}x{seq_len}" not in args.only:
+            continue
         res = {}
         for rnd in range(args.rounds):  # rounds interleave the methods: a noisy minute hits all alike
             for method in methods:

@@ -41,10 +41,10 @@ class HeadStats:
         keys = keys.to(self.device)
         inside = (keys >= 0) & (keys < n_k)  # [query]
         kc = keys.clamp(0, n_k - 1)
-        k_sel = self.key[:, :, kc]  # [b, kv_head, query, dim]
-        q = self.query.view(b, kvh, h // kvh, n_q, -1)  # [b, kv_head, group, query, dim]
-        # the score of that key: float32 products summed in float64 (as exact as the kernel's GEMM)
-        s = (q * k_sel[:, :, None]).sum(-1, dtype=torch.float64).view(b, h, n_q)
+        k_sel = self.key[:, :, kc].unsqueeze(-1)  # [b, kv_head, query, dim, 1]
+        q = self.query.view(b, kvh, h // kvh, n_q, -1).transpose(2, 3)  # [b, kv_head, query, group, dim]
+        # the score of that key, by the same float32 GEMM arithmetic as the kernel's scores
+        s = (q @ k_sel).squeeze(-1).transpose(2, 3).reshape(b, h, n_q).double()
         finite = torch.isfinite(self.lse)
         p = torch.where(finite, torch.exp(s - torch.where(finite, self.lse, 0.0)), 0.0)
         vis = inside[None, :].expand(b, n_q)  # [batch, query]
