@@ -59,6 +59,7 @@ def _load():
         _ninja_on_path()
         name = "headscope_head_stats"
         build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
+        _clear_stale_lock(build_dir)
         if on_build is not None and not any(build_dir.glob(f"{name}*.so")):
             on_build("Compiling headscope's attention-statistics kernel (once, about a minute)...")
         flags = ["-O3", "-fopenmp"] + (["-mavx2", "-mfma"] if _has_avx2() else [])
@@ -69,6 +70,19 @@ def _load():
         _reason = f"the C++ kernel could not be built ({first[:200]})"
         print(f"headscope: {_reason}; using the blocked engine.", file=sys.stderr)
     return _module
+
+
+def _clear_stale_lock(build_dir: Path, max_age_s: float = 900) -> None:
+    """torch waits forever on the build folder's ``lock`` file; a build killed midway (Ctrl-C)
+    leaves it behind. A lock older than any real build (15 min) is removed."""
+    import time
+
+    lock = build_dir / "lock"
+    try:
+        if lock.exists() and time.time() - lock.stat().st_mtime > max_age_s:
+            lock.unlink()
+    except OSError:
+        pass
 
 
 def _ninja_on_path() -> None:

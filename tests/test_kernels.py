@@ -226,3 +226,15 @@ def test_kernel_output_is_the_attention_output(b, h, kvh, n_q, n_k, d, dv, causa
             q, k.repeat_interleave(h // kvh, 1), v.repeat_interleave(h // kvh, 1),
             attn_mask=mask, is_causal=causal and mask is None, scale=0.3)
         torch.testing.assert_close(out, sdpa, atol=1e-5, rtol=0)
+
+
+def test_a_stale_build_lock_is_cleared_a_fresh_one_kept(tmp_path):
+    """A build killed midway leaves torch's lock file, and torch would wait on it forever."""
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    kernels._clear_stale_lock(tmp_path)
+    assert lock.exists()  # a build may be running right now
+    old = lock.stat().st_mtime - 3600
+    os.utime(lock, (old, old))
+    kernels._clear_stale_lock(tmp_path)
+    assert not lock.exists()
