@@ -31,7 +31,6 @@ _ACTIVE: contextvars.ContextVar[BlockScorer | None] = contextvars.ContextVar("he
 
 NEG = torch.finfo(torch.float32).min  # a masked score (eager attention uses the same)
 BLOCK_BYTES = 32 * 2**20  # one block of scores, fp32: small enough to stay in cache-friendly sizes
-OWN_OUTPUT = True  # fused engine: the kernel computes the layer's output too (else sdpa does)
 
 
 class StopForward(Exception):
@@ -120,7 +119,8 @@ def pattern_blocks(
 
 def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
               is_causal: bool | None = None, **kwargs):
-    """A transformers attention implementation: ``sdpa`` outputs, plus blocked patterns when scoring."""
+    """A transformers attention implementation: ``sdpa`` outputs, plus blocked patterns when scoring
+    (or, for the fused engine, the kernel's output and per-row statistics instead of both)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     scorer = _ACTIVE.get()
@@ -137,19 +137,17 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
             raise HeadscopeError(f"This model's attention uses {', '.join(unmodelled)}, which the fused and "
                                  "blocked engines do not model; use --engine hooks.")
         if scorer.fused_flags is not None and kernels.supports(query, attention_mask):
-            if layer == scorer.last or not OWN_OUTPUT:
-                stats = kernels.head_stats(query, key, attention_mask, scale, causal, scorer.fused_flags)
-                scorer.on_block(layer, stats, 0, None)
-            else:  # the kernel's own output replaces sdpa's: one pass over the scores, not two
-                out, stats = kernels.attention(query, key, value, attention_mask, scale, causal,
-                                               scorer.fused_flags)
-                scorer.on_block(layer, stats, 0, None)
-                return out.transpose(1, 2).contiguous(), None
-        else:
-            rows = block_rows(query.shape[0], query.shape[1], key.shape[2], scorer.block_bytes)
-            for qs, block, log_block in pattern_blocks(query, key, attention_mask, scale, causal, rows,
-                                                       with_log=True):
-                scorer.on_block(layer, block, qs, log_block)
+            if layer == scorer.last:  # nothing runs after it: no output needed
+                scorer.on_block(layer, kernels.head_stats(query, key, attention_mask, scale, causal,
+                                                          scorer.fused_flags), 0, None)
+                raise StopForward
+            # the kernel's own output replaces sdpa's: one pass over the scores, not two
+            out, stats = kernels.attention(query, key, value, attention_mask, scale, causal, scorer.fused_flags)
+            scorer.on_block(layer, stats, 0, None)
+            return out.transpose(1, 2).contiguous(), None
+        rows = block_rows(query.shape[0], query.shape[1], key.shape[2], scorer.block_bytes)
+        for qs, block, log_block in pattern_blocks(query, key, attention_mask, scale, causal, rows, with_log=True):
+            scorer.on_block(layer, block, qs, log_block)
         if layer == scorer.last:
             raise StopForward
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,

@@ -144,7 +144,7 @@ def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, seq_len, engi
     from headscope import kernels
     from headscope.extract import resolve_engine
 
-    kernels.on_build = lambda msg: say(msg[0].lower() + msg[1:])
+    kernels.on_build = say
     say(f"scanning {model.n_layers} layers x {model.n_heads} heads on {model.device} "
         f"({resolve_engine(model, engine, chosen)} engine)")
     progress = None

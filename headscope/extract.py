@@ -76,9 +76,9 @@ def score_probe(
 ) -> dict[str, MetricScores]:
     """Score every head of ``model`` on ``probe`` for each metric, streaming layer by layer.
 
-    ``engine``: ``"fused"`` runs the model's fused attention and gives the metrics per-row
-    statistics from one extra ``q kᵀ`` pass (see :mod:`headscope.kernels`); ``"blocked"`` scores
-    exact pattern blocks instead (see :mod:`headscope.blocked`); ``"hooks"`` reads each layer's full
+    ``engine``: ``"fused"`` replaces each scanned layer's attention by a CPU kernel that returns
+    its output and the metrics' per-row statistics from one pass (see :mod:`headscope.kernels`);
+    ``"blocked"`` runs sdpa and scores exact pattern blocks (see :mod:`headscope.blocked`); ``"hooks"`` reads each layer's full
     pattern from the transformer-lens bridge's ``hook_pattern``; ``"auto"`` takes the first of these
     that the model, device and metrics allow. All give the same scores. ``batch_size=None`` picks
     one from the sequence length.

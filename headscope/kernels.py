@@ -61,7 +61,7 @@ def _load():
         build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
         _clear_stale_lock(build_dir)
         if on_build is not None and not any(build_dir.glob(f"{name}*.so")):
-            on_build("Compiling headscope's attention-statistics kernel (once, about a minute)...")
+            on_build("compiling the fused attention-statistics kernel (once, about a minute)...")
         flags = ["-O3", "-fopenmp"] + (["-mavx2", "-mfma"] if _has_avx2() else [])
         _module = cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=flags,
                                      extra_ldflags=["-fopenmp"], verbose=False)

@@ -238,3 +238,30 @@ def test_a_stale_build_lock_is_cleared_a_fresh_one_kept(tmp_path):
     os.utime(lock, (old, old))
     kernels._clear_stale_lock(tmp_path)
     assert not lock.exists()
+
+
+def test_a_failed_build_falls_back_with_one_line(monkeypatch, capsys):
+    """No compiler (or any build error): available() is False, the reason is kept, auto -> blocked."""
+    from torch.utils import cpp_extension
+
+    def broken(**kwargs):
+        raise RuntimeError("Error building extension 'headscope_head_stats': c++: not found\nmore")
+
+    monkeypatch.setattr(kernels, "_module", None)
+    monkeypatch.setattr(kernels, "_reason", None)
+    monkeypatch.setattr(cpp_extension, "load", broken)
+    assert not kernels.available()
+    assert "c++: not found" in kernels.unavailable_reason()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "using the blocked engine" in err[0]
+
+
+def test_ninja_from_the_venv_is_put_on_path(monkeypatch):
+    import shutil
+
+    import ninja  # a dependency of headscope
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setenv("PATH", "/nowhere")
+    kernels._ninja_on_path()
+    assert os.environ["PATH"].split(os.pathsep)[0] == ninja.BIN_DIR
