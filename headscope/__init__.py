@@ -2,7 +2,7 @@
 
 The public surface, in the order data flows::
 
-    model  = headscope.load_model("smollm2-135m")        # sources -> models
+    model  = headscope.load_model("smollm2-135m")        # sources -> models (or load_model(hf, tok))
     probes = headscope.default_probes(model, seed=0)     # token ids, saved with the run
     result = headscope.scan(model, probes)               # one streaming forward per batch
     result.scores                                        # tidy pandas table
@@ -28,13 +28,16 @@ _EXPORTS = {
     "load_model": "headscope.models",
     "Model": "headscope.models",
     "resolve": "headscope.sources",
-    "Probe": "headscope.probes",
+    "Probe": "headscope.result",
+    "ScanResult": "headscope.result",
+    "matrix": "headscope.result",
     "load_pairs": "headscope.probes",
     "text_probe": "headscope.probes",
     "repeat_probe": "headscope.probes",
+    "ScanConfig": "headscope.config",
     "default_probes": "headscope.runner",
     "scan": "headscope.runner",
-    "ScanResult": "headscope.runner",
+    "scan_to_dir": "headscope.runner",
     "score_probe": "headscope.extract",
     "score_pattern": "headscope.scoring",
     "PatternBatch": "headscope.metrics",
@@ -42,9 +45,10 @@ _EXPORTS = {
     "REGISTRY": "headscope.metrics",
     "get_metric": "headscope.metrics",
     "register": "headscope.metrics",
-    "save_run": "headscope.report",
-    "load_run": "headscope.report",
-    "matrix": "headscope.report",
+    "engine_names": "headscope.engines",
+    "get_engine": "headscope.engines",
+    "save_run": "headscope.rundir",
+    "load_run": "headscope.rundir",
     "top_heads": "headscope.report",
     "relabel": "headscope.report",
     "heatmap": "headscope.plots",
@@ -64,13 +68,17 @@ def __getattr__(name: str):
 
 
 if TYPE_CHECKING:  # pragma: no cover
+    from headscope.config import ScanConfig  # noqa: F401
+    from headscope.engines import engine_names, get_engine  # noqa: F401
     from headscope.errors import HeadscopeError  # noqa: F401
     from headscope.extract import score_probe  # noqa: F401
     from headscope.metrics import REGISTRY, Metric, PatternBatch, get_metric, register  # noqa: F401
     from headscope.models import Model, load_model  # noqa: F401
     from headscope.plots import heatmap, save_figures, summary_figure  # noqa: F401
-    from headscope.probes import Probe, load_pairs, repeat_probe, text_probe  # noqa: F401
-    from headscope.report import load_run, matrix, relabel, save_run, top_heads  # noqa: F401
-    from headscope.runner import ScanResult, default_probes, scan  # noqa: F401
+    from headscope.probes import load_pairs, repeat_probe, text_probe  # noqa: F401
+    from headscope.report import relabel, top_heads  # noqa: F401
+    from headscope.result import Probe, ScanResult, matrix  # noqa: F401
+    from headscope.rundir import load_run, save_run  # noqa: F401
+    from headscope.runner import default_probes, scan, scan_to_dir  # noqa: F401
     from headscope.scoring import score_pattern  # noqa: F401
     from headscope.sources import resolve  # noqa: F401

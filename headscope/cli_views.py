@@ -97,7 +97,7 @@ def compare(run_dirs, out, top) -> None:
         write_comparison,
     )
     from headscope.errors import HeadscopeError
-    from headscope.views import model_slug
+    from headscope.result import model_slug
 
     if top < 0:
         raise HeadscopeError(f"--top must be 0 or more, got {top}.")

@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 
 from headscope.errors import HeadscopeError, did_you_mean
 from headscope.metrics import REGISTRY
-from headscope.views import model_slug
+from headscope.result import fmt, head_name, model_slug
 
 NEEDED = ["model", "metric", "probe", "layer", "head", "score", "chance", "n", "label"]
 
@@ -33,7 +33,7 @@ NEEDED = ["model", "metric", "probe", "layer", "head", "score", "chance", "n", "
 
 def read_run(path: str | Path):
     """:func:`headscope.report.load_run` with one clear line for a missing or non-run directory."""
-    from headscope.report import load_run
+    from headscope.rundir import load_run
 
     p = Path(path)
     table = p / "scores.csv"
@@ -123,7 +123,7 @@ def summary(runs: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 def _head_name(row) -> str:
-    return f"L{int(row['layer'])}H{int(row['head'])}"
+    return head_name(row["layer"], row["head"])
 
 
 def same_shape(runs: dict[str, pd.DataFrame]) -> bool:
@@ -154,7 +154,7 @@ def head_differences(runs: dict[str, pd.DataFrame], k: int | None = None) -> pd.
         if k is not None:
             part = part.head(k)
         part.insert(0, "metric", metric)
-        part.insert(3, "head_name", [f"L{la}H{h}" for la, h in zip(part["layer"], part["head"], strict=True)])
+        part.insert(3, "head_name", [head_name(la, h) for la, h in zip(part["layer"], part["head"], strict=True)])
         parts.append(part)
     cols = ["metric", "layer", "head", "head_name", *labels, "diff", "abs_diff"]
     return pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)
@@ -164,17 +164,13 @@ def _shape(scores: pd.DataFrame) -> str:
     return f"{scores['layer'].nunique()}x{scores['head'].nunique()}"
 
 
-def _fmt(x) -> str:
-    return "NaN" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
-
-
 def format_summary(table: pd.DataFrame) -> str:
     """The :func:`summary` table as plain text for stdout."""
     w = max([12, *(len(r) for r in table["run"])])
     lines = [f"{'metric':<16} {'run':<{w}} {'max':>7} {'mean':>7} {'labelled':>9} {'chance':>7}  top head"]
     for r in table.itertuples():
-        lines.append(f"{r.metric:<16} {r.run:<{w}} {_fmt(r.max):>7} {_fmt(r.mean):>7} "
-                     f"{f'{r.labelled}/{r.heads}':>9} {_fmt(r.chance):>7}  {r.top_head}")
+        lines.append(f"{r.metric:<16} {r.run:<{w}} {fmt(r.max):>7} {fmt(r.mean):>7} "
+                     f"{f'{r.labelled}/{r.heads}':>9} {fmt(r.chance):>7}  {r.top_head}")
     return "\n".join(lines)
 
 

@@ -1,11 +1,12 @@
-"""Streaming extraction: one forward per batch, each layer's pattern reduced inside its hook.
+"""Streaming extraction: one forward per batch, each layer's attention reduced to per-head sums.
 
-For every batch, :func:`score_probe` runs :meth:`Model.run_patterns`; the callback turns the layer's
-``[batch, head, query, key]`` pattern into per-head sums and counts for every metric of the probe,
-and the pattern is dropped before the next layer runs. No activation cache is ever built.
+For every batch, :func:`score_probe` runs the chosen engine (:mod:`headscope.engines`); its
+callback turns a layer's attention rows into per-head sums and counts for every metric of the
+probe, and the rows are dropped before the next layer runs. No activation cache is ever built.
 
 Batches are right-padded and carry an attention mask; metrics exclude padding as query and as key,
-so a padded batch scores exactly like one sequence at a time.
+so a padded batch scores exactly like one sequence at a time. Sums are order-free, so the
+:class:`MetricScores` of disjoint shards of a probe add up (``a + b``) to those of the whole.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from headscope.engines import AUTO, resolve_engine
 from headscope.errors import HeadscopeError
 from headscope.metrics import Metric, PatternBatch, uniform_pattern
-from headscope.metrics.base import key_set_flags
-from headscope.metrics.stats import HeadStats
-from headscope.probes import Probe, PunctuationTable
+from headscope.metrics.rows import Rows
+from headscope.probes import PunctuationTable
+from headscope.result import Probe
 
 
 @dataclass
@@ -29,7 +31,7 @@ class MetricScores:
     """One metric's pooled result over a probe: a ``[layer, head]`` score and its chance value."""
 
     metric: Metric
-    total: Float[Tensor, "layer head"]  # sum of f over qualifying (sequence, query) pairs
+    total: Float[Tensor, "layer head"]  # sum of f over qualifying (sequence, query) pairs, float64
     count: float  # how many pairs qualified
     chance_total: float  # the same sum for a uniform head
 
@@ -40,6 +42,14 @@ class MetricScores:
     @property
     def chance(self) -> float:
         return self.chance_total / self.count if self.count else float("nan")
+
+    def __add__(self, other: MetricScores) -> MetricScores:
+        """The scores of two disjoint sets of sequences, pooled (sums and counts add)."""
+        if other.metric.name != self.metric.name or other.total.shape != self.total.shape:
+            raise ValueError(f"Cannot pool {self.metric.name} {tuple(self.total.shape)} with "
+                             f"{other.metric.name} {tuple(other.total.shape)}.")
+        return MetricScores(self.metric, self.total + other.total, self.count + other.count,
+                            self.chance_total + other.chance_total)
 
 
 def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -72,104 +82,59 @@ def score_probe(
     metrics: Sequence[Metric],
     batch_size: int | None = None,
     on_batch: Callable[[int], None] | None = None,
-    engine: str = "auto",
+    engine: str = AUTO,
 ) -> dict[str, MetricScores]:
     """Score every head of ``model`` on ``probe`` for each metric, streaming layer by layer.
 
-    ``engine``: ``"fused"`` replaces each scanned layer's attention by a CPU kernel that returns
-    its output and the metrics' per-row statistics from one pass (see :mod:`headscope.kernels`);
-    ``"blocked"`` runs sdpa and scores exact pattern blocks (see :mod:`headscope.blocked`); ``"hooks"`` reads each layer's full
-    pattern from the transformer-lens bridge's ``hook_pattern``; ``"auto"`` takes the first of these
-    that the model, device and metrics allow. All give the same scores. ``batch_size=None`` picks
-    one from the sequence length.
+    ``engine`` names a registered engine (:mod:`headscope.engines`) or ``"auto"``, the first that
+    the model, device and metrics allow; all give the same scores. ``batch_size=None`` picks one
+    from the sequence length and free memory.
     """
-    engine = resolve_engine(model, engine, metrics)
+    eng = resolve_engine(model, engine, metrics)
     if batch_size is None:
         batch_size = auto_batch_size(model, max(len(s) for s in probe.sequences))
     if batch_size < 1:
-        raise HeadscopeError(f"--batch-size must be at least 1, got {batch_size}.")
+        raise HeadscopeError(f"batch_size (--batch-size) must be at least 1, got {batch_size}.")
     metrics = [m for m in metrics if m.probe == probe.name]
+    if not metrics:
+        return {}
     totals = {m.name: torch.zeros(model.n_layers, model.n_heads, dtype=torch.float64) for m in metrics}
     counts = dict.fromkeys(totals, 0.0)
     chance = dict.fromkeys(totals, 0.0)
-    if not metrics:
-        return {}
     punct = PunctuationTable(model)
     # Similar lengths together: less padding. Sums are order-free, so scores do not change.
     order = sorted(range(len(probe)), key=lambda i: (len(probe.sequences[i]), i))
     for start in range(0, len(order), batch_size):
         chunk = [probe.sequences[i] for i in order[start : start + batch_size]]
-        tokens, mask, lengths = pad_batch(chunk, model.pad_id)
+        tokens, mask, lengths = pad_batch(chunk, model.pad_id)  # [b, n], [b, n], [b]
         batch = pattern_batch(model, probe, tokens, mask, lengths, punct)
-        dev_batch = _to(batch, model.device)
+        on_device = batch.to(model.device)
+        n = tokens.shape[1]
 
-        def on_block(layer: int, pattern: Tensor | HeadStats, q_start: int = 0,
-                     log_pattern: Tensor | None = None, batch=dev_batch, n=tokens.shape[1]) -> None:
-            # [batch, head, query block, key]; bf16/fp16 scored in fp32 (HeadStats are float64)
-            p = pattern if isinstance(pattern, HeadStats) else pattern.float()
-            block = batch if q_start == 0 and p.shape[-1] == n else _block(batch, q_start, p.shape[-1])
-            if log_pattern is not None:
-                block = replace(block, log_pattern=log_pattern)
+        def on_rows(layer: int, rows: Rows, q_start: int = 0, ctx=on_device, n=n) -> None:
+            # a block of query rows whose key axis may stop early (causal blocks)
+            block = ctx if q_start == 0 and rows.shape[-1] == n else _block(ctx, q_start, rows.shape[-1])
             for m in metrics:
-                pooled = m(p, block)
-                totals[m.name][layer] += pooled.total.sum(0).cpu()  # [head]
+                totals[m.name][layer] += m(rows, block).total.sum(0).cpu()  # [head]
 
-        if engine == "fused":
-            model.run_pattern_blocks(tokens, mask, on_block, fused_flags=fused_flags(dev_batch, tokens.shape[1]))
-        elif engine == "blocked":
-            model.run_pattern_blocks(tokens, mask, on_block)
-        else:
-            model.run_patterns(tokens, mask, on_block)
-        b, n = tokens.shape
-        rows = max(16, (16 * 2**20) // (4 * b * n))  # uniform head in query blocks: O(n) memory
-        for q_start in range(0, n, rows):
-            block = replace(batch, q_start=q_start)
-            uniform = uniform_pattern((b, 1, min(rows, n - q_start), n), block)  # [b, 1, rows, n]
-            for m in metrics:
-                pooled = m(uniform, block)
-                counts[m.name] += float(pooled.count.sum())
-                chance[m.name] += float(pooled.total.sum())
+        eng.run(model, tokens, mask, on_device, on_rows)
+        _add_chance(metrics, batch, counts, chance)
         if on_batch is not None:
             on_batch(len(chunk))
     return {m.name: MetricScores(m, totals[m.name], counts[m.name], chance[m.name]) for m in metrics}
 
 
-ENGINES = ("auto", "fused", "blocked", "hooks")
-FLAG_SETS = ("separator", "punctuation")  # PatternBatch key sets whose mass the fused kernel sums
-
-
-def fused_flags(batch: PatternBatch, n_keys: int) -> dict[str, Tensor]:
-    """The key sets of ``batch`` for the fused kernel, exactly as :func:`key_set_mass` counts them."""
-    return {name: key_set_flags(batch, name, n_keys, batch.lengths.device)
-            for name in FLAG_SETS if getattr(batch, name) is not None}
-
-
-def resolve_engine(model, engine: str, metrics: Sequence[Metric] | None = None) -> str:
-    """The engine ``engine`` names, with ``"auto"`` resolved; one clear line when it cannot run."""
-    if engine not in ENGINES:
-        raise HeadscopeError(f"Unknown engine '{engine}'; use one of {', '.join(ENGINES)}.")
-    not_fused = [m.name for m in (metrics or []) if not m.fused]
-    on_cpu = getattr(model.device, "type", "cpu") == "cpu"
-    if engine == "auto":
-        if not model.supports_blocked:
-            return "hooks"
-        from headscope import kernels
-
-        return "fused" if on_cpu and not not_fused and kernels.available() else "blocked"
-    if engine in ("fused", "blocked") and not model.supports_blocked:
-        raise HeadscopeError(f"{model.name} does not support the {engine} engine; use --engine hooks.")
-    if engine == "fused":
-        from headscope import kernels
-
-        if not on_cpu:
-            raise HeadscopeError(f"The fused engine runs on the CPU only, not {model.device}; use --engine blocked.")
-        if not_fused:
-            raise HeadscopeError(f"Metric(s) {', '.join(not_fused)} need the pattern itself (Metric.fused is False); "
-                                 "use --engine blocked.")
-        if not kernels.available():
-            raise HeadscopeError(f"The fused engine is not available: {kernels.unavailable_reason()}; "
-                                 "use --engine blocked.")
-    return engine
+def _add_chance(metrics: Sequence[Metric], batch: PatternBatch, counts: dict, chance: dict) -> None:
+    """Counts and chance sums of one batch: each metric on a uniform head, in query blocks (O(n) memory)."""
+    b, n = len(batch.lengths), int(batch.lengths.max())
+    rows = max(16, (16 * 2**20) // (4 * b * n))
+    for q_start in range(0, n, rows):
+        block = replace(batch, q_start=q_start)
+        uniform = uniform_pattern((b, 1, min(rows, n - q_start), n), block)  # [b, 1, rows, n]
+        for m in metrics:
+            pooled = m(uniform, block)
+            counts[m.name] += float(pooled.count.sum())
+            chance[m.name] += float(pooled.total.sum())
 
 
 def auto_batch_size(model, seq_len: int, budget_bytes: int | None = None) -> int:
@@ -178,7 +143,7 @@ def auto_batch_size(model, seq_len: int, budget_bytes: int | None = None) -> int
     Aims at ~4k tokens a batch (enough to keep matrix kernels busy) and keeps the activations
     (~24 fp32 vectors of ``d_model`` per token, a generous bound) within a quarter of the free memory.
     """
-    d_model = int(getattr(model.hf.config, "hidden_size", 768))
+    d_model = model.d_model or 768
     per_seq = seq_len * d_model * 4 * 24 + model.n_heads * seq_len * 4 * 64
     if budget_bytes is None:
         budget_bytes = _free_memory(model.device) // 4
@@ -205,13 +170,3 @@ def _block(batch: PatternBatch, q_start: int, n_keys: int) -> PatternBatch:
         return None if t is None else t[:, :n_keys]
 
     return replace(batch, q_start=q_start, separator=cut(batch.separator), punctuation=cut(batch.punctuation))
-
-
-def _to(batch: PatternBatch, device) -> PatternBatch:
-    def mv(t):
-        return None if t is None else t.to(device)
-
-    return PatternBatch(
-        lengths=batch.lengths.to(device), causal=batch.causal, q_start=batch.q_start,
-        separator=mv(batch.separator), punctuation=mv(batch.punctuation), repeat_len=batch.repeat_len,
-    )

@@ -1,21 +1,33 @@
-"""The one module that knows how transformer-lens and transformers load and run a model.
+"""The one module that knows how transformers and transformer-lens load and run a model.
 
-Everything else sees a :class:`Model`: its shape (``n_layers``, ``n_heads``, ``n_ctx``), whether it
-is causal, its special tokens, and one method, :meth:`Model.run_patterns`, that runs a forward pass
-and hands each layer's post-softmax pattern to a callback. When transformer-lens changes its API
-again, this file changes and nothing else.
+Everything else sees a :class:`Model`: its shape (``n_layers``, ``n_heads``, ``n_kv_heads``,
+``d_head``, ``n_ctx``), whether it is causal, its special tokens, and a few methods:
+
+* :meth:`Model.run`: one forward of the Hugging Face model in which every attention call goes
+  through headscope's seam (:mod:`headscope.attention`): engines read it, interventions change it;
+* :meth:`Model.run_patterns`: one forward of the transformer-lens ``TransformerBridge`` that hands
+  each layer's post-softmax pattern (``blocks.{L}.attn.hook_pattern``) to a callback;
+* :meth:`Model.attention_activations`, :meth:`Model.attention_inputs`, :meth:`Model.circuit_weights`:
+  what the analysis helpers need from the bridge, by meaning rather than by hook name.
+
+When transformer-lens or transformers change their APIs again (they have, twice), this file changes
+and nothing else. A model comes from a name (offline model, hub name with an optional
+``@revision``, local folder; see :mod:`headscope.sources`) or from memory: a Hugging Face model plus
+its tokenizer, or a ``TransformerBridge`` (see :func:`load_model`).
 
 transformer-lens 4.x: ``TransformerBridge.boot_transformers(name, hf_model=..., tokenizer=...)``
-wraps an already-loaded HF model (always eager attention). Patterns arrive at
-``blocks.{L}.attn.hook_pattern`` as ``[batch, head, query, key]``.
+wraps an already-loaded HF model in place and switches it to eager attention, so the bridge always
+gets a copy of its own, built on first use.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import hashlib
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,12 +35,18 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from headscope import attention
+from headscope.attention import AttentionCall, Handler, Intervention, StopForward
 from headscope.errors import HeadscopeError
 from headscope.sources import Source, materialize, resolve
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _ENCODER_TYPES = {"bert", "roberta", "distilbert", "albert", "electra", "xlm-roberta", "mpnet",
                   "deberta", "deberta-v2", "camembert", "modernbert"}
+#: Softmax changes passed to the attention function that plain ``softmax(q k^T * scale + mask)``
+#: does not capture: logit soft-capping (Gemma 2), learned sinks (gpt-oss), T5-style position biases.
+UNMODELLED = ("position_bias", "softcap", "s_aux", "sinks")
+IMPLEMENTATION = "headscope"  # the name our attention function is registered under in transformers
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -54,26 +72,42 @@ def resolve_dtype(dtype: str) -> torch.dtype:
     return DTYPES[dtype]
 
 
-class _StopForward(Exception):
-    """Raised from the last wanted pattern hook: the rest of the forward is not needed."""
+@dataclass(frozen=True)
+class CircuitWeights:
+    """A pre-norm decoder's weights, as its heads' OV circuits read them (float32, CPU).
+
+    ``W_V`` has one entry per KV head; query head ``h`` reads KV head ``h // (n_heads / n_kv)``.
+    """
+
+    W_E: Float[Tensor, "vocab d_model"]  # token embeddings, before any norm
+    W_U: Float[Tensor, "d_model vocab"]  # unembedding (no final norm folded in)
+    W_V: Float[Tensor, "layer kv_head d_model d_head"]
+    W_O: Float[Tensor, "layer head d_head d_model"]
+    ln1: Float[Tensor, "layer d_model"]  # each layer's pre-attention norm weight
+    ln_final: Float[Tensor, " d_model"]  # the final norm's weight
+    rms: bool  # RMSNorm (scale only) rather than LayerNorm (centre, then scale)
+    eps: float
 
 
 @dataclass
 class Model:
     """A loaded model, as the rest of headscope sees it.
 
-    ``hf`` is the plain Hugging Face model running the ``headscope`` attention implementation (fused
-    ``sdpa`` plus blocked patterns while scoring). ``bridge`` is a transformer-lens
-    ``TransformerBridge`` over a second, eager copy, built on first use, for hook-level work.
+    ``hf`` is the Hugging Face model (running headscope's attention function, plain ``sdpa`` when no
+    handler is active); ``bridge`` a transformer-lens ``TransformerBridge`` over a second, eager copy,
+    built on first use for hook-level work.
     """
 
-    name: str  # as the user typed it
+    name: str  # as the user typed it (or a description of an in-memory model)
     source: Source
     provenance: dict  # where the weights came from, for metadata.json
-    hf: object  # transformers PreTrainedModel (attn_implementation="headscope")
+    hf: object  # transformers PreTrainedModel
     tokenizer: object
     n_layers: int
     n_heads: int
+    n_kv_heads: int
+    d_model: int
+    d_head: int
     n_ctx: int
     causal: bool
     bos_id: int  # token at position 0: BOS, or [CLS] for encoders
@@ -83,18 +117,25 @@ class Model:
     device: torch.device
     dtype: torch.dtype
     special_ids: frozenset[int] = field(default_factory=frozenset)
-    supports_blocked: bool = False  # every layer's attention goes through the attention interface
+    #: Every layer's attention runs through transformers' attention interface, so
+    #: :meth:`run` can hand it to a handler (the blocked and fused engines, interventions).
+    attention_interface: bool = False
     _make_bridge: Callable[[], object] | None = field(default=None, repr=False)
     _bridge: object | None = field(default=None, repr=False)
 
     @property
     def bridge(self):
-        """The transformer-lens bridge (eager attention, every hook point); loaded on first use."""
+        """The transformer-lens bridge (eager attention, every hook point); built on first use."""
         if self._bridge is None:
             if self._make_bridge is None:
-                raise HeadscopeError("This model has no transformer-lens bridge.")
+                raise HeadscopeError(f"{self.name} has no transformer-lens bridge.")
             self._bridge = self._make_bridge()
         return self._bridge
+
+    @property
+    def n_params(self) -> int:
+        """Parameters of the model, tied weights counted once."""
+        return sum({p.data_ptr(): p.numel() for p in self.hf.parameters()}.values())
 
     # ------------------------------------------------------------------ tokens
 
@@ -130,25 +171,84 @@ class Model:
     def str_tokens(self, ids: list[int]) -> list[str]:
         return [self.decode_one(i) for i in ids]
 
-    # ------------------------------------------------------------------ forward
+    # ------------------------------------------------------------------ forward passes
+
+    def run(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        mask: Bool[Tensor, "batch pos"] | None = None,
+        *,
+        handler: Handler | None = None,
+        interventions: Sequence[Intervention] = (),
+        output: str | None = None,
+    ) -> Tensor | None:
+        """One forward of the Hugging Face model with its attention calls routed through ``handler``.
+
+        ``handler(call) -> [batch, query, head, dim]`` gets every layer's
+        :class:`~headscope.attention.AttentionCall` (None: the model's own attention) and may raise
+        :class:`~headscope.attention.StopForward` to end the pass early (then nothing is returned);
+        ``interventions`` change the calls around it. ``output``: None, ``"logits"`` or ``"hidden"``
+        (the base model's last hidden state, ``[batch, pos, d_model]``). Eval mode, under
+        ``torch.inference_mode()``; the handler is active only during this call.
+        """
+        if (handler is not None or interventions) and not self.attention_interface:
+            raise HeadscopeError(f"{self.name}: its attention does not run through transformers' attention "
+                                 "interface, so headscope cannot reach inside it; use --engine hooks.")
+        if output not in (None, "logits", "hidden"):
+            raise HeadscopeError(f"Unknown output '{output}'; use None, 'logits' or 'hidden'.")
+        mask = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask
+        kwargs = {"input_ids": tokens.to(self.device), "attention_mask": mask.to(self.device).long(),
+                  "use_cache": False}
+        self.hf.eval()
+        with (torch.inference_mode(), self._our_attention(), attention.intercept(handler, interventions),
+              contextlib.suppress(StopForward)):
+            if output == "hidden":
+                return self.hf.base_model(**kwargs).last_hidden_state
+            out = self.hf(**kwargs)
+            return out.logits if output == "logits" else None
+        return None  # stopped early
+
+    def logits(self, tokens: Int[Tensor, "batch pos"], mask: Bool[Tensor, "batch pos"] | None = None
+               ) -> Float[Tensor, "batch pos vocab"]:
+        """Plain logits (eval mode, no grad)."""
+        return self.run(tokens, mask, output="logits")
+
+    @contextlib.contextmanager
+    def _our_attention(self) -> Iterator[None]:
+        """Make the HF model call headscope's attention function during one forward.
+
+        Models loaded by name run it always (it is plain sdpa while no handler is active); an
+        in-memory model a user handed over is switched for the call and switched back after.
+        """
+        old = getattr(self.hf.config, "_attn_implementation", None)
+        if not self.attention_interface or old == IMPLEMENTATION:
+            yield
+            return
+        self.hf.set_attn_implementation(IMPLEMENTATION)
+        try:
+            yield
+        finally:
+            self.hf.set_attn_implementation(old)
 
     def run_patterns(
         self,
         tokens: Int[Tensor, "batch pos"],
-        attention_mask: Bool[Tensor, "batch pos"],
+        mask: Bool[Tensor, "batch pos"],
         on_pattern: Callable[[int, Float[Tensor, "batch head query key"]], None],
-        layers: list[int] | None = None,
+        layers: Sequence[int] | None = None,
     ) -> None:
-        """One forward pass; ``on_pattern(layer, pattern)`` gets each wanted layer's pattern.
+        """One bridge forward; ``on_pattern(layer, pattern)`` gets each wanted layer's pattern.
 
-        The pattern is post-softmax ``[batch, head, query, key]``. The forward stops right after the
-        last wanted layer's pattern (no later MLP, no unembedding), runs in eval mode under
-        ``torch.inference_mode()``, and leaves no hook installed. The bridge's fused-QKV attention
-        keeps each layer's last pattern in ``attn._pattern``; it is cleared as soon as the next
-        layer runs and at the end, so at most one layer's pattern is alive at a time.
+        The pattern is post-softmax ``[batch, head, query, key]``, read at transformer-lens'
+        ``blocks.{L}.attn.hook_pattern``. The forward stops right after the last wanted layer's
+        pattern (no later MLP, no unembedding), runs in eval mode under ``torch.inference_mode()``,
+        and leaves no hook installed. The bridge's fused-QKV attention modules keep each layer's
+        last pattern in a private ``attn._pattern`` (1.15 GB at 2 x 1024 tokens on a GPT-2-small
+        shape); it is cleared as soon as the next layer runs and at the end, so at most one layer's
+        pattern is alive at a time (``tests/test_models.py`` checks that no attention module holds
+        a pattern-shaped tensor afterwards, so a rename upstream cannot go unnoticed).
         """
         layers = self._check_layers(layers)
-        last = layers[-1]
         attns = [blk.attn for blk in self.bridge.blocks]
 
         def hook(pattern: Tensor, hook) -> None:
@@ -156,68 +256,155 @@ class Model:
             if layer > 0 and hasattr(attns[layer - 1], "_pattern"):
                 attns[layer - 1]._pattern = None
             on_pattern(layer, pattern)
-            if layer == last:
-                raise _StopForward
+            if layer == layers[-1]:
+                raise StopForward
 
-        fwd_hooks = [(f"blocks.{layer}.attn.hook_pattern", hook) for layer in layers]
-        self.bridge.eval()
         try:
-            with torch.inference_mode(), contextlib.suppress(_StopForward):
-                self.bridge.run_with_hooks(
-                    tokens.to(self.device),
-                    attention_mask=attention_mask.to(self.device).long(),
-                    fwd_hooks=fwd_hooks,
-                    return_type=None,
-                )
+            self._run_bridge(tokens, mask, [(f"blocks.{layer}.attn.hook_pattern", hook) for layer in layers])
         finally:
             for attn in attns:
                 if hasattr(attn, "_pattern"):
                     attn._pattern = None
 
-    def run_pattern_blocks(
-        self,
-        tokens: Int[Tensor, "batch pos"],
-        attention_mask: Bool[Tensor, "batch pos"],
-        on_block: Callable[..., None],
-        layers: list[int] | None = None,
-        block_bytes: int | None = None,
-        fused_flags: dict[str, Tensor] | None = None,
-    ) -> None:
-        """One fused-attention forward; ``on_block(layer, block, q_start, log_block)`` gets exact blocks.
+    def _run_bridge(self, tokens: Tensor, mask: Tensor | None, hooks: list) -> None:
+        """The bridge's forward with ``hooks`` (name, fn) scoped to it; StopForward ends it early."""
+        bridge = self.bridge
+        bridge.eval()
+        kwargs = {} if mask is None else {"attention_mask": mask.to(self.device).long()}
+        with torch.inference_mode(), contextlib.suppress(StopForward):
+            bridge.run_with_hooks(tokens.to(self.device), fwd_hooks=hooks, return_type=None, **kwargs)
 
-        Each block is ``softmax(q k^T * scale + mask)`` for query rows ``q_start..q_start+rows-1``
-        (causal models: keys ``0..q_start+rows-1`` only), and ``log_block`` is its natural log
-        (finite: masked entries hold the most negative float). No full pattern is ever held; the forward
-        stops right after the last wanted layer's attention scores.
-
-        With ``fused_flags`` (name -> ``[batch, key]`` key sets), layers whose attention the fused
-        kernel can take get one :class:`~headscope.metrics.stats.HeadStats` each instead of blocks.
-        """
-        from headscope.blocked import BLOCK_BYTES, BlockScorer, StopForward, scoring
-
-        if not self.supports_blocked:
-            raise HeadscopeError(f"{self.name}: its attention does not use the transformers attention interface; use the hooks engine.")
-        layers = self._check_layers(layers)
-        scorer = BlockScorer(on_block, frozenset(layers), layers[-1], block_bytes or BLOCK_BYTES, fused_flags)
-        self.hf.eval()
-        with torch.inference_mode(), scoring(scorer), contextlib.suppress(StopForward):
-            self.hf(input_ids=tokens.to(self.device), attention_mask=attention_mask.to(self.device).long(),
-                    use_cache=False)
-
-    def _check_layers(self, layers: list[int] | None) -> list[int]:
+    def _check_layers(self, layers: Sequence[int] | None) -> list[int]:
         layers = sorted(set(range(self.n_layers) if layers is None else layers))
         if not layers or layers[0] < 0 or layers[-1] >= self.n_layers:
             raise HeadscopeError(f"Layers {layers} are not in 0..{self.n_layers - 1}; give at least one valid layer.")
         return layers
 
-    def forward_logits(
-        self, tokens: Int[Tensor, "batch pos"], attention_mask: Bool[Tensor, "batch pos"] | None = None
-    ) -> Float[Tensor, "batch pos vocab"]:
-        """Plain logits (for the notebooks' loss curves), eval mode, no grad."""
-        self.hf.eval()
-        with torch.inference_mode():
-            kwargs = {} if attention_mask is None else {"attention_mask": attention_mask.long().to(self.device)}
-            return self.hf(input_ids=tokens.to(self.device), use_cache=False, **kwargs).logits
+    # ------------------------------------------------------------------ activations and weights
+
+    #: attention_activations' names -> transformer-lens 4.x hooks under blocks.{L}.attn
+    _ACTIVATIONS = {
+        "q": "hook_q",  # [batch, pos, head, d_head], before any rotary embedding
+        "k": "hook_k",  # [batch, pos, kv_head, d_head]
+        "v": "hook_v",  # [batch, pos, kv_head, d_head]
+        "rot_q": "hook_rot_q",  # rotary models only: q after RoPE, what the scores use
+        "rot_k": "hook_rot_k",
+        "pattern": "hook_pattern",  # [batch, head, query, key], post-softmax
+        "z": "hook_z",  # [batch, pos, head, d_head]: pattern @ v, per head, before W_O
+    }
+
+    def attention_activations(self, ids: Sequence[int], layers: Sequence[int]) -> dict[int, dict[str, Tensor]]:
+        """One forward of one sequence; each wanted layer's attention tensors, heads first.
+
+        Returns ``{layer: {"q", "k", "v", "pattern", "z"[, "rot_q", "rot_k"]}}`` with ``q``/``z`` as
+        ``[head, pos, d_head]``, ``k``/``v`` (and ``rot_k``) as ``[kv_head, pos, d_head]`` and
+        ``pattern`` as ``[head, query, key]``, float32 on the CPU (``rot_*`` for rotary models only).
+        Stops as soon as the last wanted layer has given all its tensors.
+        """
+        layers = self._check_layers(layers)
+        known = self.bridge.hook_dict
+        wanted = [(layer, key, f"blocks.{layer}.attn.{hook}") for layer in layers
+                  for key, hook in self._ACTIVATIONS.items()]
+        wanted = [w for w in wanted if w[2] in known]
+        acts: dict[int, dict[str, Tensor]] = {layer: {} for layer in layers}
+        n_last = sum(1 for w in wanted if w[0] == layers[-1])  # hook order differs between models
+
+        def make_hook(layer: int, key: str):
+            def hook(x: Tensor, hook) -> None:
+                x = x.detach().float().cpu()[0]
+                acts[layer][key] = x if key == "pattern" else x.transpose(0, 1)  # [pos, head, d] -> [head, pos, d]
+                if layer == layers[-1] and len(acts[layer]) == n_last:
+                    raise StopForward
+            return hook
+
+        tokens = torch.tensor([list(ids)], dtype=torch.long)  # [1, pos]
+        self._run_bridge(tokens, None, [(name, make_hook(layer, key)) for layer, key, name in wanted])
+        for layer, got in acts.items():
+            missing = {"q", "k", "v", "pattern", "z"} - set(got)
+            if missing:
+                raise HeadscopeError(f"Layer {layer} of {self.name} exposed no {sorted(missing)} activations; "
+                                     "its transformer-lens bridge lacks hook_q/k/v/pattern/z.")
+        return acts
+
+    def attention_inputs(self, tokens: Int[Tensor, "batch pos"], layers: Sequence[int]) -> dict[int, Tensor]:
+        """The post-norm input of each wanted layer's attention, ``{layer: [batch, pos, d_model]}``.
+
+        This is what ``W_V`` multiplies (transformer-lens ``blocks.{L}.ln1.hook_out``), float32 on
+        the CPU. The forward stops after the last wanted layer's norm.
+        """
+        layers = self._check_layers(layers)
+        kept: dict[int, Tensor] = {}
+
+        def hook(x: Tensor, hook) -> None:
+            layer = int(hook.name.split(".")[1])
+            kept[layer] = x.detach().float().cpu().clone()  # [batch, pos, d_model]
+            if layer == layers[-1]:
+                raise StopForward
+
+        self._run_bridge(tokens, None, [(f"blocks.{layer}.ln1.hook_out", hook) for layer in layers])
+        return kept
+
+    def circuit_weights(self) -> CircuitWeights:
+        """``W_E``, ``W_U``, ``W_V``, ``W_O`` and the norm weights of a pre-norm decoder."""
+        if not self.causal:
+            raise HeadscopeError(
+                f"{self.name} is an encoder (post-norm, BERT-style); circuit weights are read here for "
+                "decoders with a norm before each attention layer, e.g. smollm2-135m.")
+        bridge = self.bridge
+        cfg = bridge.cfg
+        with torch.no_grad():
+            return CircuitWeights(
+                W_E=bridge.W_E.detach().float().cpu(),  # [d_vocab, d_model]
+                W_U=bridge.W_U.detach().float().cpu(),  # [d_model, d_vocab]
+                W_V=bridge.W_V.detach().float().cpu(),  # [layer, kv_head, d_model, d_head]
+                W_O=bridge.W_O.detach().float().cpu(),  # [layer, head, d_head, d_model]
+                ln1=torch.stack([blk.ln1.w.detach().float().cpu() for blk in bridge.blocks]),  # [layer, d_model]
+                ln_final=bridge.ln_final.w.detach().float().cpu(),  # [d_model]
+                rms=bool(getattr(cfg, "uses_rms_norm", False)) or getattr(cfg, "normalization_type", "") == "RMS",
+                eps=float(getattr(cfg, "eps", 1e-5)),
+            )
+
+
+# ---------------------------------------------------------------------------- the attention function
+
+
+def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
+               is_causal: bool | None = None, **kwargs):
+    """transformers' attention interface -> headscope's seam (:mod:`headscope.attention`).
+
+    With no handler active this is exactly transformers' own ``sdpa`` attention. Otherwise the call
+    is packed into an :class:`AttentionCall` whose ``output()`` is that same ``sdpa``.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    handler = attention.active()
+    if handler is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
+
+    def compute(call: AttentionCall) -> Tensor:  # [batch, query, head, dim_v]
+        return sdpa_attention_forward(module, call.query, call.key, call.value, call.mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)[0]
+
+    call = AttentionCall(
+        layer=module.layer_idx,
+        query=query, key=key, value=value, mask=attention_mask,
+        scale=scaling if scaling is not None else query.shape[-1] ** -0.5,
+        # the call's own flag wins over the module's, as in transformers' sdpa
+        causal=is_causal if is_causal is not None else bool(getattr(module, "is_causal", False)),
+        extras={k: kwargs[k] for k in UNMODELLED if kwargs.get(k) is not None},
+        compute=compute,
+    )
+    return handler(call), None
+
+
+def _register_attention() -> None:
+    """Make ``attn_implementation="headscope"`` known to transformers (sdpa-style masks)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(IMPLEMENTATION, _attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sdpa_mask)
 
 
 # ---------------------------------------------------------------------------- loading
@@ -225,7 +412,7 @@ class Model:
 
 @contextlib.contextmanager
 def _quiet_loading():
-    """Silence transformers' load reports (e.g. the random MLM head of a BertModel checkpoint)."""
+    """Silence transformers' load reports and progress bars (e.g. the random MLM head of a BertModel)."""
     from transformers.utils import logging as tf_logging
 
     old = tf_logging.get_verbosity()
@@ -254,40 +441,72 @@ def _model_class(config):
 
 
 def load_model(
-    name: str,
+    model,
+    tokenizer=None,
+    *,
     device: str = "auto",
-    dtype: str = "float32",
+    dtype: str | None = None,
     progress: Callable[[str], None] | None = None,
+    name: str | None = None,
 ) -> Model:
-    """Load ``name`` (offline model, hub name/alias, repo id or local folder) for scanning.
+    """A :class:`Model` from a name, or from a model you already hold in memory.
+
+    ``model`` is one of:
+
+    * a name: an offline model (``smollm2-135m``, ``all-minilm-l6-v2``), a transformer-lens name or
+      Hugging Face repo id with an optional ``@revision`` (``EleutherAI/pythia-70m@step1000``), or
+      a local checkpoint folder. ``device`` and ``dtype`` (default float32) choose where and how
+      it loads;
+    * a Hugging Face ``PreTrainedModel`` plus its ``tokenizer`` (a fine-tuned or patched model in a
+      notebook). It is used where it is, in its own dtype, and never modified: during a scan it is
+      switched to headscope's attention function and switched back after;
+    * a transformer-lens ``TransformerBridge`` (its own tokenizer). Its attention modules are
+      transformer-lens components, so it is scanned with the hooks engine.
+
+    ``name`` labels an in-memory model in tables (default: its ``name_or_path``, else its class).
 
     >>> model = load_model("all-minilm-l6-v2")          # doctest: +SKIP
     >>> model.n_layers, model.n_heads, model.causal      # doctest: +SKIP
     (6, 12, False)
     """
-    progress = progress or (lambda _msg: None)
+    if isinstance(model, (str, os.PathLike)):
+        if tokenizer is not None:
+            raise HeadscopeError("tokenizer= goes with an in-memory model; a named model brings its own.")
+        return _load_named(str(model), device, dtype or "float32", progress or (lambda _msg: None))
+    if _is_bridge(model):
+        return _wrap_bridge(model, name, device)
+    if hasattr(model, "config") and hasattr(model, "forward") and hasattr(model, "parameters"):
+        if tokenizer is None:
+            raise HeadscopeError("An in-memory model needs its tokenizer: load_model(model, tokenizer).")
+        return _wrap_hf(model, tokenizer, name, device, dtype)
+    raise HeadscopeError(f"Cannot load a {type(model).__name__}; give a model name or folder, a Hugging Face "
+                         "model with its tokenizer, or a transformer-lens TransformerBridge.")
+
+
+def _load_named(name: str, device: str, dtype: str, progress: Callable[[str], None]) -> Model:
     source = resolve(name)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
-    ref, provenance = materialize(source, progress)
+    ref, provenance = materialize(source, progress, convert_gguf=_dequantize_gguf)
     local_only = source.kind != "hub" or bool(provenance.get("cached"))
     if local_only:
         # Nothing needs the hub: lookups would otherwise hang for ~20 s before failing offline.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     progress(f"loading {name}")
     ref_s = str(ref)
+    at = {"revision": source.revision} if source.revision else {}
     with _quiet_loading():
         from transformers import AutoConfig, AutoTokenizer
 
         _register_attention()
         try:
-            config = AutoConfig.from_pretrained(ref_s, local_files_only=local_only)
-            tok = AutoTokenizer.from_pretrained(ref_s, local_files_only=local_only)
+            config = AutoConfig.from_pretrained(ref_s, local_files_only=local_only, **at)
+            tok = AutoTokenizer.from_pretrained(ref_s, local_files_only=local_only, **at)
         except OSError as exc:
             raise HeadscopeError(f"Could not load '{name}' from {ref_s}: {str(exc).splitlines()[0]}") from None
         cls, causal = _model_class(config)
-        hf = cls.from_pretrained(ref_s, config=config, dtype=torch_dtype, attn_implementation="headscope",
-                                 local_files_only=local_only)
+        hf = cls.from_pretrained(ref_s, config=config, dtype=torch_dtype, attn_implementation=IMPLEMENTATION,
+                                 local_files_only=local_only, **at)
     hf.to(dev).eval()
 
     def make_bridge():
@@ -295,25 +514,80 @@ def load_model(
             from transformer_lens.model_bridge import TransformerBridge
 
             eager = cls.from_pretrained(ref_s, dtype=torch_dtype, attn_implementation="eager",
-                                        local_files_only=local_only)
+                                        local_files_only=local_only, **at)
             eager.eval()
             bridge = TransformerBridge.boot_transformers(ref_s, hf_model=eager, tokenizer=tok,
                                                          device=str(dev), dtype=torch_dtype)
         bridge.eval()
         return bridge
 
-    cfg = hf.config
     provenance = dict(provenance)
     if source.kind in ("local", "hub"):
-        weights = _find_weights(ref_s)
+        weights = _find_weights(source, ref_s)
         if weights is not None and "weights_sha256" not in provenance:
             from headscope.sources import sha256_file
 
             provenance["weights_sha256"] = sha256_file(weights)
             provenance["weights_file"] = weights.name
+    return _model(name, source, provenance, hf, tok, causal, dev, torch_dtype, make_bridge)
+
+
+def _wrap_hf(hf, tokenizer, name: str | None, device: str, dtype: str | None) -> Model:
+    """A Model over a Hugging Face model the caller holds (used in place, never modified)."""
+    param = next(hf.parameters())
+    dev, torch_dtype = param.device, param.dtype
+    if device != "auto" and resolve_device(device) != dev:
+        raise HeadscopeError(f"The model is on {dev}, not {device}; move it first (model.to('{device}')) "
+                             "or leave device='auto'.")
+    if dtype is not None and resolve_dtype(dtype) != torch_dtype:
+        raise HeadscopeError(f"The model is in {str(torch_dtype).replace('torch.', '')}, not {dtype}; convert it "
+                             "first or leave dtype unset.")
+    label = name or getattr(hf.config, "_name_or_path", None) or type(hf).__name__
+    with _quiet_loading():
+        _register_attention()
+    causal = _is_causal_lm(hf)
+
+    def make_bridge():
+        with _quiet_loading():
+            from transformer_lens.model_bridge import TransformerBridge
+
+            eager = copy.deepcopy(hf)  # boot_transformers switches its model to eager in place
+            eager.eval()
+            bridge = TransformerBridge.boot_transformers(label, hf_model=eager, tokenizer=_bridge_tokenizer(tokenizer),
+                                                         device=str(dev), dtype=torch_dtype)
+        bridge.eval()
+        return bridge
+
+    source = Source(typed=label, kind="memory", ref=type(hf).__name__)
+    provenance = {"source": f"in-memory {type(hf).__name__}", "name_or_path": getattr(hf.config, "_name_or_path", ""),
+                  "state_dict_sha256": _state_sha256(hf)}
+    return _model(label, source, provenance, hf, tokenizer, causal, dev, torch_dtype, make_bridge)
+
+
+def _wrap_bridge(bridge, name: str | None, device: str) -> Model:
+    """A Model over a TransformerBridge the caller holds: hooks engine only (see :func:`load_model`)."""
+    hf = bridge.original_model
+    label = name or getattr(hf.config, "_name_or_path", None) or type(hf).__name__
+    param = next(hf.parameters())
+    if device != "auto" and resolve_device(device) != param.device:
+        raise HeadscopeError(f"The bridge is on {param.device}, not {device}; move it first or leave device='auto'.")
+    source = Source(typed=label, kind="memory", ref="TransformerBridge")
+    provenance = {"source": f"in-memory TransformerBridge over {type(hf).__name__}",
+                  "name_or_path": getattr(hf.config, "_name_or_path", ""), "state_dict_sha256": _state_sha256(hf)}
+    model = _model(label, source, provenance, hf, bridge.tokenizer, _is_causal_lm(hf), param.device, param.dtype,
+                   None)
+    model._bridge = bridge
+    model.attention_interface = False  # its attention modules are transformer-lens components
+    return model
+
+
+def _model(name, source, provenance, hf, tok, causal, dev, torch_dtype, make_bridge) -> Model:
+    cfg = hf.config
     attn_layers = sorted({m.layer_idx for m in hf.modules()
                           if "Attention" in type(m).__name__ and isinstance(getattr(m, "layer_idx", None), int)})
     n_layers = int(cfg.num_hidden_layers)
+    n_heads = int(cfg.num_attention_heads)
+    d_model = int(getattr(cfg, "hidden_size", 0) or getattr(cfg, "n_embd", 0))
     return Model(
         name=name,
         source=source,
@@ -321,33 +595,54 @@ def load_model(
         hf=hf,
         tokenizer=tok,
         n_layers=n_layers,
-        n_heads=int(cfg.num_attention_heads),
+        n_heads=n_heads,
+        n_kv_heads=int(getattr(cfg, "num_key_value_heads", None) or n_heads),
+        d_model=d_model,
+        d_head=int(getattr(cfg, "head_dim", None) or d_model // n_heads),
         n_ctx=int(getattr(cfg, "max_position_embeddings", None) or cfg.n_positions),
         causal=causal,
         **_special_tokens(tok, causal),
-        device=dev,
+        device=torch.device(dev),
         dtype=torch_dtype,
-        supports_blocked=attn_layers == list(range(n_layers)),
+        attention_interface=attn_layers == list(range(n_layers)),
         _make_bridge=make_bridge,
     )
 
 
-def _register_attention() -> None:
-    """Make ``attn_implementation="headscope"`` known to transformers (sdpa-style masks)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-    from headscope.blocked import attention
-
-    AttentionInterface.register("headscope", attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register("headscope", sdpa_mask)
+def _is_bridge(obj) -> bool:
+    return type(obj).__name__ == "TransformerBridge" and hasattr(obj, "original_model")
 
 
-def _find_weights(ref: str) -> Path | None:
+def _is_causal_lm(hf) -> bool:
+    if hf.config.model_type in _ENCODER_TYPES:
+        return False
+    return bool(getattr(hf.config, "is_decoder", False)) or type(hf).__name__.endswith(("ForCausalLM", "LMHeadModel"))
+
+
+def _bridge_tokenizer(tok):
+    """A copy of an in-memory tokenizer the bridge accepts: it reloads tokenizers by
+    ``init_kwargs["name_or_path"]`` unless ``add_bos_token`` is set (headscope feeds token ids)."""
+    tok = copy.deepcopy(tok)
+    tok.init_kwargs.setdefault("name_or_path", "")
+    tok.init_kwargs["add_bos_token"] = True
+    return tok
+
+
+def _state_sha256(hf) -> str:
+    """sha256 over the parameters' names, shapes and bytes (an in-memory model has no file)."""
+    h = hashlib.sha256()
+    for name, t in sorted(hf.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def _find_weights(source: Source, ref: str) -> Path | None:
     """The weights file of a local folder or cached hub snapshot (for its sha256)."""
     from headscope.sources import cached_snapshot
 
-    folder = Path(ref) if Path(ref).is_dir() else cached_snapshot(ref)
+    folder = Path(ref) if Path(ref).is_dir() else cached_snapshot(ref, source.revision)
     if folder is None:
         return None
     for pattern in ("model.safetensors", "*.safetensors", "pytorch_model.bin"):
@@ -376,3 +671,25 @@ def _special_tokens(tok, causal: bool) -> dict:
     pad = tok.pad_token_id if tok.pad_token_id is not None else sep
     return {"bos_id": int(bos), "sep_id": int(sep), "pad_id": int(pad),
             "eos_id": None if eos is None else int(eos), "special_ids": frozenset(special)}
+
+
+def _dequantize_gguf(gguf: Path, out: Path) -> None:
+    """Dequantize a GGUF checkpoint to an fp32 safetensors folder with its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with _quiet_loading():
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, attn_implementation="eager"
+        )
+        # A GGUF-loaded model refuses save_pretrained (it carries a quantization config); copy its
+        # dequantized weights into a plain model of the same config and save that instead.
+        cfg = model.config.to_dict()
+        cfg.pop("quantization_config", None)
+        cfg.pop("_model_name_or_path", None)
+        config = type(model.config).from_dict(cfg)
+        config.architectures = [type(model).__name__]
+        plain = type(model)(config)
+        plain.load_state_dict(model.state_dict())
+        plain.save_pretrained(out)
+        tok.save_pretrained(out)

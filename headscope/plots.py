@@ -14,7 +14,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from headscope.metrics import REGISTRY
-from headscope.report import matrix
+from headscope.result import matrix
 
 STRONG = 0.5  # cells at or above this (or at or below for `below` metrics) get their value written
 

@@ -12,29 +12,19 @@ get no token-type ids (all zero), exactly what a recomputation from the ids alon
 
 from __future__ import annotations
 
+import codecs
 import unicodedata
-from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 
 import torch
 
-from headscope.errors import HeadscopeError
+from headscope.errors import HeadscopeError, at_least, setting
+from headscope.result import Probe
 
 DEFAULT_PAIRS = "pairs.tsv"
-
-
-@dataclass
-class Probe:
-    """A named list of token-id sequences, with the settings that made it."""
-
-    name: str  # "text" or "repeat"
-    sequences: list[list[int]]
-    repeat_len: int | None = None
-    settings: dict = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.sequences)
+__all__ = ["Probe", "load_pairs", "text_probe", "repeat_probe", "packed_text_probe", "repeat_len_for",
+           "is_punctuation", "PunctuationTable"]
 
 
 # ------------------------------------------------------------------------------ corpus
@@ -45,14 +35,20 @@ def default_pairs_path() -> Path:
 
 
 def load_pairs(path: str | Path | None = None) -> list[tuple[str, str]]:
-    """Read segment pairs: one a line, ``segment A<TAB>segment B``; ``#`` lines are comments."""
+    """Read segment pairs: one a line, ``segment A<TAB>segment B``; ``#`` lines are comments.
+
+    A UTF-8 byte-order mark (what some Windows editors write first) is not text and is dropped.
+    """
     p = default_pairs_path() if path is None else Path(path)
     if not p.is_file():
         raise HeadscopeError(f"Prompts file '{p}' does not exist; give a UTF-8 text file with one 'A<TAB>B' pair a line.")
+    data = p.read_bytes()
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
     try:
-        text = p.read_bytes().decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = p.read_bytes()[: exc.start].count(b"\n") + 1
+        line = data[: exc.start].count(b"\n") + 1
         raise HeadscopeError(f"Prompts file '{p}' is not UTF-8 (bad byte on line {line}); save it as UTF-8.") from None
     pairs: list[tuple[str, str]] = []
     for lineno, raw in enumerate(text.splitlines(), start=1):
@@ -78,9 +74,10 @@ def text_probe(model, pairs: list[tuple[str, str]] | None = None, n_prompts: int
     pairs = load_pairs() if pairs is None else pairs
     n = len(pairs) if n_prompts is None else n_prompts
     if n < 1:
-        raise HeadscopeError(f"--n-prompts must be at least 1, got {n}.")
+        at_least("n_prompts", n)
     if n > len(pairs):
-        raise HeadscopeError(f"--n-prompts {n} asks for more pairs than the corpus holds ({len(pairs)}); use at most {len(pairs)}.")
+        raise HeadscopeError(f"{setting('n_prompts')} {n} asks for more pairs than the corpus holds "
+                             f"({len(pairs)}); use at most {len(pairs)}.")
     seqs = [model.join_pair(a, b) for a, b in pairs[:n]]
     for i, s in enumerate(seqs):
         if len(s) > model.n_ctx:
@@ -94,14 +91,14 @@ def repeat_probe(model, repeat_len: int = 50, n_sequences: int = 16, seed: int =
     max_len = (model.n_ctx - extra) // 2
     if repeat_len < 1 or repeat_len > max_len:
         raise HeadscopeError(
-            f"--repeat-len {repeat_len} does not fit: 2 x L + {extra} tokens must fit the model's "
+            f"{setting('repeat_len')} {repeat_len} does not fit: 2 x L + {extra} tokens must fit the model's "
             f"context of {model.n_ctx}; use 1..{max_len}."
         )
     if n_sequences < 1:
-        raise HeadscopeError(f"--n-prompts must be at least 1, got {n_sequences}.")
+        at_least("n_prompts", n_sequences)
     vocab = model.ordinary_vocab()
     if repeat_len > len(vocab):
-        raise HeadscopeError(f"--repeat-len {repeat_len} exceeds the {len(vocab)} ordinary tokens; use at most {len(vocab)}.")
+        raise HeadscopeError(f"{setting('repeat_len')} {repeat_len} exceeds the {len(vocab)} ordinary tokens; use at most {len(vocab)}.")
     gen = torch.Generator().manual_seed(seed)
     seqs = []
     for _ in range(n_sequences):
@@ -121,7 +118,7 @@ def packed_text_probe(model, pairs: list[tuple[str, str]] | None, seq_len: int, 
     pairs = load_pairs() if pairs is None else pairs
     _check_seq_len(model, seq_len)
     if n_sequences < 1:
-        raise HeadscopeError(f"--n-prompts must be at least 1, got {n_sequences}.")
+        at_least("n_prompts", n_sequences)
     segments = [model.encode(s) for pair in pairs for s in pair]
     body = seq_len - 1 - (model.eos_id is not None)  # room between BOS/[CLS] and a final [SEP]
     seqs, i = [], 0
@@ -146,7 +143,7 @@ def repeat_len_for(model, seq_len: int) -> int:
 def _check_seq_len(model, seq_len: int) -> None:
     low = 3 + (model.eos_id is not None)
     if seq_len < low or seq_len > model.n_ctx:
-        raise HeadscopeError(f"--seq-len {seq_len} is outside {low}..{model.n_ctx} (the model's context); use at most {model.n_ctx}.")
+        raise HeadscopeError(f"{setting('seq_len')} {seq_len} is outside {low}..{model.n_ctx} (the model's context); use at most {model.n_ctx}.")
 
 
 # ------------------------------------------------------------------------------ key flags

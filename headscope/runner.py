@@ -1,4 +1,9 @@
-"""The whole scan as one function: probes -> streaming extraction -> a tidy report.
+"""A whole scan as one function: probes -> streaming extraction -> a tidy report (-> a run directory).
+
+* :func:`scan` scores a loaded model on probes and returns a :class:`~headscope.result.ScanResult`;
+* :func:`scan_to_dir` is the ``headscope scan`` command as a function: checks, load, probes, scan,
+  metadata, atomic save. The CLI only parses options into a :class:`~headscope.config.ScanConfig`
+  and prints what this returns.
 
 >>> import headscope                                           # doctest: +SKIP
 >>> model = headscope.load_model("smollm2-135m")               # doctest: +SKIP
@@ -8,58 +13,50 @@
 
 from __future__ import annotations
 
+import platform
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
-import pandas as pd
-
-from headscope.extract import MetricScores, resolve_engine, score_probe
+from headscope.config import ScanConfig
+from headscope.engines import AUTO, resolve_engine
+from headscope.errors import at_least
+from headscope.extract import MetricScores, score_probe
 from headscope.metrics import REGISTRY, Metric, get_metric
-from headscope.probes import (
-    Probe,
-    load_pairs,
-    packed_text_probe,
-    repeat_len_for,
-    repeat_probe,
-    text_probe,
-)
+from headscope.probes import load_pairs, packed_text_probe, repeat_len_for, repeat_probe, text_probe
 from headscope.report import to_frame
+from headscope.result import Probe, ScanResult
 
+__all__ = ["ScanResult", "default_probes", "scan", "scan_to_dir"]
 
-@dataclass
-class ScanResult:
-    """A scan's tidy table plus everything needed to reproduce it."""
-
-    model_name: str
-    scores: pd.DataFrame  # long format: one row per (metric, layer, head)
-    probes: list[Probe]
-    metadata: dict = field(default_factory=dict)
-    thresholds: dict[str, float] = field(default_factory=dict)
+_DEFAULT = ScanConfig()
 
 
 def default_probes(
     model,
-    n_prompts: int = 64,
-    repeat_len: int = 50,
-    seed: int = 0,
+    n_prompts: int = _DEFAULT.n_prompts,
+    repeat_len: int = _DEFAULT.repeat_len,
+    seed: int = _DEFAULT.seed,
     prompts: str | None = None,
     seq_len: int | None = None,
+    probes: Sequence[str] = ("text", "repeat"),
 ) -> list[Probe]:
-    """The text probe (first ``n_prompts`` pairs) and ``n_prompts`` repeat sequences.
+    """The text probe (first ``n_prompts`` pairs) and ``n_prompts`` repeat sequences (or only the
+    ``probes`` named).
 
     With ``seq_len``, every sequence is ``seq_len`` tokens long: text segments are packed until
     full, and the repeat probe uses the longest ``R`` that fits (``repeat_len`` is then ignored).
     """
-    if seq_len is not None:
-        return [
-            packed_text_probe(model, load_pairs(prompts), seq_len, n_prompts),
-            repeat_probe(model, repeat_len=repeat_len_for(model, seq_len), n_sequences=n_prompts, seed=seed),
-        ]
-    return [
-        text_probe(model, load_pairs(prompts), n_prompts),
-        repeat_probe(model, repeat_len=repeat_len, n_sequences=n_prompts, seed=seed),
-    ]
+    out = []
+    if "text" in probes:
+        pairs = load_pairs(prompts)
+        out.append(text_probe(model, pairs, n_prompts) if seq_len is None
+                   else packed_text_probe(model, pairs, seq_len, n_prompts))
+    if "repeat" in probes:
+        L = repeat_len if seq_len is None else repeat_len_for(model, seq_len)
+        out.append(repeat_probe(model, repeat_len=L, n_sequences=n_prompts, seed=seed))
+    return out
 
 
 def scan(
@@ -69,12 +66,13 @@ def scan(
     batch_size: int | None = None,
     thresholds: dict[str, float] | None = None,
     progress=None,
-    engine: str = "auto",
+    engine: str = AUTO,
 ) -> ScanResult:
     """Score every head of ``model`` for every metric; return a :class:`ScanResult`.
 
     ``probes`` defaults to :func:`default_probes`; ``metrics`` to every registered metric;
-    ``thresholds`` overrides label thresholds by metric name. ``progress`` is an optional
+    ``thresholds`` overrides label thresholds by metric name; ``engine`` names an engine of
+    :mod:`headscope.engines` (``auto``: the first that can run). ``progress`` is an optional
     ``tqdm``-like factory ``progress(total=..., desc=...)``.
     """
     probes = list(probes) if probes is not None else default_probes(model)
@@ -82,13 +80,15 @@ def scan(
     thresholds = dict(thresholds or {})
     for name in thresholds:
         get_metric(name)  # unknown names fail loudly
+    at_least("batch_size", batch_size)
+    eng = resolve_engine(model, engine, chosen)
     results: dict[str, MetricScores] = {}
     timings: dict[str, float] = {}
     for probe in probes:
         t0 = time.perf_counter()
         bar = progress(total=len(probe), desc=f"{probe.name} probe") if progress else None
         results.update(score_probe(model, probe, chosen, batch_size,
-                                   on_batch=bar.update if bar is not None else None, engine=engine))
+                                   on_batch=bar.update if bar is not None else None, engine=eng.name))
         if bar is not None:
             bar.close()
         timings[f"scan_{probe.name}_s"] = round(time.perf_counter() - t0, 3)
@@ -99,6 +99,104 @@ def scan(
         scores=frame,
         probes=probes,
         metadata={"timings": timings, "causal": model.causal, "batch_size": batch_size or "auto",
-                  "engine": resolve_engine(model, engine, chosen)},
+                  "engine": eng.name},
         thresholds={m.name: thresholds.get(m.name, m.threshold) for m in ordered},
     )
+
+
+def scan_to_dir(
+    model_name,
+    out: str | Path,
+    config: ScanConfig = _DEFAULT,
+    *,
+    force: bool = False,
+    figures: bool = True,
+    device: str = "auto",
+    dtype: str | None = None,
+    threads: int | None = None,
+    say: Callable[[str], None] | None = None,
+    progress=None,
+) -> ScanResult:
+    """``headscope scan``: check everything, load ``model_name``, scan, and save the run to ``out``.
+
+    Every mistake a user can make (settings, prompts file, model name, an ``out`` that may not be
+    written) is refused with one line before the model loads; nothing is written unless the whole
+    run succeeds. ``model_name`` may also be an in-memory model (see
+    :func:`headscope.models.load_model`). ``say`` gets progress lines; ``progress`` is a
+    ``tqdm``-like factory for the probes' progress bars.
+    """
+    from headscope import kernels
+    from headscope.models import load_model
+    from headscope.rundir import check_out_dir, interruptible, save_run
+    from headscope.sources import resolve
+
+    t_start = time.perf_counter()
+    say = say or (lambda _msg: None)
+    with interruptible():
+        config.validate()
+        at_least("threads", threads)
+        check_out_dir(out, force)
+        if isinstance(model_name, str):
+            resolve(model_name)  # a typo is answered in milliseconds, before any loading
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
+        t0 = time.perf_counter()
+        model = load_model(model_name, device=device, dtype=dtype, progress=say)
+        t_load = time.perf_counter() - t0
+        chosen = config.metric_objects()
+        probes = default_probes(model, config.n_prompts, config.repeat_len, config.seed, config.prompts,
+                                config.seq_len, probes=config.probe_names())
+        kernels.on_build = say
+        engine = resolve_engine(model, config.engine, chosen)
+        say(f"scanning {model.n_layers} layers x {model.n_heads} heads on {model.device} ({engine.name} engine)")
+        result = scan(model, probes, chosen, batch_size=config.batch_size, thresholds=dict(config.thresholds),
+                      progress=progress, engine=engine.name)
+        result.metadata = run_metadata(model, result, config, t_load)
+        save_run(result, out, force=force, figures=figures, started=t_start)
+    return result
+
+
+def run_metadata(model, result: ScanResult, config: ScanConfig, t_load: float) -> dict:
+    """Everything ``metadata.json`` records about a scan: model, source, settings, versions, timings."""
+    import torch
+
+    import headscope
+
+    return {
+        "model": model.name,
+        "source": {"kind": model.source.kind, **model.provenance},
+        "n_layers": model.n_layers,
+        "n_heads": model.n_heads,
+        "n_kv_heads": model.n_kv_heads,
+        "n_ctx": model.n_ctx,
+        "causal": model.causal,
+        "special_tokens": {"bos_or_cls": model.bos_id, "separator": model.sep_id, "pad": model.pad_id},
+        "probes": {p.name: {**p.settings, "n_sequences": len(p)} for p in result.probes},
+        "seed": config.seed,
+        "prompts": str(Path(config.prompts).resolve()) if config.prompts else "builtin:headscope/data/pairs.tsv",
+        "settings": config.record(),
+        "token_type_ids": "all zero (sequences are fed as token ids alone)",
+        "engine": result.metadata.get("engine"),
+        "batch_size": result.metadata.get("batch_size"),
+        "device": str(model.device),
+        "threads": torch.get_num_threads(),
+        "dtype": str(model.dtype).replace("torch.", ""),
+        "versions": {
+            "headscope": headscope.__version__,
+            "torch": torch.__version__,
+            "transformers": _version("transformers"),
+            "transformer-lens": _version("transformer-lens"),
+            "python": platform.python_version(),
+        },
+        "timings": {"load_s": round(t_load, 3), **result.metadata.get("timings", {})},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None

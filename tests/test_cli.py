@@ -89,14 +89,14 @@ def test_bad_inputs_fail_with_one_line_and_no_output(tmp_path, tiny_gpt2_dir):
     notab.write_text("one segment only\n")
     _bad(tmp_path, [m, "--prompts", str(notab)], "line 1")
     _bad(tmp_path, [m, "--repeat-len", "100"], "use 1..63")  # tiny GPT-2 context is 128
-    _bad(tmp_path, [m, "--batch-size", "0"], "--batch-size must be at least 1")
-    _bad(tmp_path, [m, "--n-prompts", "0"], "--n-prompts must be at least 1")
+    _bad(tmp_path, [m, "--batch-size", "0"], "batch_size (--batch-size) must be at least 1, got 0")
+    _bad(tmp_path, [m, "--n-prompts", "0"], "n_prompts (--n-prompts) must be at least 1, got 0")
     _bad(tmp_path, [m, "--n-prompts", "1000"], "use at most 68")
     _bad(tmp_path, [m, "--threshold", "inductoin=0.5"], "Did you mean: induction")
     _bad(tmp_path, [m, "--metrics", "sink,entropi"], "Did you mean: entropy")
     _bad(tmp_path, [m, "--device", "cuda:7"], "no CUDA GPU")
-    _bad(tmp_path, [m, "--threads", "0"], "--threads must be at least 1")
-    _bad(tmp_path, [m, "--seq-len", "500"], "--seq-len 500 is outside")
+    _bad(tmp_path, [m, "--threads", "0"], "threads (--threads) must be at least 1, got 0")
+    _bad(tmp_path, [m, "--seq-len", "500"], "seq_len (--seq-len) 500 is outside")
 
 
 def test_own_prompts_file(tmp_path, tiny_gpt2_dir):

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from headscope import kernels
-from headscope.extract import fused_flags, pattern_batch, resolve_engine, score_probe
-from headscope.metrics import REGISTRY, Metric, PatternBatch
-from headscope.metrics.base import at_key, at_offset, key_set_mass, pool, query_range, row_entropy
+from headscope.engines.fused import fused_flags
+from headscope.metrics import REGISTRY, PatternBatch
+from headscope.metrics.base import at_key, at_offset, key_set_mass, row_entropy
+from headscope.metrics.rows import Rows
 from headscope.metrics.stats import HeadStats
-from headscope.probes import packed_text_probe
 
 pytestmark = pytest.mark.skipif(os.environ.get("HEADSCOPE_KERNEL") == "0",
                                 reason="fused kernel disabled by HEADSCOPE_KERNEL=0")
@@ -125,63 +125,16 @@ def test_every_fused_metric_scores_stats_like_the_pattern():
             torch.testing.assert_close(got.count, want.count)
 
 
-def test_selectors_accept_both():
+def test_selectors_read_head_stats_through_the_rows_protocol():
     st = kernels.head_stats(torch.zeros(1, 1, 3, 4), torch.zeros(1, 1, 3, 4), None, 1.0, True, {})
     batch = PatternBatch(lengths=torch.tensor([3]), causal=True)
-    assert isinstance(st, HeadStats) and st.shape == (1, 1, 3, 3)
+    assert isinstance(st, HeadStats) and isinstance(st, Rows) and st.shape == (1, 1, 3, 3)
     torch.testing.assert_close(at_key(st, batch, 0)[0, 0], torch.tensor([1, 1 / 2, 1 / 3], dtype=torch.float64))
     torch.testing.assert_close(at_offset(st, batch, -1)[0, 0], torch.tensor([0, 1 / 2, 1 / 3], dtype=torch.float64))
     torch.testing.assert_close(row_entropy(st, batch)[0, 0], torch.log(torch.tensor([1.0, 2, 3], dtype=torch.float64)))
     with pytest.raises(KeyError):
         key_set_mass(st, PatternBatch(lengths=torch.tensor([3]), causal=True, separator=torch.ones(1, 3, dtype=torch.bool)),
                      "separator")  # the kernel was not asked for that set
-
-
-def test_engine_choice(tiny_gpt2, monkeypatch):
-    metrics = list(REGISTRY.values())
-    assert resolve_engine(tiny_gpt2, "auto", metrics) == "fused"
-    own = Metric(name="own", probe="text", definition="d", label="l", threshold=0.5,
-                 fn=lambda p, b: pool(p[..., 0], query_range(p, b, 1, b.lengths - 1)))
-    assert resolve_engine(tiny_gpt2, "auto", metrics + [own]) == "blocked"  # needs the pattern itself
-    with pytest.raises(Exception, match="need the pattern itself"):
-        resolve_engine(tiny_gpt2, "fused", [own])
-    monkeypatch.setattr(kernels, "_module", None)
-    monkeypatch.setattr(kernels, "_reason", "no compiler")
-    assert resolve_engine(tiny_gpt2, "auto", metrics) == "blocked"
-    with pytest.raises(Exception, match="no compiler"):
-        resolve_engine(tiny_gpt2, "fused", metrics)
-
-
-def test_fused_scan_uses_the_kernel_and_matches_blocked(tiny_gpt2):
-    probe = packed_text_probe(tiny_gpt2, None, seq_len=70, n_sequences=3)
-    metrics = list(REGISTRY.values())
-    seen = []
-    orig = tiny_gpt2.run_pattern_blocks
-
-    def spy(tokens, mask, on_block, layers=None, block_bytes=None, fused_flags=None):
-        return orig(tokens, mask, lambda layer, p, qs, lp: (seen.append(type(p)), on_block(layer, p, qs, lp)),
-                    layers, block_bytes, fused_flags)
-
-    tiny_gpt2.run_pattern_blocks = spy
-    try:
-        got = score_probe(tiny_gpt2, probe, metrics, batch_size=2, engine="fused")
-    finally:
-        del tiny_gpt2.run_pattern_blocks
-    assert seen and set(seen) == {HeadStats}
-    want = score_probe(tiny_gpt2, probe, metrics, batch_size=3, engine="blocked")
-    for name in want:
-        torch.testing.assert_close(got[name].score, want[name].score, atol=1e-5, rtol=0, equal_nan=True)
-        assert got[name].count == want[name].count
-
-
-def test_pattern_batch_flags_match_key_set_mass(tiny_gpt2):
-    probe = packed_text_probe(tiny_gpt2, None, seq_len=30, n_sequences=2)
-    tokens = torch.tensor(probe.sequences)
-    mask = torch.ones_like(tokens, dtype=torch.bool)
-    batch = pattern_batch(tiny_gpt2, probe, tokens, mask, torch.tensor([30, 30]))
-    flags = fused_flags(batch, 30)
-    assert set(flags) == {"separator", "punctuation"}
-    assert not flags["punctuation"][:, 0].any()  # position 0 never counts
 
 
 def test_blas_and_aten_gemm_paths_agree():
@@ -254,6 +207,7 @@ def test_a_failed_build_falls_back_with_one_line(monkeypatch, capsys):
     assert "c++: not found" in kernels.unavailable_reason()
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "using the blocked engine" in err[0]
+    assert kernels.available() is False and capsys.readouterr().err == ""  # said once, not per call
 
 
 def test_ninja_from_the_venv_is_put_on_path(monkeypatch):

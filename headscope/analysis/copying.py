@@ -45,7 +45,6 @@ tensor([0, 0, 0, 0])
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -110,61 +109,26 @@ def expand_kv_heads(w: Tensor, n_heads: int) -> Tensor:
 
 
 def head_weights(model) -> HeadWeights:
-    """Read ``W_E``, ``W_V``, ``W_O``, ``W_U`` and the norm weights from a decoder's bridge.
+    """``W_E``, ``W_V``, ``W_O``, ``W_U`` and the norm weights of a decoder (:meth:`Model.circuit_weights`),
+    restricted to its ordinary tokens, with the final norm's weight folded into the unembedding.
 
     Needs a pre-norm decoder (a norm before each attention layer, one before the unembedding).
     """
-    if not model.causal:
-        raise HeadscopeError(
-            f"{model.name} is an encoder (post-norm, BERT-style); copying scores are defined here for "
-            "decoders with a norm before each attention layer, e.g. smollm2-135m."
-        )
-    bridge = model.bridge
-    with torch.no_grad():
-        W_E = bridge.W_E.detach().float().cpu()  # [d_vocab, d_model]
-        W_U = bridge.W_U.detach().float().cpu()  # [d_model, d_vocab]
-        ids = model.ordinary_vocab()
-        ids = ids[(ids < W_E.shape[0]) & (ids < W_U.shape[1])].sort().values
-        W_V = expand_kv_heads(bridge.W_V.detach().float().cpu(), model.n_heads)  # [layer, head, d_model, d_head]
-        W_O = bridge.W_O.detach().float().cpu()  # [layer, head, d_head, d_model]
-        ln1 = torch.stack([blk.ln1.w.detach().float().cpu() for blk in bridge.blocks])  # [layer, d_model]
-        gamma = bridge.ln_final.w.detach().float().cpu()  # [d_model]
-    cfg = bridge.cfg
-    rms = bool(getattr(cfg, "uses_rms_norm", False)) or getattr(cfg, "normalization_type", "") == "RMS"
-    return HeadWeights(model=model.name, token_ids=ids, embed=W_E[ids], W_V=W_V, W_O=W_O, ln1=ln1,
-                       unembed=gamma[:, None] * W_U[:, ids], centre=not rms,
-                       eps=float(getattr(cfg, "eps", 1e-5)))
+    cw = model.circuit_weights()  # raises one line for encoders
+    ids = model.ordinary_vocab()
+    ids = ids[(ids < cw.W_E.shape[0]) & (ids < cw.W_U.shape[1])].sort().values
+    return HeadWeights(model=model.name, token_ids=ids, embed=cw.W_E[ids],
+                       W_V=expand_kv_heads(cw.W_V, model.n_heads), W_O=cw.W_O, ln1=cw.ln1,
+                       unembed=cw.ln_final[:, None] * cw.W_U[:, ids], centre=not cw.rms, eps=cw.eps)
 
 
 # ------------------------------------------------------------------------------ on real inputs
 
 
-class _Stop(Exception):
-    """Raised from the last wanted hook: the rest of the forward is not needed."""
-
-
 def attention_inputs(model, tokens: Int[Tensor, "batch pos"], layers: Sequence[int]) -> dict[int, Tensor]:
-    """The post-norm input of each wanted layer's attention, ``{layer: [batch, pos, d_model]}``.
-
-    This is what ``W_V`` multiplies (hook ``blocks.{L}.ln1.hook_out``). The forward stops after the
-    last wanted layer's norm, in eval mode under ``torch.inference_mode()``; no hook stays installed.
-    """
-    layers = sorted(set(layers))
-    kept: dict[int, Tensor] = {}
-
-    def hook(x: Tensor, hook) -> None:
-        layer = int(hook.name.split(".")[1])
-        kept[layer] = x.detach().float().cpu().clone()  # [batch, pos, d_model]
-        if layer == layers[-1]:
-            raise _Stop
-
-    bridge = model.bridge
-    bridge.eval()
-    with torch.inference_mode(), contextlib.suppress(_Stop):
-        bridge.run_with_hooks(tokens.to(model.device),
-                              fwd_hooks=[(f"blocks.{layer}.ln1.hook_out", hook) for layer in layers],
-                              return_type=None)
-    return kept
+    """The post-norm input of each wanted layer's attention, ``{layer: [batch, pos, d_model]}``
+    (what ``W_V`` multiplies; :meth:`headscope.models.Model.attention_inputs`)."""
+    return model.attention_inputs(tokens, layers)
 
 
 def own_token_ranks(

@@ -93,7 +93,7 @@ def token_losses(model, probe, batch_size: int = 8) -> Float[Tensor, "sequence p
     out = []
     for start in range(0, len(probe), batch_size):
         tokens = torch.tensor(probe.sequences[start:start + batch_size], dtype=torch.long)  # [batch, pos]
-        logits = model.forward_logits(tokens).float().cpu()  # [batch, pos, vocab]
+        logits = model.logits(tokens).float().cpu()  # [batch, pos, vocab]
         logp = torch.log_softmax(logits[:, :-1], dim=-1)  # [batch, pos-1, vocab]
         out.append(-logp.gather(-1, tokens[:, 1:, None]).squeeze(-1))  # [batch, pos-1]
     return torch.cat(out)

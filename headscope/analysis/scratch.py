@@ -21,7 +21,6 @@ Hook names are transformer-lens 4.x ``TransformerBridge`` names and live only in
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Sequence
@@ -237,57 +236,11 @@ def peak_stats(
 
 # ---------------------------------------------------------------------------- a real model's layers
 
-_ACTS = {  # our name -> transformer-lens 4.x hook under blocks.{L}.attn
-    "q": "hook_q",          # [batch, pos, head, d_head], before any rotary embedding
-    "k": "hook_k",          # [batch, pos, kv_head, d_head]
-    "v": "hook_v",          # [batch, pos, kv_head, d_head]
-    "rot_q": "hook_rot_q",  # rotary models only: q after RoPE, what the scores use
-    "rot_k": "hook_rot_k",
-    "pattern": "hook_pattern",  # [batch, head, query, key], post-softmax
-    "z": "hook_z",          # [batch, pos, head, d_head]: pattern @ v, per head, before W_O
-}
-
-
-class _Stop(Exception):
-    """Raised after the last wanted hook: the rest of the forward is not needed."""
-
-
 def layer_activations(model, ids: Sequence[int], layers: Sequence[int]) -> dict[int, dict[str, Tensor]]:
-    """One forward of one sequence; each wanted layer's attention tensors, heads first.
-
-    Returns ``{layer: {"q", "k", "v", "pattern", "z"[, "rot_q", "rot_k"]}}`` with ``q``/``z`` as
-    ``[head, pos, d_head]``, ``k``/``v`` (and ``rot_k``) as ``[kv_head, pos, d_head]`` and
-    ``pattern`` as ``[head, query, key]``, all float32 on the CPU. Runs in eval mode under
-    ``torch.inference_mode()`` through ``bridge.run_with_hooks``, so no hook outlives the call, and
-    stops as soon as the last wanted layer has given all its tensors.
-    """
-    bridge = model.bridge
-    layers = sorted(set(layers))
-    known = bridge.hook_dict
-    wanted = [(layer, key, f"blocks.{layer}.attn.{hook}") for layer in layers for key, hook in _ACTS.items()]
-    wanted = [w for w in wanted if w[2] in known]
-    acts: dict[int, dict[str, Tensor]] = {layer: {} for layer in layers}
-    # Stop once the last layer has given every wanted tensor (hook order differs between models).
-    n_last = sum(1 for w in wanted if w[0] == layers[-1])
-
-    def make_hook(layer: int, key: str, name: str):
-        def hook(x: Tensor, hook) -> None:
-            x = x.detach().float().cpu()[0]
-            acts[layer][key] = x if key == "pattern" else x.transpose(0, 1)  # [pos, head, d] -> [head, pos, d]
-            if layer == layers[-1] and len(acts[layer]) == n_last:
-                raise _Stop
-        return hook
-
-    bridge.eval()
-    tokens = torch.tensor([list(ids)], dtype=torch.long, device=model.device)
-    with torch.inference_mode(), contextlib.suppress(_Stop):
-        bridge.run_with_hooks(tokens, fwd_hooks=[(w[2], make_hook(*w)) for w in wanted], return_type=None)
-    for layer, got in acts.items():
-        missing = {"q", "k", "v", "pattern", "z"} - set(got)
-        if missing:
-            raise HeadscopeError(f"Layer {layer} of {model.name} exposed no {sorted(missing)} hook; "
-                                 f"expected blocks.{layer}.attn.hook_q/k/v/pattern/z.")
-    return acts
+    """One forward of one sequence; each wanted layer's attention tensors, heads first
+    (:meth:`headscope.models.Model.attention_activations`): ``q``/``z`` ``[head, pos, d_head]``,
+    ``k``/``v`` (and ``rot_k``) ``[kv_head, pos, d_head]``, ``pattern`` ``[head, query, key]``."""
+    return model.attention_activations(ids, layers)
 
 
 def recompute_layer(acts: dict[str, Tensor], causal: bool) -> tuple[Tensor, Tensor]:

@@ -2,13 +2,12 @@
 
 A metric is one pure function ``(pattern, batch) -> Pooled(total, count)``:
 
-* ``pattern``: post-softmax attention, ``[batch, head, query, key]``. It may be a *block* of query
-  rows (``batch.q_start`` is the absolute position of the first row; the key axis is always
-  complete), so the same function serves the full-pattern path and a blocked long-context path.
-  A metric that reads the pattern only through the selectors below (:func:`at_key`,
-  :func:`at_offset`, :func:`key_set_mass`, :func:`row_entropy`) also accepts a
-  :class:`~headscope.metrics.stats.HeadStats` (per-row statistics from the fused kernel) and sets
-  ``Metric.fused = True``.
+* ``pattern``: post-softmax attention, ``[batch, head, query, key]``: a tensor or any
+  :class:`~headscope.metrics.rows.Rows` (per-row statistics from the fused kernel, a block of query
+  rows). A block starts at ``batch.q_start`` (the absolute position of its first row); causal
+  blocks stop at their last query's key. A metric that reads the pattern only through the
+  selectors below (:func:`at_key`, :func:`at_offset`, :func:`key_set_mass`, :func:`row_entropy`)
+  runs on every engine and sets ``Metric.fused = True``.
 * ``total[b, h]``: the sum of f(A, q) over this sequence's qualifying queries in the block;
   ``count[b]``: how many queries qualified. A score pools over (sequence, query) pairs:
   ``sum(total) / sum(count)`` over all sequences and blocks.
@@ -28,20 +27,8 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from headscope.errors import HeadscopeError, did_you_mean
-from headscope.metrics.stats import HeadStats
-
-
-@dataclass(frozen=True)
-class PatternBatch:
-    """What a metric needs besides the pattern: which positions are real and which are special."""
-
-    lengths: Int[Tensor, " batch"]  # real (non-padding) tokens per sequence
-    causal: bool  # a causal model: query q sees keys k <= q
-    q_start: int = 0  # absolute position of the pattern's first query row
-    separator: Bool[Tensor, "batch key"] | None = None  # keys holding the separator token
-    punctuation: Bool[Tensor, "batch key"] | None = None  # keys holding a punctuation token
-    repeat_len: int | None = None  # L of the repeat probe: BOS + R + R, |R| = L
-    log_pattern: Tensor | None = None  # ln of the pattern, when the engine has it (same shape)
+from headscope.metrics.context import PatternBatch
+from headscope.metrics.rows import Rows, as_rows
 
 
 class Pooled(NamedTuple):
@@ -88,38 +75,22 @@ def visible_keys(pattern: Tensor, batch: PatternBatch) -> Bool[Tensor, "batch qu
     return vis.expand(pattern.shape[0], pattern.shape[-2], pattern.shape[-1])
 
 
-def at_offset(pattern: Tensor | HeadStats, batch: PatternBatch, offset: int) -> Float[Tensor, "batch head query"]:
+def at_offset(pattern: Tensor | Rows, batch: PatternBatch, offset: int) -> Float[Tensor, "batch head query"]:
     """``A[q, q + offset]`` for every row (0 where that key is outside the sequence)."""
-    b, h, nq, nk = pattern.shape
-    key = query_positions(pattern, batch) + offset  # [query]
-    if isinstance(pattern, HeadStats):
-        return pattern.at(key)
-    inside = (key >= 0) & (key < nk)
-    idx = key.clamp(0, nk - 1).view(1, 1, nq, 1).expand(b, h, nq, 1)
-    return pattern.gather(-1, idx).squeeze(-1) * inside  # [batch, head, query]
+    rows = as_rows(pattern)
+    return rows.at(query_positions(rows, batch) + offset, batch)  # [batch, head, query]
 
 
-def at_key(pattern: Tensor | HeadStats, batch: PatternBatch, key: int) -> Float[Tensor, "batch head query"]:
+def at_key(pattern: Tensor | Rows, batch: PatternBatch, key: int) -> Float[Tensor, "batch head query"]:
     """``A[q, key]`` for every row, for one fixed key position (0 if the sequence is shorter)."""
-    b, h, nq, nk = pattern.shape
-    if isinstance(pattern, HeadStats):
-        return pattern.at(torch.full((nq,), key, dtype=torch.long))
-    if key >= nk:
-        return pattern.new_zeros(b, h, nq)
-    return pattern[..., key]
+    rows = as_rows(pattern)
+    keys = torch.full((rows.shape[-2],), key, dtype=torch.long, device=rows.device)  # [query]
+    return rows.at(keys, batch)  # [batch, head, query]
 
 
-def row_entropy(pattern: Tensor | HeadStats, batch: PatternBatch) -> Float[Tensor, "batch head query"]:
+def row_entropy(pattern: Tensor | Rows, batch: PatternBatch) -> Float[Tensor, "batch head query"]:
     """``-sum_k A[q, k] ln A[q, k]`` for every row (0 ln 0 = 0; padding keys never count)."""
-    if isinstance(pattern, HeadStats):
-        return pattern.entropy
-    nk = pattern.shape[-1]
-    if bool((batch.lengths < nk).any()):  # padding keys in range: they never count
-        real = key_set_flags(batch, None, nk, pattern.device, from_key=0)[:, None, None, :]
-        pattern = pattern * real
-    if batch.log_pattern is not None:  # the blocked engine hands over ln A: no log per element
-        return -(pattern * batch.log_pattern).sum(-1)
-    return torch.special.entr(pattern).sum(-1)
+    return as_rows(pattern).row_entropy(batch)
 
 
 def key_set_flags(batch: PatternBatch, name: str | None, nk: int, device=None, from_key: int = 1) -> Bool[Tensor, "batch key"]:
@@ -134,36 +105,24 @@ def key_set_flags(batch: PatternBatch, name: str | None, nk: int, device=None, f
     return keys
 
 
-def key_set_mass(pattern: Tensor | HeadStats, batch: PatternBatch, name: str) -> Pooled:
+def key_set_mass(pattern: Tensor | Rows, batch: PatternBatch, name: str) -> Pooled:
     """Attention mass on the keys flagged in ``batch.<name>`` at ``k >= 1`` that the query can see.
 
     Qualifying queries are real queries that can see at least one such key. Position 0 is never
     counted, so sink attention is not counted twice (GPT-2's BOS is also its EOS).
     """
-    nq, nk = pattern.shape[-2], pattern.shape[-1]
-    keys = key_set_flags(batch, name, nk, pattern.device)  # [batch, key]
-    k = torch.arange(nk, device=pattern.device)
-    q = query_positions(pattern, batch)  # [query]
-    if isinstance(pattern, HeadStats):
-        mass = pattern.masses[name]  # the kernel summed A over exactly these keys, where visible
-    elif not batch.causal:
-        f = keys.to(pattern.dtype)
-        mass = (pattern @ f[:, None, :, None]).squeeze(-1)  # [batch, head, query]: every key visible
-    else:
-        # Keys before the block's first query are visible to every row: one matrix-vector product.
-        # Only the keys from q_start on need the k <= q test (a small triangle in a query block).
-        f = keys.to(pattern.dtype)
-        ks = min(batch.q_start, nk)
-        mass = (pattern[..., :ks] @ f[:, None, :ks, None]).squeeze(-1)  # [batch, head, query]
-        if ks < nk:
-            tail = f[:, None, ks:] * (k[None, ks:] <= q[:, None])[None]  # [batch, query, key - ks]
-            mass = mass + (pattern[..., ks:] * tail[:, None]).sum(-1)
+    rows = as_rows(pattern)
+    nq, nk = rows.shape[-2], rows.shape[-1]
+    keys = key_set_flags(batch, name, nk, rows.device)  # [batch, key]
+    mass = rows.mass(batch, name, keys)  # [batch, head, query]
+    k = torch.arange(nk, device=rows.device)
+    q = query_positions(rows, batch)  # [query]
     if batch.causal:
         first = torch.where(keys, k[None, :], nk).amin(-1)  # [batch]: first flagged key, or nk
         sees = q[None, :] >= first[:, None]  # [batch, query]
     else:
         sees = keys.any(-1, keepdim=True).expand(-1, nq)  # [batch, query]
-    qualifies = sees & query_range(pattern, batch, 0, batch.lengths - 1)  # [batch, query]
+    qualifies = sees & query_range(rows, batch, 0, batch.lengths - 1)  # [batch, query]
     return pool(mass, qualifies)
 
 

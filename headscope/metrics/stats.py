@@ -3,8 +3,9 @@
 The built-in metrics read a pattern row in three ways only: single entries, the mass on a flagged
 key set, and the entropy. :class:`HeadStats` holds the last two for every row (computed by the
 fused kernel, :mod:`headscope.kernels`) plus each row's log-sum-exp, from which any single entry is
-``A[q, k] = exp(q·k - lse[q])`` on demand. The selectors in :mod:`headscope.metrics.base`
-accept either a pattern tensor or a ``HeadStats``, so a metric written with them runs on both.
+``A[q, k] = exp(q·k - lse[q])`` on demand. It implements the
+:class:`~headscope.metrics.rows.Rows` protocol, so a metric written with the selectors of
+:mod:`headscope.metrics.base` runs on it exactly as on a pattern tensor.
 """
 
 from __future__ import annotations
@@ -34,7 +35,15 @@ class HeadStats:
     def device(self) -> torch.device:
         return self.entropy.device
 
-    def at(self, keys: Int[Tensor, " query"]) -> Float[Tensor, "batch head query"]:
+    def row_entropy(self, batch=None) -> Float[Tensor, "batch head query"]:
+        """The kernel's per-row entropy (it never counts padding or masked keys)."""
+        return self.entropy
+
+    def mass(self, batch, name: str, keys=None) -> Float[Tensor, "batch head query"]:
+        """The kernel's mass on flag set ``name`` (it summed A over exactly those keys, where visible)."""
+        return self.masses[name]
+
+    def at(self, keys: Int[Tensor, " query"], batch=None) -> Float[Tensor, "batch head query"]:
         """``A[b, h, q, keys[q]]`` for every row; 0 where that key is out of range or not visible."""
         b, h, n_q, n_k = self.shape
         kvh = self.key.shape[1]

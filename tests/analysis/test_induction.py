@@ -64,7 +64,7 @@ def test_token_losses_match_a_plain_cross_entropy(tiny_gpt2):
     losses = token_losses(tiny_gpt2, probe, batch_size=2)
     assert losses.shape == (3, 10)
     tokens = torch.tensor(probe.sequences)
-    logits = tiny_gpt2.forward_logits(tokens)
+    logits = tiny_gpt2.logits(tokens)
     expected = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1),
                                                  reduction="none").view(3, 10)
     torch.testing.assert_close(losses, expected, atol=1e-5, rtol=1e-5)

@@ -1,5 +1,5 @@
-"""The blocked and fused engines: exact pattern blocks (or per-row statistics) from q and k, equal
-to the hook_pattern path."""
+"""The blocked engine: exact pattern blocks from q and k, equal to eager attention and to the
+hook_pattern path; it stops the forward after the last layer and refuses softmaxes it cannot model."""
 
 from __future__ import annotations
 
@@ -7,10 +7,13 @@ import pytest
 import torch
 
 import headscope
-from headscope.blocked import block_rows, pattern_blocks
-from headscope.extract import auto_batch_size, score_probe
+from headscope.attention import AttentionCall
+from headscope.engines import blocked
+from headscope.engines.blocked import BlockHandler, block_rows, pattern_blocks
+from headscope.extract import score_probe
 from headscope.metrics import REGISTRY
-from headscope.probes import packed_text_probe, repeat_len_for
+from headscope.probes import packed_text_probe
+from tests.engines.agree import assert_engines_agree
 
 
 def reference(q, k, mask, scale, causal):
@@ -76,49 +79,30 @@ def test_block_rows_respects_the_byte_budget():
     assert block_rows(64, 32, 8192, 1) == 16  # never fewer than 16 rows
 
 
-def assert_engines_agree(model, n_prompts, repeat_len, batch_size, engines=("fused", "blocked")):
-    """Each engine against hook_pattern, same probes: scores to 1e-5, identical counts and chance."""
-    metrics = list(REGISTRY.values())
-    for probe in headscope.default_probes(model, n_prompts=n_prompts, repeat_len=repeat_len, seed=2):
-        b = score_probe(model, probe, metrics, batch_size=batch_size, engine="hooks")
-        for engine in engines:
-            a = score_probe(model, probe, metrics, batch_size=batch_size, engine=engine)
-            for name in a:
-                torch.testing.assert_close(a[name].score, b[name].score, atol=1e-5, rtol=0, equal_nan=True,
-                                           msg=lambda m, e=engine, n=name: f"{e} vs hooks, {n}: {m}")
-                assert a[name].count == b[name].count
-                assert a[name].chance == pytest.approx(b[name].chance, nan_ok=True)
-
-
 @pytest.mark.parametrize("fixture", ["tiny_gpt2", "tiny_bert"])
-def test_blocked_and_fused_engines_equal_hooks_engine(fixture, request):
+def test_blocked_engine_equals_hooks_engine(fixture, request):
     model = request.getfixturevalue(fixture)
-    assert model.supports_blocked
-    assert_engines_agree(model, n_prompts=5, repeat_len=7, batch_size=2)
+    assert model.attention_interface
+    assert_engines_agree(model, n_prompts=5, repeat_len=7, batch_size=2, engines=("blocked",))
 
 
-def test_small_blocks_change_nothing(tiny_gpt2):
+def test_small_blocks_change_nothing(tiny_gpt2, monkeypatch):
     """Force many query blocks per layer (1-byte budget -> 16-row blocks) on a long sequence."""
     probe = packed_text_probe(tiny_gpt2, None, seq_len=100, n_sequences=2)
     metrics = list(REGISTRY.values())
     want = score_probe(tiny_gpt2, probe, metrics, batch_size=2, engine="hooks")
-    seen = []
-    import headscope.blocked as blocked
+    starts = []
+    orig_blocks = blocked.pattern_blocks
 
-    old = blocked.BLOCK_BYTES
-    blocked.BLOCK_BYTES = 1
-    try:
-        orig = tiny_gpt2.run_pattern_blocks
+    def blocks(*args, **kwargs):
+        for item in orig_blocks(*args, **kwargs):
+            starts.append((args[-1], item[0]))  # (rows per block, first row)
+            yield item
 
-        def spy(tokens, mask, on_block, layers=None, block_bytes=None):
-            return orig(tokens, mask, lambda layer, p, qs, lp: (seen.append(qs), on_block(layer, p, qs, lp)), layers, 1)
-
-        tiny_gpt2.run_pattern_blocks = spy
-        got = score_probe(tiny_gpt2, probe, metrics, batch_size=2, engine="blocked")
-    finally:
-        blocked.BLOCK_BYTES = old
-        del tiny_gpt2.run_pattern_blocks
-    assert max(seen) >= 80  # really blocked
+    monkeypatch.setattr(blocked, "BLOCK_BYTES", 1)
+    monkeypatch.setattr(blocked, "pattern_blocks", blocks)
+    got = score_probe(tiny_gpt2, probe, metrics, batch_size=2, engine="blocked")
+    assert {rows for rows, _ in starts} == {16} and max(q for _, q in starts) == 96  # really blocked
     for name in got:
         torch.testing.assert_close(got[name].score, want[name].score, atol=1e-5, rtol=0, equal_nan=True)
 
@@ -129,29 +113,11 @@ def test_blocked_forward_stops_after_the_last_layer(tiny_gpt2):
     handle = mlp.register_forward_hook(lambda *a: fired.append("mlp0"))
     try:
         layers = []
-        tiny_gpt2.run_pattern_blocks(torch.tensor([[0, 5, 6]]), torch.ones(1, 3, dtype=torch.bool),
-                                     lambda layer, p, qs, lp: layers.append(layer), layers=[0])
+        blocked.ENGINE.run(tiny_gpt2, torch.tensor([[0, 5, 6]]), torch.ones(1, 3, dtype=torch.bool), None,
+                           lambda layer, rows, qs: layers.append((layer, rows.shape, qs)), layers=[0])
     finally:
         handle.remove()
-    assert layers == [0] and fired == []
-
-
-def test_seq_len_probes_are_exactly_n_tokens(tiny_gpt2, tiny_bert):
-    for model in (tiny_gpt2, tiny_bert):
-        text = packed_text_probe(model, None, seq_len=97, n_sequences=3)
-        assert [len(s) for s in text.sequences] == [97, 97, 97]
-        assert text.sequences[0] != text.sequences[1]  # continues through the corpus
-        assert text.sequences[0][0] == model.bos_id
-        L = repeat_len_for(model, 97)
-        rep = headscope.repeat_probe(model, repeat_len=L, n_sequences=1)
-        assert len(rep.sequences[0]) <= 97 and len(rep.sequences[0]) >= 96
-        with pytest.raises(headscope.HeadscopeError, match="--seq-len"):
-            packed_text_probe(model, None, seq_len=model.n_ctx + 1)
-
-
-def test_auto_batch_size_shrinks_with_length(tiny_gpt2):
-    assert auto_batch_size(tiny_gpt2, 64) >= auto_batch_size(tiny_gpt2, 4096) >= 1
-    assert auto_batch_size(tiny_gpt2, 128, budget_bytes=1) == 1
+    assert layers == [(0, (1, tiny_gpt2.n_heads, 3, 3), 0)] and fired == []
 
 
 @pytest.mark.real
@@ -163,12 +129,8 @@ def test_blocked_and_fused_equal_hooks_on_real_models(fixture, request):
 @pytest.mark.parametrize("kwarg", ["softcap", "s_aux", "position_bias"])
 def test_attention_it_cannot_model_is_refused_not_mis_scored(kwarg):
     """Logit soft-capping, learned sinks and position biases change the pattern; say so, never guess."""
-    from headscope.blocked import BlockScorer, attention, scoring
-
-    class Attn(torch.nn.Module):
-        layer_idx, is_causal = 0, True
-
     q = torch.randn(1, 2, 4, 8)
-    with scoring(BlockScorer(lambda *a: None, frozenset({0}), 0)):
-        with pytest.raises(headscope.HeadscopeError, match="--engine hooks"):
-            attention(Attn(), q, q, q, None, scaling=0.5, **{kwarg: torch.ones(1)})
+    call = AttentionCall(layer=0, query=q, key=q, value=q, mask=None, scale=0.5, causal=True,
+                         extras={kwarg: torch.ones(1)})
+    with pytest.raises(headscope.HeadscopeError, match=f"uses {kwarg}.*blocked engine.*use --engine hooks"):
+        BlockHandler(lambda *a: None, [0])(call)

@@ -1,0 +1,109 @@
+"""A scan's settings: their defaults and their checks, in one place for the CLI and for Python.
+
+The CLI takes its option defaults from :class:`ScanConfig` and hands the values back to it; every
+check a user can fail lives in :meth:`ScanConfig.validate` (those that need no model) or in the
+probe builders (those that need the model's context length). Messages name the setting the way
+both callers know it: ``n_prompts (--n-prompts)``.
+
+>>> ScanConfig().n_prompts, ScanConfig().repeat_len, ScanConfig().engine
+(64, 50, 'auto')
+>>> ScanConfig(n_prompts=0).validate()
+Traceback (most recent call last):
+...
+headscope.errors.HeadscopeError: n_prompts (--n-prompts) must be at least 1, got 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+from headscope.errors import HeadscopeError, at_least, setting
+
+
+@dataclass(frozen=True)
+class ScanConfig:
+    """What to scan with: probes, metrics, labels and engine. Model, device and output are separate."""
+
+    n_prompts: int = 64  # sequences per probe: text pairs from the corpus, and repeat sequences
+    repeat_len: int = 50  # L of the repeat probe BOS + R + R
+    seed: int = 0  # seed of the repeat probe's generator
+    seq_len: int | None = None  # every sequence this many tokens (text packed, R as long as fits)
+    prompts: str | None = None  # segment pairs file; None = the built-in corpus
+    metrics: tuple[str, ...] | None = None  # None = every registered metric
+    thresholds: Mapping[str, float] = field(default_factory=dict)  # label thresholds by metric
+    batch_size: int | None = None  # None = from the length and free memory
+    engine: str = "auto"
+
+    def validate(self) -> ScanConfig:
+        """Every check that needs no model; returns ``self`` so calls chain."""
+        at_least("n_prompts", self.n_prompts)
+        at_least("repeat_len", self.repeat_len)
+        at_least("batch_size", self.batch_size)
+        at_least("seq_len", self.seq_len)
+        from headscope.engines import AUTO, get_engine
+
+        if self.engine != AUTO:
+            get_engine(self.engine)
+        chosen = self.metric_objects()
+        for name, value in self.thresholds.items():
+            self._metric(name)
+            if not isinstance(value, (int, float)) or value != value:
+                raise HeadscopeError(f"Threshold for {name} must be a number, got {value!r}.")
+        if any(m.probe == "text" for m in chosen):
+            from headscope.probes import load_pairs
+
+            pairs = load_pairs(self.prompts)
+            if self.seq_len is None and self.n_prompts > len(pairs):
+                where = "the prompts file" if self.prompts else "the built-in corpus"
+                raise HeadscopeError(f"{setting('n_prompts')} {self.n_prompts} asks for more pairs than {where} "
+                                     f"holds ({len(pairs)}); use at most {len(pairs)}.")
+        return self
+
+    def metric_objects(self) -> list:
+        """The chosen :class:`~headscope.metrics.Metric` objects, in registry order when all."""
+        from headscope.metrics import REGISTRY
+
+        if self.metrics is None:
+            return list(REGISTRY.values())
+        names = [m.strip() for m in self.metrics if m.strip()]
+        if not names:
+            raise HeadscopeError(f"{setting('metrics')} is empty; give names such as induction,sink.")
+        return [self._metric(n) for n in names]
+
+    def probe_names(self) -> list[str]:
+        """The probes the chosen metrics need, text first."""
+        needed = {m.probe for m in self.metric_objects()}
+        return [p for p in ("text", "repeat") if p in needed]
+
+    def record(self) -> dict:
+        """The settings as saved in ``metadata.json``."""
+        out = asdict(self)
+        out["thresholds"] = dict(self.thresholds)
+        out["metrics"] = list(self.metrics) if self.metrics is not None else None
+        return out
+
+    @staticmethod
+    def _metric(name: str):
+        from headscope.metrics import get_metric
+
+        return get_metric(name)
+
+
+def parse_thresholds(items: Sequence[str]) -> dict[str, float]:
+    """``["induction=0.6", ...]`` -> ``{"induction": 0.6}``; one clear line for a malformed item.
+
+    >>> parse_thresholds(["induction=0.6"])
+    {'induction': 0.6}
+    """
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise HeadscopeError(f"Threshold '{item}' must look like METRIC=VALUE, e.g. induction=0.5.")
+        ScanConfig._metric(name.strip())
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise HeadscopeError(f"Threshold '{item}': '{value}' is not a number.") from None
+    return out

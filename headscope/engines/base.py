@@ -1,0 +1,52 @@
+"""What an engine is: one way of turning a forward pass into per-row attention for the metrics.
+
+An engine gets a padded batch and a callback. It runs one forward pass and, for each wanted layer,
+calls ``on_rows(layer, rows, q_start)`` with that layer's attention as
+:class:`~headscope.metrics.rows.Rows`: a pattern tensor, a block of its query rows starting at
+``q_start``, or per-row statistics. Every engine gives the same scores (tested to 1e-5 against
+each other); they differ in cost and in what they can run on.
+
+Adding an engine is one file defining a subclass and ``ENGINE = MyEngine()``, plus one
+``register(...)`` line in :mod:`headscope.engines`. The registry's order is the order ``auto``
+tries them in; the CLI's ``--engine`` choices and the "use --engine X" hints come from it too.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch import Tensor
+
+    from headscope.metrics.base import Metric, PatternBatch
+    from headscope.metrics.rows import Rows
+    from headscope.models import Model
+
+#: ``on_rows(layer, rows, q_start)``: one layer's attention, or a block of its query rows.
+OnRows = Callable[[int, "Rows", int], None]
+
+
+class Engine(ABC):
+    """One way to read every head's attention during a forward pass."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]  # one line: how it works (``headscope engines``, --help)
+    #: Reads the pattern the model's own attention computes, whatever its softmax adds
+    #: (soft-capping, learned sinks, position biases). Engines that recompute ``softmax(q k^T)``
+    #: refuse such models and point to one that does.
+    reads_model_attention: ClassVar[bool] = False
+
+    def unavailable(self, model: Model, metrics: Sequence[Metric]) -> str | None:
+        """Why this engine cannot score ``metrics`` on ``model`` here, in a few words (None: it can)."""
+        return None
+
+    @abstractmethod
+    def run(self, model: Model, tokens: Tensor, mask: Tensor, batch: PatternBatch, on_rows: OnRows,
+            layers: Sequence[int] | None = None) -> None:
+        """One forward over ``tokens`` ``[batch, pos]`` (``mask`` True on real tokens); ``on_rows``
+        for every wanted layer (default: all). The forward may stop after the last wanted layer."""
+
+    def __repr__(self) -> str:
+        return f"<{self.name} engine>"

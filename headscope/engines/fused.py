@@ -1,0 +1,80 @@
+"""The fused engine: a C++ kernel computes each layer's output and its per-row statistics in one pass.
+
+It replaces the scanned layers' attention: per (batch, head, tile of queries) the kernel walks
+cache-sized tiles of ``q k^T`` with a running maximum, as flash attention does, and from the same
+tiles of exp-scores computes the output ``A v`` and what the metrics read from each query row:
+its entropy, its mass on each flagged key set (separator, punctuation) and its log-sum-exp (so any
+single entry is ``exp(q·k - lse)``). The pattern never exists in memory, and a scanned layer costs
+what its fused attention alone does. See :mod:`headscope.kernels` for the kernel itself.
+
+CPU only, boolean (or no) masks shared by all heads, and metrics that read patterns only through
+the selectors (``Metric.fused``). A call the kernel cannot take (an additive mask, a per-head
+mask from an intervention) is scored from exact pattern blocks instead, as the blocked engine does.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from headscope import kernels
+from headscope.attention import AttentionCall, StopForward
+from headscope.engines.base import Engine
+from headscope.engines.blocked import BlockHandler, refuse_unmodelled
+from headscope.metrics.base import PatternBatch, key_set_flags
+
+FLAG_SETS = ("separator", "punctuation")  # PatternBatch key sets whose mass the kernel sums
+
+
+def fused_flags(batch: PatternBatch, n_keys: int) -> dict[str, Tensor]:
+    """The key sets of ``batch`` for the kernel, exactly as :func:`key_set_mass` counts them."""
+    return {name: key_set_flags(batch, name, n_keys, batch.lengths.device)
+            for name in FLAG_SETS if getattr(batch, name) is not None}
+
+
+class FusedHandler(BlockHandler):
+    """Kernel output + statistics for the wanted layers; pattern blocks where the kernel cannot go."""
+
+    engine = "fused"
+
+    def __init__(self, on_rows, layers, flags: dict[str, Tensor]):
+        super().__init__(on_rows, layers)
+        self.flags = flags
+
+    def __call__(self, call: AttentionCall) -> Tensor:
+        if call.layer not in self.layers or not kernels.supports(call.query, call.mask):
+            return super().__call__(call)
+        refuse_unmodelled(call, self.engine)
+        if call.layer == self.last:  # nothing runs after it: statistics only, no output
+            stats = kernels.head_stats(call.query, call.key, call.mask, call.scale, call.causal, self.flags)
+            self.on_rows(call.layer, stats, 0)
+            raise StopForward
+        # the kernel's own output replaces sdpa's: one pass over the scores, not two
+        out, stats = kernels.attention(call.query, call.key, call.value, call.mask, call.scale, call.causal,
+                                       self.flags)
+        self.on_rows(call.layer, stats, 0)
+        return out.transpose(1, 2).contiguous()  # [batch, head, query, dim] -> [batch, query, head, dim]
+
+
+class FusedEngine(Engine):
+    name = "fused"
+    summary = "a C++ kernel replaces each layer's attention: output plus per-row statistics, one pass (CPU)"
+
+    def unavailable(self, model, metrics):
+        if not model.attention_interface:
+            return "its attention does not run through transformers' attention interface"
+        if model.device.type != "cpu":
+            return f"the kernel runs on the CPU only, not {model.device}"
+        need_pattern = [m.name for m in metrics if not m.fused]
+        if need_pattern:
+            return f"metric(s) {', '.join(need_pattern)} need the pattern itself (Metric.fused is False)"
+        if not kernels.available():
+            return kernels.unavailable_reason()
+        return None
+
+    def run(self, model, tokens, mask, batch, on_rows, layers=None) -> None:
+        layers = range(model.n_layers) if layers is None else layers
+        handler = FusedHandler(on_rows, layers, fused_flags(batch, tokens.shape[1]))
+        model.run(tokens, mask, handler=handler)
+
+
+ENGINE = FusedEngine()

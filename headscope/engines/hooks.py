@@ -1,0 +1,33 @@
+"""The hooks engine: every layer's full pattern from transformer-lens' ``hook_pattern``.
+
+The reference the other engines are tested against: the model runs through a transformer-lens
+``TransformerBridge`` (eager attention, so any softmax change the model makes is in the pattern),
+and each layer's ``[batch, head, query, key]`` pattern is handed to the metrics inside its hook and
+dropped before the next layer runs (:meth:`headscope.models.Model.run_patterns`). Costs an eager
+forward, a second copy of the model, and one layer's patterns in memory.
+"""
+
+from __future__ import annotations
+
+from headscope.engines.base import Engine
+from headscope.metrics.rows import DenseRows
+
+
+class HooksEngine(Engine):
+    name = "hooks"
+    summary = "transformer-lens hook_pattern: each layer's full pattern (eager attention), the reference"
+    reads_model_attention = True
+
+    def unavailable(self, model, metrics):
+        if model._bridge is None and model._make_bridge is None:
+            return "this model has no transformer-lens bridge"
+        return None
+
+    def run(self, model, tokens, mask, batch, on_rows, layers=None) -> None:
+        def on_pattern(layer, pattern):  # [batch, head, query, key]; bf16/fp16 are scored in fp32
+            on_rows(layer, DenseRows(pattern.float()), 0)
+
+        model.run_patterns(tokens, mask, on_pattern, layers)
+
+
+ENGINE = HooksEngine()

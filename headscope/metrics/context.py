@@ -1,0 +1,29 @@
+"""What a metric needs besides the attention itself: which positions are real and which are special."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jaxtyping import Bool, Int
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class PatternBatch:
+    """What a metric needs besides the pattern: which positions are real and which are special."""
+
+    lengths: Int[Tensor, " batch"]  # real (non-padding) tokens per sequence
+    causal: bool  # a causal model: query q sees keys k <= q
+    q_start: int = 0  # absolute position of the pattern's first query row
+    separator: Bool[Tensor, "batch key"] | None = None  # keys holding the separator token
+    punctuation: Bool[Tensor, "batch key"] | None = None  # keys holding a punctuation token
+    repeat_len: int | None = None  # L of the repeat probe: BOS + R + R, |R| = L
+
+    def to(self, device) -> PatternBatch:
+        """The same context with its tensors on ``device``."""
+        def mv(t):
+            return None if t is None else t.to(device)
+
+        return PatternBatch(lengths=self.lengths.to(device), causal=self.causal, q_start=self.q_start,
+                            separator=mv(self.separator), punctuation=mv(self.punctuation),
+                            repeat_len=self.repeat_len)

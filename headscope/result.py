@@ -1,0 +1,88 @@
+"""The result schema: what a scan returns and a run directory holds. A leaf: no headscope imports.
+
+Every module that reads or writes results (report, plots, rundir, compare, runner, cli) depends on
+this one, and this one depends on nothing above it (only :mod:`headscope.errors`), so the layers stay one-way::
+
+    result  <-  report  <-  plots  <-  rundir  <-  runner  <-  cli
+
+The primary table is long, one row per (metric, layer, head), with the columns :data:`COLUMNS`::
+
+    model, metric, probe, layer, head, head_name, score, chance, n, label
+
+>>> head_name(17, 4)
+'L17H4'
+>>> model_slug("HuggingFaceTB/SmolLM2-135M"), model_slug("/tmp/my model/"), model_slug("gpt2@step1000")
+('SmolLM2-135M', 'my-model', 'gpt2-step1000')
+>>> fmt(0.87961), fmt(float("nan"))
+('0.880', 'NaN')
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from headscope.errors import HeadscopeError
+
+#: Columns of ``scores.csv`` (and of ``ScanResult.scores``), in order.
+COLUMNS = ["model", "metric", "probe", "layer", "head", "head_name", "score", "chance", "n", "label"]
+#: How floats are written to ``scores.csv``: 8 significant digits round-trip every score we report.
+FLOAT_FORMAT = "%.8g"
+#: ``metadata.json`` key that marks a folder as a headscope run (see :mod:`headscope.rundir`).
+RUN_FORMAT = "headscope-run/1"
+
+
+@dataclass
+class Probe:
+    """A named list of token-id sequences, with the settings that made it (saved in ``tokens.jsonl``)."""
+
+    name: str  # "text" or "repeat"
+    sequences: list[list[int]]
+    repeat_len: int | None = None  # L of BOS + R + R
+    settings: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+
+@dataclass
+class ScanResult:
+    """A scan's tidy table plus everything needed to reproduce it."""
+
+    model_name: str
+    scores: pd.DataFrame  # long format: one row per (metric, layer, head), columns COLUMNS
+    probes: list[Probe]
+    metadata: dict = field(default_factory=dict)
+    thresholds: dict[str, float] = field(default_factory=dict)
+
+
+def head_name(layer: int, head: int) -> str:
+    """The ecosystem's name of a head: ``L{layer}H{head}``, both 0-based."""
+    return f"L{int(layer)}H{int(head)}"
+
+
+def model_slug(name: str) -> str:
+    """A file-name-safe short name of a model (a local folder's name, an ``org/name`` repo's name)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", Path(name).name or name).strip("-") or "model"
+
+
+def fmt(x: float | None, digits: int = 3) -> str:
+    """A score for text: ``digits`` decimals, ``NaN`` for a missing value."""
+    return "NaN" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def matrix(scores: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """The ``layer x head`` matrix of one metric (rows = layers, columns = heads).
+
+    >>> t = pd.DataFrame({"metric": ["sink"] * 2, "layer": [0, 0], "head": [0, 1], "score": [0.5, 1.0]})
+    >>> matrix(t, "sink").to_numpy().tolist()
+    [[0.5, 1.0]]
+    """
+    sub = scores[scores["metric"] == metric]
+    if sub.empty:
+        raise HeadscopeError(f"No rows for metric '{metric}'; this table has: {', '.join(scores['metric'].unique())}.")
+    return sub.pivot(index="layer", columns="head", values="score")

@@ -1,0 +1,321 @@
+"""Run directories: written atomically, read back, and never a folder headscope did not write.
+
+:func:`save_run` writes everything into a hidden temporary folder beside ``OUT`` (same file system)
+and renames it into place when complete; ``metadata.json`` is written last, complete (the list of
+files, the time taken to write them), so no file is ever rewritten after the rename.
+
+* ``OUT`` does not exist: the rename creates it. If another process published ``OUT`` in the
+  meantime (two scans to one ``--out``), exactly one wins; the other fails with one line and
+  leaves nothing.
+* ``OUT`` exists: refused without ``force``. With ``force`` it is replaced only if it is an empty
+  folder or a headscope run directory holding nothing that headscope did not write; anything else
+  (a thesis folder, a home directory) is refused with one line and left untouched.
+* Ctrl-C, ``SIGTERM`` (what Slurm, Kubernetes and Ray send) or any error while writing removes
+  the temporary folder and any parent folder made for ``OUT``: nothing is left behind. While a
+  run is written, ``SIGTERM`` is handled like Ctrl-C, and both are held back during the final
+  rename and the clean-up, so neither is ever half done (:func:`interruptible`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+
+from headscope.errors import HeadscopeError
+from headscope.result import COLUMNS, FLOAT_FORMAT, RUN_FORMAT, Probe, ScanResult
+
+#: What every run directory holds besides one ``<metric>.png`` per metric.
+RUN_FILES = ("scores.csv", "scores.parquet", "metadata.json", "tokens.jsonl", "summary.md", "summary.png")
+
+
+# ------------------------------------------------------------------------------ signals
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM, raised where the program was, so that every clean-up runs."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class _Signals:
+    """SIGINT/SIGTERM handlers of the main thread: raise :class:`Interrupted`, or hold it while held."""
+
+    def __init__(self) -> None:
+        self.depth = 0  # nested interruptible() blocks
+        self.holding = 0  # nested held() blocks
+        self.pending: int | None = None
+        self.saved: dict[int, object] = {}
+
+    def handle(self, signum, frame) -> None:
+        if self.holding:
+            self.pending = signum  # delivered when the critical section ends
+            return
+        raise Interrupted(signum)
+
+
+_SIGNALS = _Signals()
+_CAUGHT = (signal.SIGINT, signal.SIGTERM)
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """While active, Ctrl-C and SIGTERM raise :class:`Interrupted` (a ``KeyboardInterrupt``) in the
+    main thread, so ``finally`` blocks and :func:`held` sections behave the same for both.
+    Outside the main thread (where handlers cannot be set) it does nothing."""
+    if not _main_thread():
+        yield
+        return
+    if _SIGNALS.depth == 0:
+        _SIGNALS.saved = {s: signal.signal(s, _SIGNALS.handle) for s in _CAUGHT}
+    _SIGNALS.depth += 1
+    try:
+        yield
+    finally:
+        _SIGNALS.depth -= 1
+        if _SIGNALS.depth == 0:
+            for s, old in _SIGNALS.saved.items():
+                signal.signal(s, old)
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """A critical section: a Ctrl-C or SIGTERM arriving inside it is raised when it ends."""
+    if not _main_thread() or _SIGNALS.depth == 0:
+        yield
+        return
+    _SIGNALS.holding += 1
+    try:
+        yield
+    finally:
+        _SIGNALS.holding -= 1
+        if _SIGNALS.holding == 0 and _SIGNALS.pending is not None:
+            signum, _SIGNALS.pending = _SIGNALS.pending, None
+            raise Interrupted(signum)
+
+
+# ------------------------------------------------------------------------------ what a run is
+
+
+def read_metadata(path: Path) -> dict | None:
+    """``metadata.json`` of a folder as a dict, or None when it is missing or not JSON."""
+    try:
+        meta = json.loads((Path(path) / "metadata.json").read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def is_run_dir(path: str | Path) -> bool:
+    """Whether ``path`` is a headscope run directory: ``scores.csv`` plus a headscope ``metadata.json``
+    (runs written before the ``run_format`` key are known by their recorded headscope version)."""
+    path = Path(path)
+    meta = read_metadata(path)
+    if meta is None or not (path / "scores.csv").is_file():
+        return False
+    versions = meta.get("versions")
+    return meta.get("run_format") == RUN_FORMAT or (isinstance(versions, dict) and "headscope" in versions)
+
+
+def foreign_entries(path: str | Path) -> list[str]:
+    """Entries of a run directory that headscope did not write (sorted; [] for a clean run)."""
+    path = Path(path)
+    meta = read_metadata(path) or {}
+    ours = set(RUN_FILES) | set(meta.get("files") or [])
+    try:
+        metrics = pd.read_csv(path / "scores.csv", usecols=["metric"])["metric"].astype(str).unique()
+        ours |= {f"{m}.png" for m in metrics}  # heatmaps, also as `headscope plot` rewrites them
+    except (OSError, ValueError, KeyError, pd.errors.ParserError):
+        pass
+    return sorted(e.name for e in path.iterdir() if e.name not in ours or not e.is_file() or e.is_symlink())
+
+
+def check_out_dir(out: str | Path, force: bool) -> Path:
+    """Refuse an ``out`` that may not be written, before any work is done (one line, nothing touched).
+
+    Without ``force`` ``out`` must not exist; with it, it may also be an empty folder or a headscope
+    run directory holding only what headscope wrote.
+    """
+    out = Path(out)
+    if not (out.exists() or out.is_symlink()):
+        if out.parent.exists() and not out.parent.is_dir():
+            raise HeadscopeError(f"'{out.parent}' is not a directory; choose another --out.")
+        return out
+    if not force:
+        raise HeadscopeError(f"Output directory '{out}' already exists; pass --force to replace it (a headscope "
+                             "run only) or choose another --out.")
+    if out.is_symlink() or not out.is_dir():
+        what = "a symbolic link" if out.is_symlink() else "not a directory"
+        raise HeadscopeError(f"'{out}' exists and is {what}; --force replaces only a headscope run directory, "
+                             "choose another --out.")
+    entries = sorted(e.name for e in out.iterdir())
+    if not entries:
+        return out
+    if not is_run_dir(out):
+        more = f" and {len(entries) - 1} more" if len(entries) > 1 else ""
+        raise HeadscopeError(f"'{out}' is not a headscope run directory (it holds {entries[0]}{more}); --force "
+                             "replaces only a run directory or an empty folder, so choose another --out.")
+    foreign = foreign_entries(out)
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise HeadscopeError(f"'{out}' is a headscope run but also holds {foreign[0]}{more}, which headscope did "
+                             "not write; move it out first or choose another --out.")
+    return out
+
+
+# ------------------------------------------------------------------------------ saving
+
+
+def save_run(result: ScanResult, out: str | Path, force: bool = False, figures: bool = True,
+             started: float | None = None) -> Path:
+    """Write the run directory ``out`` atomically (see the module docstring for every rule).
+
+    ``started`` (a ``time.perf_counter()`` value) lets ``metadata.json`` record the total time of
+    the run; the time spent writing is always recorded. ``result.metadata`` is updated to what
+    was saved.
+    """
+    out = check_out_dir(out, force)
+    t0 = time.perf_counter()
+    tmp: Path | None = None
+    made: list[Path] = []
+    with interruptible():
+        try:
+            with held():
+                made = _make_parents(out.absolute().parent)
+                tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.absolute().parent))
+            _write(result, tmp, figures)
+            timings = dict(result.metadata.get("timings", {}), write_s=round(time.perf_counter() - t0, 3))
+            if started is not None:
+                timings["total_s"] = round(time.perf_counter() - started, 3)
+            files = sorted([p.name for p in tmp.iterdir()] + ["metadata.json"])
+            meta = result.metadata | {"run_format": RUN_FORMAT, "thresholds": result.thresholds,
+                                      "timings": timings, "files": files}
+            (tmp / "metadata.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+            os.chmod(tmp, 0o755)  # mkdtemp makes it private; a run directory is an ordinary folder
+            with held():
+                _publish(tmp, out, force)
+                tmp = None
+            result.metadata = meta
+        except BaseException:
+            with held():
+                if tmp is not None:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                for folder in reversed(made):
+                    with contextlib.suppress(OSError):
+                        folder.rmdir()  # only if still empty
+            raise
+    return out
+
+
+def _make_parents(parent: Path) -> list[Path]:
+    """Create ``parent`` and its missing ancestors; return those created, outermost first."""
+    missing = []
+    p = parent
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    made = []
+    for folder in reversed(missing):
+        try:
+            folder.mkdir()
+            made.append(folder)
+        except FileExistsError:
+            pass
+    return made
+
+
+def _write(result: ScanResult, tmp: Path, figures: bool) -> None:
+    """Every file of the run but ``metadata.json``."""
+    from headscope.report import summary_markdown
+
+    result.scores.to_csv(tmp / "scores.csv", index=False, float_format=FLOAT_FORMAT, na_rep="NaN")
+    try:
+        import pyarrow  # noqa: F401
+
+        result.scores.to_parquet(tmp / "scores.parquet", index=False)
+    except ImportError:
+        pass
+    with open(tmp / "tokens.jsonl", "w") as f:
+        for probe in result.probes:
+            for i, ids in enumerate(probe.sequences):
+                rec = {"probe": probe.name, "index": i, "token_ids": [int(t) for t in ids]}
+                if probe.repeat_len is not None:
+                    rec["repeat_len"] = probe.repeat_len
+                f.write(json.dumps(rec) + "\n")
+    (tmp / "summary.md").write_text(summary_markdown(result))
+    if figures:
+        from headscope.plots import save_figures
+
+        save_figures(result.scores, tmp, n_sequences={p.name: len(p) for p in result.probes})
+
+
+def _publish(tmp: Path, out: Path, force: bool) -> None:
+    """Rename the finished ``tmp`` to ``out`` (signals held by the caller)."""
+    if force and (out.exists() or out.is_symlink()):
+        check_out_dir(out, force=True)  # it may have changed while the scan ran
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.absolute().parent))
+        os.replace(out, old / "run")
+        try:
+            os.replace(tmp, out)
+        except OSError:
+            os.replace(old / "run", out)  # put the old run back
+            old.rmdir()
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    try:
+        out.mkdir()  # the claim: atomic, so of two writers exactly one gets here
+    except FileExistsError:
+        raise HeadscopeError(f"Output directory '{out}' appeared while this scan ran (another scan to the same "
+                             "--out?); nothing was written. Choose another --out, or pass --force.") from None
+    try:
+        os.replace(tmp, out)  # replaces the empty folder just made
+    except OSError:
+        with contextlib.suppress(OSError):
+            out.rmdir()
+        raise HeadscopeError(f"Output directory '{out}' was written by another process while this scan ran; "
+                             "nothing was written.") from None
+
+
+# ------------------------------------------------------------------------------ loading
+
+
+def load_run(path: str | Path) -> ScanResult:
+    """Read a run directory back: a :class:`~headscope.result.ScanResult` without the model."""
+    path = Path(path)
+    if not (path / "scores.csv").is_file():
+        raise HeadscopeError(f"'{path}' is not a headscope run directory (no scores.csv).")
+    try:
+        na = {"score": ["NaN", "nan", ""], "chance": ["NaN", "nan", ""]}
+        scores = pd.read_csv(path / "scores.csv", keep_default_na=False, na_values=na, dtype={"label": str})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise HeadscopeError(f"'{path / 'scores.csv'}' cannot be read as a scores table ({exc}).") from None
+    missing = [c for c in COLUMNS if c not in scores.columns]
+    if missing:
+        raise HeadscopeError(f"'{path / 'scores.csv'}' lacks column(s) {', '.join(missing)}; is it from `headscope scan`?")
+    scores["label"] = scores["label"].fillna("")
+    meta = read_metadata(path) or {}
+    probes: dict[str, Probe] = {}
+    if (path / "tokens.jsonl").is_file():
+        for line in (path / "tokens.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            p = probes.setdefault(rec["probe"], Probe(rec["probe"], [], repeat_len=rec.get("repeat_len")))
+            p.sequences.append(rec["token_ids"])
+    model_name = str(scores["model"].iloc[0]) if len(scores) else meta.get("model", "?")
+    return ScanResult(model_name=model_name, scores=scores, probes=list(probes.values()),
+                      metadata=meta, thresholds=meta.get("thresholds", {}))

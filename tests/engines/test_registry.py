@@ -1,0 +1,92 @@
+"""The engine registry: auto's order, one-line refusals with the engine that can, and a fourth engine
+added as one class plus one register line (here, an eager engine written in the test)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import headscope
+from headscope import engines, kernels
+from headscope.attention import StopForward
+from headscope.engines import Engine, engine_names, get_engine, register, resolve_engine
+from headscope.extract import score_probe
+from headscope.metrics import REGISTRY, Metric
+from headscope.metrics.base import pool, query_range
+from headscope.metrics.rows import DenseRows
+
+OWN = Metric(name="own", probe="text", definition="A[q, 0] read from the pattern itself", label="l",
+             threshold=0.5, fn=lambda p, b: pool(p[..., 0], query_range(p, b, 1, b.lengths - 1)))
+
+
+def test_builtin_order_and_lazy_import():
+    assert engine_names() == ["fused", "blocked", "hooks"]
+    assert get_engine("blocked").name == "blocked" and get_engine("hooks").reads_model_attention
+
+
+def test_auto_takes_the_first_engine_that_can_run(tiny_gpt2, monkeypatch):
+    metrics = list(REGISTRY.values())
+    assert resolve_engine(tiny_gpt2, "auto", metrics).name == "fused"
+    assert resolve_engine(tiny_gpt2, "auto", metrics + [OWN]).name == "blocked"  # OWN needs the pattern
+    monkeypatch.setattr(kernels, "_module", None)
+    monkeypatch.setattr(kernels, "_reason", "no compiler")
+    assert resolve_engine(tiny_gpt2, "auto", metrics).name == "blocked"
+
+
+def test_a_named_engine_that_cannot_run_says_why_and_names_one_that_can(tiny_gpt2, monkeypatch):
+    with pytest.raises(headscope.HeadscopeError,
+                       match=r"^The fused engine cannot run here: metric\(s\) own need the pattern itself .*; "
+                             r"use --engine blocked\.$"):
+        resolve_engine(tiny_gpt2, "fused", [OWN])
+    monkeypatch.setattr(tiny_gpt2, "attention_interface", False)
+    with pytest.raises(headscope.HeadscopeError, match="attention interface; use --engine hooks"):
+        resolve_engine(tiny_gpt2, "blocked", list(REGISTRY.values()))
+    assert resolve_engine(tiny_gpt2, "auto", list(REGISTRY.values())).name == "hooks"
+
+
+def test_unknown_and_duplicate_names():
+    with pytest.raises(headscope.HeadscopeError, match="Unknown engine 'fsued'. Did you mean: fused"):
+        get_engine("fsued")
+    with pytest.raises(ValueError, match="already registered"):
+        register("hooks", "headscope.engines.hooks")
+    with pytest.raises(ValueError, match="already registered"):
+        register("auto", "headscope.engines.hooks")
+
+
+class EagerEngine(Engine):
+    """A fourth engine, the whole of it: eager softmax of each call's q and k through the seam."""
+
+    name = "eager-test"
+    summary = "eager softmax(q k^T) from the attention seam (a test engine)"
+
+    def unavailable(self, model, metrics):
+        return None if model.attention_interface else "no attention interface"
+
+    def run(self, model, tokens, mask, batch, on_rows, layers=None):
+        last = model.n_layers - 1
+
+        def handler(call):
+            g = call.group
+            s = call.query.float() @ call.key.float().repeat_interleave(g, 1).transpose(-1, -2) * call.scale
+            s = s.masked_fill(~call.full_mask(), float("-inf"))  # [b, h, q, k]
+            on_rows(call.layer, DenseRows(torch.nan_to_num(s.softmax(-1))), 0)
+            if call.layer == last:
+                raise StopForward
+            return call.output()
+
+        model.run(tokens, mask, handler=handler)
+
+
+def test_a_fourth_engine_is_one_class_and_one_register_line(tiny_gpt2, monkeypatch):
+    monkeypatch.setattr(engines, "_REGISTRY", dict(engines._REGISTRY))  # undone after the test
+    register("eager-test", EagerEngine())
+    assert engine_names()[-1] == "eager-test"
+    metrics = list(REGISTRY.values())
+    for probe in headscope.default_probes(tiny_gpt2, n_prompts=3, repeat_len=6):
+        got = score_probe(tiny_gpt2, probe, metrics, batch_size=2, engine="eager-test")
+        want = score_probe(tiny_gpt2, probe, metrics, batch_size=2, engine="hooks")
+        for name in want:
+            torch.testing.assert_close(got[name].score, want[name].score, atol=1e-5, rtol=0, equal_nan=True)
+    result = headscope.scan(tiny_gpt2, headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4),
+                            engine="eager-test")
+    assert result.metadata["engine"] == "eager-test"
