@@ -38,7 +38,8 @@ class _Group(click.Group):
             _fail(str(exc))
         except KeyboardInterrupt as exc:
             signum = getattr(exc, "signum", 2)
-            _fail(f"interrupted ({'SIGTERM' if signum == 15 else 'Ctrl-C'}); nothing was written.", 128 + signum)
+            _fail(f"interrupted ({'SIGTERM' if signum == 15 else 'Ctrl-C'}); no partial output is left behind.",
+                  128 + signum)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -199,9 +199,8 @@ class Model:
         mask = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask
         kwargs = {"input_ids": tokens.to(self.device), "attention_mask": mask.to(self.device).long(),
                   "use_cache": False}
-        self.hf.eval()
-        with (torch.inference_mode(), self._our_attention(), attention.intercept(handler, interventions),
-              contextlib.suppress(StopForward)):
+        with (torch.inference_mode(), _eval_mode(self.hf), self._our_attention(),
+              attention.intercept(handler, interventions), contextlib.suppress(StopForward)):
             if output == "hidden":
                 return self.hf.base_model(**kwargs).last_hidden_state
             out = self.hf(**kwargs)
@@ -269,9 +268,8 @@ class Model:
     def _run_bridge(self, tokens: Tensor, mask: Tensor | None, hooks: list) -> None:
         """The bridge's forward with ``hooks`` (name, fn) scoped to it; StopForward ends it early."""
         bridge = self.bridge
-        bridge.eval()
         kwargs = {} if mask is None else {"attention_mask": mask.to(self.device).long()}
-        with torch.inference_mode(), contextlib.suppress(StopForward):
+        with torch.inference_mode(), _eval_mode(bridge), contextlib.suppress(StopForward):
             bridge.run_with_hooks(tokens.to(self.device), fwd_hooks=hooks, return_type=None, **kwargs)
 
     def _check_layers(self, layers: Sequence[int] | None) -> list[int]:
@@ -363,6 +361,17 @@ class Model:
                 rms=bool(getattr(cfg, "uses_rms_norm", False)) or getattr(cfg, "normalization_type", "") == "RMS",
                 eps=float(getattr(cfg, "eps", 1e-5)),
             )
+
+
+@contextlib.contextmanager
+def _eval_mode(module) -> Iterator[None]:
+    """Dropout off for one forward; a model handed over in training mode is left in training mode."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was_training)
 
 
 # ---------------------------------------------------------------------------- the attention function

@@ -7,6 +7,13 @@
 * :mod:`headscope.analysis.copying`: how much a head's OV circuit raises the logit of the token it
   attends to (on real inputs, and Olsson et al.'s weights-only eigenvalue score).
 * :mod:`headscope.analysis.sinks`: sink rate (Gu et al. 2024) and probes without their first token.
+* :mod:`headscope.analysis.attention_math`: the seed article's attention by hand (its example, the
+  causal mask, grouped-query ``repeat_kv``, the missing sense of order).
+* :mod:`headscope.analysis.score_scale`: why scores are divided by sqrt(d_k), as seeded simulations.
+* :mod:`headscope.analysis.model_checks`: from-scratch attention against a real model (every layer's
+  pattern and head outputs, the KV-cache property, shuffled tokens).
+* :mod:`headscope.analysis.cost`: the score grid's size and FLOPs beside measured scan time (the
+  timer and quadratic fit are :mod:`headscope.timing`, shared with ``benchmarks/``).
 
 Import the submodules directly (``from headscope.analysis import copying``); nothing is imported
 here, so a missing or broken submodule never breaks the others.

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
-from matplotlib.figure import Figure
 
 import headscope
 from headscope.analysis.induction import (
@@ -39,8 +39,20 @@ def test_offset_weights_read_the_stripe():
     assert table[["duplicate", "previous", "first"]].to_numpy().sum() == 0
 
 
-def test_stripe_figure_is_a_figure():
-    assert isinstance(stripe_figure(_perfect_induction_pattern(5), 5, "synthetic"), Figure)
+def test_stripe_figure_draws_the_pattern_and_the_offsets():
+    A = _perfect_induction_pattern(5)
+    fig = stripe_figure(A, 5, "synthetic")
+    ax, ax2, _colour_bar = fig.axes
+    np.testing.assert_array_equal(ax.images[0].get_array(), A)
+    assert ax.get_title() == "synthetic\nstripe at key = query - 4"
+    rows, cols = ax.lines[0::2], ax.lines[1::2]  # dotted lines around each copy of R, across and down
+    assert [line.get_ydata()[0] for line in rows] == [0.5, 5.5]
+    assert [line.get_xdata()[0] for line in cols] == [0.5, 5.5]
+    lines = {t.get_text(): line for t, line in zip(ax2.get_legend().get_texts(), ax2.lines, strict=True)}
+    assert list(lines) == ["induction", "duplicate", "previous", "first"]
+    np.testing.assert_array_equal(lines["induction"].get_xdata(), [6, 7, 8, 9, 10])
+    np.testing.assert_array_equal(lines["induction"].get_ydata(), [1] * 5)
+    assert all((lines[k].get_ydata() == 0).all() for k in ("duplicate", "previous", "first"))
 
 
 def test_repeat_loss_summary_leaves_out_the_first_token_of_each_copy():
@@ -50,13 +62,32 @@ def test_repeat_loss_summary_leaves_out_the_first_token_of_each_copy():
     assert repeat_loss_summary(losses, L) == {"first_copy": 5.0, "second_copy": 1.0, "difference": -4.0}
 
 
-def test_loss_and_sweep_figures():
-    assert isinstance(loss_figure(torch.rand(3, 8), 4, "t"), Figure)
-    import pandas as pd
+def test_loss_figure_draws_the_mean_loss_per_position():
+    losses = torch.tensor([[9.0, 9, 9, 9, 1, 1, 1, 1], [7, 7, 7, 7, 3, 3, 3, 3], [8, 8, 8, 8, 2, 2, 2, 2]])
+    fig = loss_figure(losses, 4, "t")
+    (ax,) = fig.axes
+    mean, split = ax.lines
+    np.testing.assert_array_equal(mean.get_xdata(), np.arange(1, 9))
+    np.testing.assert_allclose(mean.get_ydata(), [8, 8, 8, 8, 2, 2, 2, 2])
+    np.testing.assert_array_equal(split.get_xdata(), [4.5, 4.5])  # between the two copies of R
+    assert [t.get_text() for t in ax.texts] == ["first copy of R", "second copy of R"]
+    assert [t.get_position() for t in ax.texts] == [(2.0, 8.0), (6.0, 8.0)]
+    assert ax.get_title() == "t" and ax.get_ylim()[0] == 0
 
-    sweep = pd.DataFrame({"model": "m", "metric": "induction", "head_name": ["L0H0", "L0H0"], "repeat_len": [4, 8],
-                          "score": [0.2, 0.5], "chance": [0.3, 0.2]})
-    assert isinstance(sweep_figure(sweep, ["L0H0"]), Figure)
+
+def test_sweep_figure_draws_each_head_and_chance():
+    sweep = pd.DataFrame({"model": "m", "metric": "induction", "head_name": ["L0H0", "L0H0", "L1H2", "L1H2"],
+                          "repeat_len": [8, 4, 4, 8], "score": [0.5, 0.2, 0.9, 0.8], "chance": [0.2, 0.3, 0.3, 0.2]})
+    fig = sweep_figure(sweep, ["L0H0", "L1H2"])
+    (ax,) = fig.axes
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["L0H0", "L1H2", "chance"]
+    head, other, chance = ax.lines
+    np.testing.assert_array_equal(head.get_xdata(), [4, 8])  # sorted by repeat length
+    np.testing.assert_array_equal(head.get_ydata(), [0.2, 0.5])
+    np.testing.assert_array_equal(other.get_ydata(), [0.9, 0.8])
+    np.testing.assert_array_equal(chance.get_ydata(), [0.3, 0.2])
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["4", "8"]
+    assert ax.get_title() == "m: induction score against L"
 
 
 def test_token_losses_match_a_plain_cross_entropy(tiny_gpt2):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
-from matplotlib.figure import Figure
 
 from headscope.analysis.profiles import labelled_heads, layer_curves, layer_means, side_by_side
 from headscope.errors import HeadscopeError
@@ -41,8 +41,18 @@ def test_layer_means_name_the_missing_metric():
 def test_layer_curves_one_panel_per_run():
     table = pd.concat([layer_means(_scores("a")), layer_means(_scores("b", n_layers=5))])
     fig = layer_curves(table)
-    assert isinstance(fig, Figure)
-    assert len([ax for ax in fig.axes if ax.get_title()]) == 2
+    assert [ax.get_title() for ax in fig.axes] == ["a", "b"]
+    assert fig.get_suptitle().startswith("mean attention per layer")
+    a, b = fig.axes
+    assert len(a.lines) == 6  # per metric: the mean, then its chance value dashed
+    sink, sink_chance = a.lines[:2]
+    np.testing.assert_array_equal(sink.get_xdata(), [0, 1, 2])
+    np.testing.assert_allclose(sink.get_ydata(), [0.505, 0.605, 0.705])
+    np.testing.assert_allclose(sink_chance.get_ydata(), [0.05] * 3)
+    assert sink_chance.get_linestyle() == "--" and sink_chance.get_color() == sink.get_color()
+    np.testing.assert_allclose(a.lines[2].get_ydata(), [0.105, 0.205, 0.305])  # separator
+    np.testing.assert_array_equal(b.lines[0].get_xdata(), [0, 1, 2, 3, 4])
+    assert [t.get_text() for t in a.get_legend().get_texts()] == ["sink", "separator", "punctuation"]
     with pytest.raises(HeadscopeError, match="no column"):
         layer_curves(table, panels="nope")
 
@@ -55,14 +65,25 @@ def test_labelled_heads_strongest_first():
     assert labelled_heads(_scores(), max_names=2).set_index("metric").loc["sink", "names"] == "L2H1, L2H0, ... (2 more)"
 
 
+def _grid(n_layers, n_heads, base):
+    """The score layout of ``_scores``: layer down, head across."""
+    return base + 0.1 * np.arange(n_layers)[:, None] + 0.01 * np.arange(n_heads)[None, :]
+
+
 def test_side_by_side_draws_each_run():
     fig = side_by_side({"a": _scores("a"), "b": _scores("b", n_layers=6, n_heads=4)}, "sink")
-    assert isinstance(fig, Figure)
-    assert sum(1 for ax in fig.axes if ax.get_title().startswith(("a", "b"))) == 2
+    a, b, _colour_bar = fig.axes
+    assert (a.get_title(), b.get_title()) == ("a (n = 40 queries)", "b (n = 40 queries)")
+    assert fig.get_suptitle() == "sink"
+    np.testing.assert_allclose(a.images[0].get_array(), _grid(3, 2, 0.5))
+    np.testing.assert_allclose(b.images[0].get_array(), _grid(6, 4, 0.5))
 
 
 def test_side_by_side_one_metric_per_panel():
     scores = _scores()
     fig = side_by_side({"first": scores, "then": scores}, {"first": "sink", "then": "separator"})
-    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
-    assert titles[0].startswith("first: sink") and titles[1].startswith("then: separator")
+    first, then, _colour_bar = fig.axes
+    assert first.get_title().startswith("first: sink") and then.get_title().startswith("then: separator")
+    assert fig.get_suptitle() == "sink, separator"
+    np.testing.assert_allclose(first.images[0].get_array(), _grid(3, 2, 0.5))
+    np.testing.assert_allclose(then.images[0].get_array(), _grid(3, 2, 0.1))

@@ -1,0 +1,170 @@
+"""What attention costs as the context grows: the article's arithmetic beside measured time.
+
+``n`` tokens make ``n^2`` scores per head and layer, so the score grid is what limits long
+contexts, while at short ones the weights (``2 n_params`` FLOPs per token) dominate. The article
+argues this with a table for Llama 3.1 8B; this module recomputes that table for any shape
+(:func:`cost_table`, :func:`format_bytes`) and measures the real thing on a loaded model
+(:func:`time_scan`, :func:`time_one_layer`), so a notebook can say how large the quadratic part is
+in practice. Times come from :func:`headscope.timing.best_time` and are split into
+``a + b n + c n^2`` by :func:`headscope.timing.fit_quadratic`, the same timer and fit the
+benchmarks use; :func:`with_fit` and :func:`timing_figure` show the fit next to the measurements.
+Figures are ``matplotlib.figure.Figure`` objects, never pyplot state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from matplotlib.figure import Figure
+
+from headscope.timing import best_time
+
+# ---------------------------------------------------------------------------- counted
+
+
+def format_bytes(n: float) -> str:
+    """Decimal units, as the article writes them.
+
+    >>> format_bytes(2 * 131072**2), format_bytes(2 * 4096**2)
+    ('34.4 GB', '33.6 MB')
+    """
+    for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
+        if abs(n) < 1000 or unit == "PB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def cost_table(
+    lengths: Sequence[int],
+    d_head: int,
+    n_layers: int = 1,
+    n_heads: int = 1,
+    n_params: float | None = None,
+    bytes_per_score: int = 2,
+    causal_half: bool = True,
+) -> pd.DataFrame:
+    """The article's cost arithmetic at each context length ``n``.
+
+    Per head per layer: ``scores = n^2``, ``grid_bytes = n^2 * bytes_per_score``, and
+    ``flops_per_head_layer = 4 n^2 d_head`` (``Q K^T`` and ``weights @ V``, 2 FLOPs per
+    multiply-add each). For the whole model: ``attn_flops`` = that times ``n_layers * n_heads``
+    (halved when ``causal_half``: the mask skips about half the pairs); ``weight_flops = 2 n_params n``;
+    and per generated token with a KV cache, ``attn_flops_per_token = 4 n d_head n_layers n_heads``
+    against ``2 n_params``.
+
+    >>> t = cost_table([131072], d_head=128, n_layers=32, n_heads=32, n_params=8e9)
+    >>> print(f'{t.loc[0, "scores"]:.3g} scores, attention/weights = {t.loc[0, "attn_to_weights"]:.2f}')
+    1.72e+10 scores, attention/weights = 2.15
+    """
+    n = np.asarray(lengths, dtype=np.float64)  # [length]
+    grids = n_layers * n_heads
+    t = pd.DataFrame({"n": np.asarray(lengths, dtype=np.int64)})
+    t["scores"] = n**2
+    t["grid_bytes"] = n**2 * bytes_per_score
+    t["grid_size"] = [format_bytes(b) for b in t["grid_bytes"]]
+    t["flops_per_head_layer"] = 4 * n**2 * d_head
+    t["model_scores"] = n**2 * grids
+    t["attn_flops"] = 4 * n**2 * d_head * grids * (0.5 if causal_half else 1.0)
+    t["attn_flops_per_token"] = 4 * n * d_head * grids
+    if n_params is not None:
+        t["weight_flops"] = 2 * n_params * n
+        t["attn_to_weights"] = t["attn_flops"] / t["weight_flops"]
+        t["weight_flops_per_token"] = 2 * n_params
+    return t
+
+
+# ---------------------------------------------------------------------------- measured
+
+
+def time_scan(
+    model, repeat_lens: Sequence[int], seed: int = 0, repeats: int = 1, budget_s: float = math.inf
+) -> pd.DataFrame:
+    """Wall time of ``headscope.scan`` with one repeat-probe sequence of each length.
+
+    Each sequence is ``BOS + R + R`` (``n = 2L + 1`` tokens for a decoder); the time is the
+    :func:`~headscope.timing.best_time` of up to ``repeats`` runs (fewer once a length has used
+    ``budget_s`` seconds: short lengths get every repeat, long ones may get one), after one untimed
+    warm-up scan at the shortest length. ``engine`` is what the scan reported using (when it
+    reports one).
+    """
+    import headscope
+
+    meta: dict = {}
+
+    def run(probe):
+        meta.update(headscope.scan(model, [probe]).metadata)
+
+    def probe_of(length):
+        return headscope.repeat_probe(model, length, n_sequences=1, seed=seed)
+
+    run(probe_of(min(repeat_lens)))  # warm-up: first-call allocations, lazy loading
+    rows = []
+    for length in repeat_lens:
+        probe = probe_of(length)
+        seconds = best_time(lambda probe=probe: run(probe), repeats, budget_s)
+        rows.append({"repeat_len": length, "n": len(probe.sequences[0]), "seconds": seconds,
+                     "engine": meta.get("engine")})
+    return pd.DataFrame(rows)
+
+
+def time_one_layer(model, lengths: Sequence[int], layer: int = 0, seed: int = 0, repeats: int = 3) -> pd.DataFrame:
+    """Wall time of a forward that stops at ``layer``'s pattern (``model.run_patterns``), per length.
+
+    Tokens are seeded random ordinary ids; the time is the :func:`~headscope.timing.best_time` of
+    ``repeats`` runs after one warm-up.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    vocab = model.ordinary_vocab()  # [vocab]
+
+    def run(n):
+        ids = vocab[torch.randint(len(vocab), (1, n), generator=gen)]  # [1, n]
+        model.run_patterns(ids, torch.ones_like(ids, dtype=torch.bool), lambda _layer, _p: None, layers=[layer])
+
+    run(min(lengths))  # warm-up
+    return pd.DataFrame([{"n": n, "seconds": best_time(lambda n=n: run(n), repeats)} for n in lengths])
+
+
+# ---------------------------------------------------------------------------- the fit, shown
+
+
+def with_fit(table: pd.DataFrame, fit: dict[str, float]) -> pd.DataFrame:
+    """``table`` (columns ``n``, ``seconds``) plus the fit's prediction and the quadratic term's share.
+
+    ``fit`` is :func:`headscope.timing.fit_quadratic`'s ``{a, b, c}``.
+
+    >>> t = with_fit(pd.DataFrame({"n": [10, 100], "seconds": [1.1, 2.0]}), {"a": 1.0, "b": 0.0, "c": 1e-4})
+    >>> t["fit_seconds"].round(4).tolist(), t["quadratic_share"].round(3).tolist()
+    ([1.01, 2.0], [0.01, 0.5])
+    """
+    t = table.copy()
+    n = t["n"].astype(float)
+    t["fit_seconds"] = fit["a"] + fit["b"] * n + fit["c"] * n**2
+    t["quadratic_seconds"] = fit["c"] * n**2
+    t["quadratic_share"] = t["quadratic_seconds"] / t["fit_seconds"]
+    return t
+
+
+def timing_figure(panels: Sequence[tuple[str, pd.DataFrame, dict[str, float]]], title: str) -> Figure:
+    """One panel per ``(label, table, fit)``: measured seconds vs ``n``, the fit, and its ``c n^2``."""
+    fig = Figure(figsize=(5.2 * len(panels), 4.0), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (label, table, fit) in zip(axes, panels, strict=True):
+        n = table["n"].to_numpy(dtype=float)  # [length]
+        grid = np.linspace(0, n.max() * 1.05, 200)  # [200]: where the fitted curves are drawn
+        ax.plot(n, table["seconds"], "o", color="C0", label="measured")
+        ax.plot(grid, fit["a"] + fit["b"] * grid + fit["c"] * grid**2, "-", color="C0",
+                label=f"fit a + bn + cn²\nc = {fit['c']:.2e} s/token²")
+        ax.plot(grid, fit["c"] * grid**2, "--", color="C3", label="quadratic term cn²")
+        ax.plot(grid, fit["a"] + fit["b"] * grid, ":", color="C2", label="a + bn")
+        ax.set_xlabel("context length n (tokens)")
+        ax.set_ylabel("seconds")
+        ax.set_title(label, fontsize=10)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=11)
+    return fig
