@@ -1,5 +1,5 @@
-"""Streaming extraction on tiny random models: exact against a full pattern cache, padding-safe,
-no hook or cached pattern left behind."""
+"""Streaming extraction on tiny random models: exact against full patterns one sequence at a time,
+padding-safe, and shards of a probe that pool to the whole."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import headscope
-from headscope.extract import pad_batch, pattern_batch, score_probe
+from headscope.extract import auto_batch_size, pad_batch, pattern_batch, score_probe
 from headscope.metrics import REGISTRY
-from headscope.probes import Probe
+from headscope.result import Probe
 
 
 def full_patterns(model, ids: list[int]) -> list[torch.Tensor]:
@@ -58,45 +58,6 @@ def test_text_probe_has_varied_lengths_so_padding_is_exercised(tiny_gpt2):
     assert len({len(s) for s in probe.sequences}) > 1
 
 
-def test_no_hook_and_no_cached_pattern_left_behind(tiny_gpt2):
-    bridge = tiny_gpt2.bridge
-
-    def n_hooks():
-        return sum(len(hp._forward_hooks) for hp in bridge.hook_dict.values())
-
-    before = n_hooks()
-    probe = headscope.default_probes(tiny_gpt2, n_prompts=3)[0]
-    score_probe(tiny_gpt2, probe, list(REGISTRY.values()), batch_size=2)
-    assert n_hooks() == before
-    for blk in bridge.blocks:
-        assert getattr(blk.attn, "_pattern", None) is None
-
-    # a failing callback must not leave hooks either
-    def boom(layer, p):
-        raise RuntimeError("boom")
-
-    with pytest.raises(RuntimeError):
-        tiny_gpt2.run_patterns(torch.tensor([[0, 5, 6]]), torch.ones(1, 3, dtype=torch.bool), boom)
-    assert n_hooks() == before
-
-
-def test_forward_stops_after_last_wanted_layer(tiny_gpt2):
-    seen = []
-    tiny_gpt2.run_patterns(torch.tensor([[0, 5, 6]]), torch.ones(1, 3, dtype=torch.bool),
-                           lambda layer, p: seen.append(layer), layers=[0])
-    assert seen == [0]
-    # the MLP of the last block never ran: hook_mlp_out would fire otherwise
-    fired = []
-    bridge = tiny_gpt2.bridge
-    bridge.blocks[0].hook_mlp_out.add_hook(lambda t, hook: fired.append(hook.name))
-    try:
-        tiny_gpt2.run_patterns(torch.tensor([[0, 5, 6]]), torch.ones(1, 3, dtype=torch.bool),
-                               lambda layer, p: None, layers=[0])
-    finally:
-        bridge.blocks[0].hook_mlp_out.remove_hooks()
-    assert fired == []
-
-
 def test_patterns_are_post_softmax_and_causal(tiny_gpt2, tiny_bert):
     for model in (tiny_gpt2, tiny_bert):
         p = full_patterns(model, model.wrap([5, 6, 7, 8]))[0]  # [1, head, q, k]
@@ -110,5 +71,27 @@ def test_patterns_are_post_softmax_and_causal(tiny_gpt2, tiny_bert):
 
 def test_batch_size_zero_is_refused(tiny_gpt2):
     probe = headscope.default_probes(tiny_gpt2, n_prompts=2)[0]
-    with pytest.raises(headscope.HeadscopeError, match="batch-size"):
+    with pytest.raises(headscope.HeadscopeError, match=r"batch_size \(--batch-size\) must be at least 1"):
         score_probe(tiny_gpt2, probe, list(REGISTRY.values()), batch_size=0)
+
+
+def test_shards_of_a_probe_pool_to_the_whole(tiny_gpt2):
+    """Sums and counts are order-free: scoring two halves and adding gives the whole (Ray sharding).
+    One sequence a forward, so every sequence meets the same float32 arithmetic in both runs."""
+    metrics = list(REGISTRY.values())
+    for probe in headscope.default_probes(tiny_gpt2, n_prompts=6, repeat_len=5, seed=4):
+        whole = score_probe(tiny_gpt2, probe, metrics, batch_size=1)
+        halves = [Probe(probe.name, probe.sequences[i::2], probe.repeat_len) for i in (0, 1)]
+        a, b = (score_probe(tiny_gpt2, h, metrics, batch_size=1) for h in halves)
+        for name, res in whole.items():
+            merged = a[name] + b[name]
+            torch.testing.assert_close(merged.score, res.score, atol=1e-12, rtol=0, equal_nan=True)
+            assert merged.count == res.count and merged.chance == pytest.approx(res.chance, nan_ok=True)
+    with pytest.raises(ValueError, match="Cannot pool"):
+        a["induction"] + a["duplicate_token"]
+
+
+def test_auto_batch_size_shrinks_with_length(tiny_gpt2):
+    assert auto_batch_size(tiny_gpt2, 64) == 64 and auto_batch_size(tiny_gpt2, 4096) == 1
+    assert auto_batch_size(tiny_gpt2, 512) == 8  # ~4k tokens a batch
+    assert auto_batch_size(tiny_gpt2, 128, budget_bytes=1) == 1

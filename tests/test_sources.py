@@ -86,3 +86,41 @@ def test_gpt2_small_without_cache_or_network_is_one_sentence(tmp_path):
     assert "not in the local Hugging Face cache" in lines[0]
     assert "smollm2-135m" in lines[0] and "all-minilm-l6-v2" in lines[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_revisions_resolve_and_refuse_what_has_none(tmp_path):
+    src = resolve("pythia-70m@step1000")
+    assert (src.kind, src.ref, src.revision) == ("hub", "EleutherAI/pythia-70m", "step1000")
+    assert src.describe() == "hf:EleutherAI/pythia-70m@step1000"
+    assert resolve("org/model@v1.0").revision == "v1.0"
+    with pytest.raises(HeadscopeError, match="offline model, which has no revisions; drop '@v2'"):
+        resolve("smollm2-135m@v2")
+    with pytest.raises(HeadscopeError, match="is not NAME@REVISION"):
+        resolve("gpt2@")
+    with pytest.raises(HeadscopeError, match="Did you mean: gpt2-small"):
+        resolve("gpt2-smal@main")
+    folder = tmp_path / "ckpt@step5"  # a folder whose name has an '@' is a folder
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    assert resolve(str(folder)).kind == "local"
+
+
+def test_a_training_checkpoint_by_revision_from_the_hub_cache(tmp_path):
+    """`gpt2-small@step1000`: a branch of the hub cache (refs/step1000) holding a 3-layer checkpoint
+    beside main's 2 layers; the scan, its metadata and its default --out say which one ran."""
+    from tests.tiny_models import make_tiny_gpt2
+
+    hf_home = tmp_path / "hf"
+    install_in_hub_cache(make_tiny_gpt2(tmp_path / "main"), hf_home, commit="a" * 40)
+    install_in_hub_cache(make_tiny_gpt2(tmp_path / "step", n_layer=3), hf_home, commit="b" * 40, ref="step1000")
+    proc = _cli(["scan", "gpt2-small@step1000", "--n-prompts", "2", "--repeat-len", "4", "--quiet", "--no-figures",
+                 "--metrics", "induction"], hf_home, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "runs" / "gpt2-small-step1000"
+    assert pd.read_csv(out / "scores.csv")["layer"].max() == 2  # three layers: the step1000 checkpoint
+    import json
+
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["source"]["revision"] == "step1000" and meta["source"]["snapshot"] == "b" * 40
+    proc = _cli(["scan", "gpt2-small@nope", "--out", str(tmp_path / "x")], hf_home, tmp_path)
+    assert proc.returncode == 2 and "at revision 'nope'" in proc.stderr and not (tmp_path / "x").exists()

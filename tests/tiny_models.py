@@ -30,13 +30,7 @@ def _bpe_tokenizer(vocab_size: int = 300):
 
 
 def make_tiny_gpt2(path: Path, n_layer: int = 2, n_head: int = 4, n_ctx: int = 128) -> Path:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    tok = _bpe_tokenizer()
-    cfg = GPT2Config(vocab_size=len(tok), n_positions=n_ctx, n_embd=32, n_layer=n_layer, n_head=n_head,
-                     bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(cfg)
+    model, tok = tiny_gpt2_in_memory(n_layer, n_head, n_ctx)
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return Path(path)
@@ -64,11 +58,22 @@ def make_tiny_bert(path: Path, n_layer: int = 2, n_head: int = 4) -> Path:
     return Path(path)
 
 
-def install_in_hub_cache(checkpoint: Path, hf_home: Path, repo_ids=("openai-community/gpt2", "gpt2")) -> None:
-    """Lay ``checkpoint`` out as the hub cache does: models--org--name/{refs/main, snapshots/<hash>}."""
+def tiny_gpt2_in_memory(n_layer: int = 2, n_head: int = 4, n_ctx: int = 128):
+    """A random GPT-2 and its tokenizer that exist only in memory (nothing on disk): (model, tokenizer)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tok = _bpe_tokenizer()
+    cfg = GPT2Config(vocab_size=len(tok), n_positions=n_ctx, n_embd=32, n_layer=n_layer, n_head=n_head,
+                     bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(cfg).eval(), tok
+
+
+def install_in_hub_cache(checkpoint: Path, hf_home: Path, repo_ids=("openai-community/gpt2", "gpt2"),
+                         commit: str = "0123456789abcdef0123456789abcdef01234567", ref: str = "main") -> None:
+    """Lay ``checkpoint`` out as the hub cache does: models--org--name/{refs/<ref>, snapshots/<commit>}."""
     import shutil
 
-    commit = "0123456789abcdef0123456789abcdef01234567"
     for repo in repo_ids:
         repo_dir = hf_home / "hub" / ("models--" + repo.replace("/", "--"))
         snap = repo_dir / "snapshots" / commit
@@ -76,4 +81,4 @@ def install_in_hub_cache(checkpoint: Path, hf_home: Path, repo_ids=("openai-comm
         for f in Path(checkpoint).iterdir():
             shutil.copy2(f, snap / f.name)
         (repo_dir / "refs").mkdir(exist_ok=True)
-        (repo_dir / "refs" / "main").write_text(commit)
+        (repo_dir / "refs" / ref).write_text(commit)
