@@ -32,7 +32,7 @@ NEEDED = ["model", "metric", "probe", "layer", "head", "score", "chance", "n", "
 
 
 def read_run(path: str | Path):
-    """:func:`headscope.report.load_run` with one clear line for a missing or non-run directory."""
+    """:func:`headscope.rundir.load_run` with one clear line for a missing or non-run directory."""
     from headscope.rundir import load_run
 
     p = Path(path)

@@ -473,11 +473,14 @@ def load_model(
       transformer-lens components, so it is scanned with the hooks engine.
 
     ``name`` labels an in-memory model in tables (default: its ``name_or_path``, else its class).
+    A :class:`Model` is returned as it is.
 
     >>> model = load_model("all-minilm-l6-v2")          # doctest: +SKIP
     >>> model.n_layers, model.n_heads, model.causal      # doctest: +SKIP
     (6, 12, False)
     """
+    if isinstance(model, Model):
+        return model  # already loaded
     if isinstance(model, (str, os.PathLike)):
         if tokenizer is not None:
             raise HeadscopeError("tokenizer= goes with an in-memory model; a named model brings its own.")

@@ -1,7 +1,8 @@
 """Matplotlib figures from a report table; never needs the model, never touches pyplot state.
 
 Conventions: x = head, y = layer with layer 0 at the top, a fixed 0-1 colour range (entropy: 0 to
-the largest value, in nats), values written on strong cells, model and n in the title.
+the largest value, in nats), values written on the labelled cells (those that pass the run's
+threshold, as its ``label`` column says), model and n in the title.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from matplotlib.figure import Figure
 
 from headscope.metrics import REGISTRY
 from headscope.result import matrix
-
-STRONG = 0.5  # cells at or above this (or at or below for `below` metrics) get their value written
 
 
 def _range(metric: str, values: np.ndarray) -> tuple[float, float]:
@@ -41,9 +40,9 @@ def draw_heatmap(ax, scores: pd.DataFrame, metric: str, annotate: bool = True, t
     ax.set_yticks(range(n_layers))
     ax.tick_params(labelsize=7 if max(n_layers, n_heads) > 16 else 9)
     if annotate and n_layers * n_heads <= 400:
+        labelled = _labelled(scores, metric)  # [layer, head]
         for (layer, head), v in np.ndenumerate(values):
-            strong = (v <= REGISTRY[metric].threshold) if below else (v >= STRONG)
-            if np.isfinite(v) and strong:
+            if np.isfinite(v) and labelled[layer, head]:
                 ax.text(head, layer, f"{v:.2f}", ha="center", va="center", fontsize=6,
                         color="black" if (v - vmin) / (vmax - vmin + 1e-9) > 0.6 else "white")
     if np.isnan(values).all():
@@ -53,6 +52,18 @@ def draw_heatmap(ax, scores: pd.DataFrame, metric: str, annotate: bool = True, t
     if title is not None:
         ax.set_title(title, fontsize=10)
     return im
+
+
+def _labelled(scores: pd.DataFrame, metric: str) -> np.ndarray:
+    """``[layer, head]`` booleans: the heads the table labels for ``metric`` (its run's thresholds);
+    a table without labels falls back to the metric's default threshold."""
+    sub = scores[scores["metric"] == metric]
+    if "label" in sub.columns:
+        flags = sub.assign(on=sub["label"].fillna("").astype(str) != "")
+    else:
+        m = REGISTRY.get(metric)
+        flags = sub.assign(on=[bool(m and m.passes(v)) for v in sub["score"]])
+    return flags.pivot(index="layer", columns="head", values="on").to_numpy(dtype=bool)
 
 
 def heatmap(scores: pd.DataFrame, metric: str, n_sequences: int | None = None) -> Figure:
@@ -89,6 +100,7 @@ def save_figures(scores: pd.DataFrame, out: str | Path, n_sequences: dict[str, i
                  dpi: int = 110) -> list[Path]:
     """Write ``<metric>.png`` for every metric and ``summary.png``; return the paths."""
     out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
     paths = []
     for metric in scores["metric"].unique():
         probe = scores.loc[scores["metric"] == metric, "probe"].iloc[0]

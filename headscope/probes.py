@@ -40,6 +40,8 @@ def load_pairs(path: str | Path | None = None) -> list[tuple[str, str]]:
     A UTF-8 byte-order mark (what some Windows editors write first) is not text and is dropped.
     """
     p = default_pairs_path() if path is None else Path(path)
+    if p.is_dir():
+        raise HeadscopeError(f"Prompts file '{p}' is a directory; give a UTF-8 text file with one 'A<TAB>B' pair a line.")
     if not p.is_file():
         raise HeadscopeError(f"Prompts file '{p}' does not exist; give a UTF-8 text file with one 'A<TAB>B' pair a line.")
     data = p.read_bytes()
@@ -72,6 +74,8 @@ def load_pairs(path: str | Path | None = None) -> list[tuple[str, str]]:
 def text_probe(model, pairs: list[tuple[str, str]] | None = None, n_prompts: int | None = None) -> Probe:
     """Join the first ``n_prompts`` pairs the model's way (all pairs when ``n_prompts`` is None)."""
     pairs = load_pairs() if pairs is None else pairs
+    if not pairs:
+        raise HeadscopeError("The text probe needs at least one segment pair; the list given is empty.")
     n = len(pairs) if n_prompts is None else n_prompts
     if n < 1:
         at_least("n_prompts", n)
@@ -120,6 +124,8 @@ def packed_text_probe(model, pairs: list[tuple[str, str]] | None, seq_len: int, 
     if n_sequences < 1:
         at_least("n_prompts", n_sequences)
     segments = [model.encode(s) for pair in pairs for s in pair]
+    if not any(segments):
+        raise HeadscopeError("The prompts hold no text that tokenizes to any token; give real sentences to pack.")
     body = seq_len - 1 - (model.eos_id is not None)  # room between BOS/[CLS] and a final [SEP]
     seqs, i = [], 0
     for _ in range(n_sequences):

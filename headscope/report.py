@@ -68,7 +68,7 @@ def summary_table(scores: pd.DataFrame, k: int = 3) -> str:
     return "\n".join(lines)
 
 
-def headline(scores: pd.DataFrame, causal: bool) -> list[str]:
+def headline(scores: pd.DataFrame) -> list[str]:
     """A few sentences a reader should see first."""
     out = []
     n_heads_total = scores[["layer", "head"]].drop_duplicates().shape[0]
@@ -99,7 +99,7 @@ def summary_markdown(result) -> str:
     shape = f"{md.get('n_layers', '?')} layers x {md.get('n_heads', '?')} heads"
     kind = "causal decoder" if md.get("causal", True) else "bidirectional encoder"
     lines += [f"{shape}, {kind}. Source: {md.get('source', {}).get('source', '?')}.", ""]
-    lines += ["## Headline findings", ""] + [f"- {s}" for s in headline(scores, md.get("causal", True))] + [""]
+    lines += ["## Headline findings", ""] + [f"- {s}" for s in headline(scores)] + [""]
     lines += ["## Top heads per behaviour", "", "| metric | chance | top heads |", "| --- | --- | --- |"]
     for metric in scores["metric"].unique():
         sub = scores[scores["metric"] == metric]

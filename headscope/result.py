@@ -66,8 +66,14 @@ def head_name(layer: int, head: int) -> str:
 
 
 def model_slug(name: str) -> str:
-    """A file-name-safe short name of a model (a local folder's name, an ``org/name`` repo's name)."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", Path(name).name or name).strip("-") or "model"
+    """A file-name-safe short name of a model (a local folder's name, an ``org/name`` repo's name).
+
+    ``.`` and ``..`` name the folder they point to (never a hidden or parent path)."""
+    base = Path(name).name
+    if base in ("", ".", "..") and Path(name).exists():
+        base = Path(name).resolve().name
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", base or name).strip("-").lstrip(".")  # never a hidden name
+    return slug if slug.strip(".-") else "model"
 
 
 def fmt(x: float | None, digits: int = 3) -> str:

@@ -146,3 +146,27 @@ def test_seq_len_makes_every_sequence_that_long_and_engines_agree(tmp_path, tiny
     for engine in ("fused", "blocked"):
         assert (runs[engine]["score"] - runs["hooks"]["score"]).abs().max() < 1e-5
     assert json.loads((tmp_path / "fused" / "metadata.json").read_text())["engine"] == "fused"
+
+
+def test_a_prompts_file_with_a_byte_order_mark_scans_like_one_without(tmp_path, tiny_gpt2_dir):
+    """Windows editors write a UTF-8 BOM first; it is not text and must not be tokenized."""
+    pairs = "The cat sat.\tIt purred.\nRain fell.\tThe bank flooded!\n"
+    tokens = {}
+    for name, data in (("plain", pairs.encode("utf-8")), ("bom", b"\xef\xbb\xbf" + pairs.encode("utf-8"))):
+        prompts = tmp_path / f"{name}.tsv"
+        prompts.write_bytes(data)
+        out = tmp_path / name
+        res = run("scan", str(tiny_gpt2_dir), "--out", str(out), "--prompts", str(prompts), "--n-prompts", "2",
+                  "--metrics", "sink", "--quiet", "--no-figures")
+        assert res.exit_code == 0, res.output
+        tokens[name] = (out / "tokens.jsonl").read_text()
+    assert tokens["bom"] == tokens["plain"]
+
+
+def test_engines_come_from_the_registry():
+    from headscope.engines import engine_names
+
+    res = run("engines")
+    assert [line.split()[0] for line in res.stdout.splitlines()] == engine_names()
+    res = CliRunner().invoke(main, ["scan", "x", "--engine", "nope"])
+    assert res.exit_code == 2 and "'auto', 'fused', 'blocked', 'hooks'" in res.stderr

@@ -72,7 +72,8 @@ def test_show_writes_png_and_html(cli, tiny_gpt2, tiny_gpt2_dir, tmp_path):
                     "--device", "cpu")
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [str(out), str(out.with_suffix(".html"))]
-    assert imread(out).ndim == 3
+    pixels = imread(out)
+    assert pixels.ndim == 3 and min(pixels.shape[:2]) > 0 and pixels[..., :3].std() > 0.01  # not blank
     blob = re.search(r'id="hs-data">(.*?)</script>', out.with_suffix(".html").read_text(), re.S).group(1)
     data = json.loads(blob)
     expected = head_pattern(tiny_gpt2, TEXT, 1, 3)  # the same checkpoint, loaded by the fixture

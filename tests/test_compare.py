@@ -13,6 +13,7 @@ import headscope
 from headscope.compare import (
     difference_figure,
     distribution_figure,
+    format_differences,
     format_summary,
     head_differences,
     load_runs,
@@ -169,3 +170,80 @@ def test_bad_run_directories(run_dirs, tmp_path):
     same = run_dirs["bert"]
     with pytest.raises(HeadscopeError, match="are the same run directory"):
         load_runs([same, same.parent / ".." / same.parent.name / same.name])
+
+
+# ------------------------------------------------------------------------------ hand-built tables
+
+
+def hand_run(model: str, scores: dict[str, list[float]], chance: float = 0.25) -> pd.DataFrame:
+    """A 1-layer x len(scores) heads run; labels where the registered threshold passes."""
+    rows = []
+    for metric, values in scores.items():
+        m = headscope.get_metric(metric)
+        for h, s in enumerate(values):
+            rows.append({"model": model, "metric": metric, "probe": m.probe, "layer": 0, "head": h,
+                         "head_name": f"L0H{h}", "score": s, "chance": chance, "n": 10,
+                         "label": m.label if m.passes(s) else ""})
+    return pd.DataFrame(rows)
+
+
+HAND = {
+    "a": hand_run("org/a", {"induction": [0.1, 0.8], "entropy": [0.2, 1.4], "next_token": [np.nan, np.nan]}),
+    "b": hand_run("org/b", {"induction": [0.5, 0.2], "entropy": [0.9, 0.1], "sink": [0.7, 0.1]}),
+}
+
+
+def test_summary_of_hand_built_runs():
+    table = summary(HAND)
+    assert table[["metric", "run"]].values.tolist() == [
+        ["induction", "a"], ["induction", "b"], ["entropy", "a"], ["entropy", "b"],
+        ["next_token", "a"], ["sink", "b"]]  # metrics in first-seen order; a run without one is skipped
+    row = table.set_index(["metric", "run"])
+    assert row.loc[("induction", "a"), ["max", "mean", "labelled", "top_head"]].tolist() == [0.8, 0.45, 1, "L0H1"]
+    assert row.loc[("entropy", "b"), "top_head"] == "L0H1"  # lowest for a below metric
+    assert row.loc[("entropy", "b"), "labelled"] == 1
+    assert np.isnan(row.loc[("next_token", "a"), "max"]) and row.loc[("next_token", "a"), "top_head"] == ""
+
+
+def test_format_summary_lines():
+    assert format_summary(summary(HAND)).splitlines() == [
+        "metric           run              max    mean  labelled  chance  top head",
+        "induction        a              0.800   0.450       1/2   0.250  L0H1",
+        "induction        b              0.500   0.350       1/2   0.250  L0H0",
+        "entropy          a              1.400   0.800       1/2   0.250  L0H0",
+        "entropy          b              0.900   0.500       1/2   0.250  L0H1",
+        "next_token       a                NaN     NaN       0/2   0.250  ",
+        "sink             b              0.700   0.400       1/2   0.250  L0H0",
+    ]
+
+
+def test_differences_of_hand_built_runs():
+    diffs = head_differences(HAND)
+    assert sorted(set(diffs.metric)) == ["entropy", "induction"]  # only metrics both runs have
+    ind = diffs[diffs.metric == "induction"]
+    assert ind["head_name"].tolist() == ["L0H1", "L0H0"]  # largest |b - a| first
+    assert ind["diff"].tolist() == pytest.approx([-0.6, 0.4])
+    assert format_differences(diffs, ["a", "b"], k=1).splitlines() == [
+        "largest per-head differences (b - a):",
+        "  induction        L0H1 -0.600",
+        "  entropy          L0H1 -1.300",
+    ]
+    three = {**HAND, "c": hand_run("org/c", {"induction": [0.3, 0.3], "entropy": [0.2, 0.2]})}
+    spread = head_differences(three)
+    assert spread[spread.metric == "induction"]["diff"].tolist() == pytest.approx([0.6, 0.4])  # max - min
+    assert format_differences(spread, list(three), k=1).splitlines()[:2] == [
+        "largest per-head differences (max - min over runs):", "  induction        L0H1 0.600"]
+
+
+def test_run_labels_last_resort():
+    assert run_labels(["org/m", "m"], [Path("r/x"), Path("r/x")]) == ["m#0", "m#1"]
+
+
+def test_check_out_dir(tmp_path):
+    from headscope.compare import check_out_dir
+
+    assert check_out_dir(tmp_path / "new") == tmp_path / "new" and not (tmp_path / "new").exists()
+    assert check_out_dir(tmp_path) == tmp_path
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(HeadscopeError, match=r"^--out '.*f' exists and is not a directory; choose another --out\.$"):
+        check_out_dir(tmp_path / "f")

@@ -170,3 +170,60 @@ def test_smollm2_induction_head_on_repeated_text(smollm2):
     chance = np.mean([1 / (q + 1) for q in range(n + 1, 2 * n + 1)])
     assert induction > 0.4 > 3 * chance
     np.testing.assert_allclose(hp.pattern.sum(-1), 1.0, atol=1e-4)
+
+
+def small_pattern(n: int = 3, causal: bool = True) -> HeadPattern:
+    pattern = np.tril(np.ones((n, n), dtype=np.float32)) if causal else np.ones((n, n), dtype=np.float32)
+    pattern /= pattern.sum(-1, keepdims=True)
+    return HeadPattern(model="org/m", layer=2, head=1, text="t", token_ids=list(range(n)),
+                       tokens=[f"t{i}" for i in range(n)], pattern=pattern, causal=causal)
+
+
+def test_pattern_figure_writes_weights_on_small_grids():
+    hp = small_pattern(3)
+    ax = pattern_figure(hp).axes[0]
+    written = sorted((t.get_text(), tuple(t.get_position())) for t in ax.texts)
+    # (key, query) positions of the non-zero weights of a causal uniform head
+    assert written == sorted([("1.00", (0, 0)), ("0.50", (0, 1)), ("0.50", (1, 1)),
+                              ("0.33", (0, 2)), ("0.33", (1, 2)), ("0.33", (2, 2))])
+    assert ax.get_title() == "org/m: L2H1 attention (causal, 3 tokens)"
+    assert ax.images[0].origin == "upper"  # query 0 at the top
+
+
+def test_pattern_figure_large_grid_has_no_weights_and_bidirectional_title():
+    hp = small_pattern(17, causal=False)
+    ax = pattern_figure(hp).axes[0]
+    assert len(ax.texts) == 0  # more than 16 tokens: no numbers
+    assert ax.get_title() == "org/m: L2H1 attention (bidirectional, 17 tokens)"
+    np.testing.assert_array_equal(np.asarray(ax.images[0].get_array()), hp.pattern)
+
+
+def test_pattern_figure_thins_labels_on_long_texts():
+    ax = pattern_figure(small_pattern(301)).axes[0]
+    assert list(ax.get_xticks()) == list(range(0, 301, 3))  # ceil(301 / 150) = 3
+    assert [t.get_text() for t in ax.get_yticklabels()][:2] == ["t0", "t3"]
+
+
+def test_display_token_escapes_control_characters():
+    assert display_token("\r\x01é") == "\\r\\x01é"
+    assert display_token("  ") == "␣␣"
+
+
+def test_parse_head_more_forms():
+    assert parse_head("L 3 H 2", 4, 4) == (3, 2)
+    assert parse_head("3 . 2") == (3, 2)
+    with pytest.raises(HeadscopeError, match=r"^Head '3\.2\.1' is not LAYER\.HEAD; write it like 0\.0 "):
+        parse_head("3.2.1")
+
+
+@pytest.mark.parametrize("suffix", [".svg", ".pdf", ".PNG"])
+def test_write_views_other_formats(tmp_path, suffix):
+    (path,) = write_views(small_pattern(3), tmp_path / f"head{suffix}")
+    head = path.read_bytes()[:8]
+    assert head.startswith({".svg": b"<?xml", ".pdf": b"%PDF", ".PNG": b"\x89PNG"}[suffix])
+
+
+def test_write_views_refuses_a_directory(tmp_path):
+    (tmp_path / "fig.png").mkdir()
+    with pytest.raises(HeadscopeError, match=r"^--out '.*fig\.png' is a directory; give a file name such as "):
+        write_views(small_pattern(3), tmp_path / "fig.png")
