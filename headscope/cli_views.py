@@ -1,4 +1,5 @@
-"""``headscope show``, ``plot`` and ``compare``: wiring only (the work is in views.py, plots.py, compare.py).
+"""``headscope show``, ``plot`` and ``compare``: wiring only (the work and every check are in
+views.py, rundir.py and compare.py).
 
 Standalone click commands, registered on the main group with ``main.add_command(...)``; the group
 turns :class:`~headscope.errors.HeadscopeError` into one line on stderr and exit code 2. Paths
@@ -7,11 +8,9 @@ written go to stdout, one a line; progress goes to stderr.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
-DEFAULT_TEXT = "The river bank flooded after the storm, and the path was closed."
+from headscope.views import DEFAULT_TEXT
 
 
 @click.command()
@@ -32,25 +31,11 @@ def show(model_name, head_spec, text, out, html_view, device, dtype) -> None:
     \b
     headscope show smollm2-135m --head 17.4 --text "A B C D A B C D" --html
     """
-    from headscope.views import check_figure_path, parse_head
+    from headscope.views import show_head
 
-    # Mistakes that need no model fail before it loads (seconds); the head's range is checked after.
-    parse_head(head_spec)
-    if out is not None:
-        check_figure_path(out)
-    if not text.strip():
-        from headscope.errors import HeadscopeError
-
-        raise HeadscopeError("--text is empty; give a sentence, e.g. --text 'The river bank flooded'.")
-
-    from headscope.models import load_model
-    from headscope.views import default_out_path, head_pattern, write_views
-
-    model = load_model(model_name, device=device, dtype=dtype,
-                       progress=lambda msg: click.echo(f"headscope: {msg}", err=True))
-    layer, head = parse_head(head_spec, model.n_layers, model.n_heads)
-    hp = head_pattern(model, text, layer, head)
-    for path in write_views(hp, out or default_out_path(model_name, layer, head), html_view=html_view):
+    paths = show_head(model_name, head_spec, text, out, html_view=html_view, device=device, dtype=dtype,
+                      progress=lambda msg: click.echo(f"headscope: {msg}", err=True))
+    for path in paths:
         click.echo(str(path))
 
 
@@ -60,16 +45,9 @@ def show(model_name, head_spec, text, out, html_view, device, dtype) -> None:
               help="Directory for the figures. [default: RUN_DIR]")
 def plot(run_dir, out) -> None:
     """Redraw every figure of a saved run from its scores.csv (no model is loaded)."""
-    from headscope.compare import check_out_dir, read_run
-    from headscope.plots import save_figures
+    from headscope.rundir import redraw
 
-    run = read_run(run_dir)
-    target = check_out_dir(out or run_dir)
-    target.mkdir(parents=True, exist_ok=True)
-    # n per probe, for the titles: tokens.jsonl when the run has it, else metadata.json.
-    n_sequences = {p.name: len(p) for p in run.probes} or {
-        name: s.get("n_sequences") for name, s in run.metadata.get("probes", {}).items()}
-    for path in save_figures(run.scores, target, n_sequences=n_sequences):
+    for path in redraw(run_dir, out):
         click.echo(str(path))
 
 
@@ -86,32 +64,9 @@ def compare(run_dirs, out, top) -> None:
     when every run has the same layers x heads, the heads that differ most. Writes compare.csv,
     distributions.png and, for runs of one shape, head_diffs.csv (+ difference.png for two runs).
     """
-    from headscope.compare import (
-        check_out_dir,
-        format_differences,
-        format_summary,
-        head_differences,
-        load_runs,
-        same_shape,
-        summary,
-        write_comparison,
-    )
-    from headscope.errors import HeadscopeError
-    from headscope.result import model_slug
+    from headscope.compare import compare_dirs
 
-    if top < 0:
-        raise HeadscopeError(f"--top must be 0 or more, got {top}.")
-    runs = load_runs(run_dirs)
-    labels = list(runs)
-    if out is None:
-        name = "-vs-".join(model_slug(la) for la in labels) if len(labels) <= 3 else f"{len(labels)}-runs"
-        out = Path(f"compare-{name}")
-    check_out_dir(out)  # before anything is printed
-    click.echo(format_summary(summary(runs)))
-    if same_shape(runs):
-        if top:
-            click.echo(format_differences(head_differences(runs, k=top), labels, k=top))
-    else:
-        click.echo("runs differ in layers x heads: no per-head differences.")
-    for path in write_comparison(runs, out):
+    text, paths = compare_dirs(run_dirs, out, top)
+    click.echo(text)
+    for path in paths:
         click.echo(str(path))

@@ -21,40 +21,19 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from headscope.errors import HeadscopeError, did_you_mean
+from headscope.errors import HeadscopeError
 from headscope.metrics import REGISTRY
+from headscope.outputs import check_replaceable, save_figure, write_atomic
 from headscope.result import fmt, head_name, model_slug
-
-NEEDED = ["model", "metric", "probe", "layer", "head", "score", "chance", "n", "label"]
-
 
 # ------------------------------------------------------------------------------ reading runs
 
 
 def read_run(path: str | Path):
-    """:func:`headscope.rundir.load_run` with one clear line for a missing or non-run directory."""
+    """A saved run (:func:`headscope.rundir.load_run`, which explains a missing or non-run folder)."""
     from headscope.rundir import load_run
 
-    p = Path(path)
-    table = p / "scores.csv"
-    if not p.is_dir() or not table.is_file():
-        parent = p.parent if p.parent.is_dir() else Path(".")
-        runs = [d.name for d in parent.iterdir() if (d / "scores.csv").is_file()]
-        what = "does not exist" if not p.exists() else "is not a directory" if not p.is_dir() else (
-            "is not a headscope run directory (no scores.csv)")
-        raise HeadscopeError(f"'{p}' {what}; give a directory written by `headscope scan`."
-                             + did_you_mean(p.name, runs))
-    try:
-        header = list(pd.read_csv(table, nrows=0).columns)
-        missing = [c for c in NEEDED if c not in header]
-        run = None if missing else load_run(p)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise HeadscopeError(f"'{table}' cannot be read as a table ({str(exc).splitlines()[0]}); "
-                             "rerun the scan.") from None
-    if run is None or run.scores.empty:
-        raise HeadscopeError(f"'{table}' lacks {', '.join(missing) or 'rows'}; a run's scores.csv has "
-                             f"columns {', '.join(NEEDED)}.")
-    return run
+    return load_run(path)
 
 
 def run_labels(models: Sequence[str], paths: Sequence[Path]) -> list[str]:
@@ -118,8 +97,7 @@ def summary(runs: dict[str, pd.DataFrame]) -> pd.DataFrame:
                 "labelled": int((sub["label"] != "").sum()), "chance": float(sub["chance"].iloc[0]),
                 "top_head": _head_name(top) if top is not None else "",
             })
-    return pd.DataFrame(rows, columns=["metric", "run", "model", "heads", "max", "mean", "labelled",
-                                       "chance", "top_head"])
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
 def _head_name(row) -> str:
@@ -266,8 +244,11 @@ def difference_figure(runs: dict[str, pd.DataFrame]) -> Figure:
 # ------------------------------------------------------------------------------ writing
 
 
+SUMMARY_COLUMNS = ["metric", "run", "model", "heads", "max", "mean", "labelled", "chance", "top_head"]
+
+
 def check_out_dir(out: str | Path) -> Path:
-    """Refuse an output path that exists and is not a directory (files in a directory are replaced)."""
+    """Refuse an output path that exists and is not a directory."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise HeadscopeError(f"--out '{out}' exists and is not a directory; choose another --out.")
@@ -276,16 +257,48 @@ def check_out_dir(out: str | Path) -> Path:
 
 def write_comparison(runs: dict[str, pd.DataFrame], out: str | Path, dpi: int = 110) -> list[Path]:
     """Write ``compare.csv``, ``distributions.png`` and, for runs of one shape, ``head_diffs.csv``
-    (and, for two runs, ``difference.png``) into ``out``; return the paths."""
+    (and, for two runs, ``difference.png``) into ``out``; return the paths.
+
+    Files already in ``out`` are replaced only if headscope wrote them (:mod:`headscope.outputs`);
+    otherwise nothing is written."""
     out = check_out_dir(out)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "compare.csv", out / "distributions.png"]
-    summary(runs).to_csv(paths[0], index=False, float_format="%.8g", na_rep="NaN")
-    distribution_figure(runs).savefig(paths[1], dpi=dpi)
+    labels = list(runs)
+    tables = {"compare.csv": (summary(runs), SUMMARY_COLUMNS)}
+    figures = {"distributions.png": distribution_figure}
     if same_shape(runs):
-        paths.append(out / "head_diffs.csv")
-        head_differences(runs).to_csv(paths[-1], index=False, float_format="%.8g", na_rep="NaN")
+        diffs = head_differences(runs)
+        tables["head_diffs.csv"] = (diffs, ["metric", "layer", "head", "head_name", *labels, "diff", "abs_diff"])
         if len(runs) == 2:
-            paths.append(out / "difference.png")
-            difference_figure(runs).savefig(paths[-1], dpi=dpi)
-    return paths
+            figures["difference.png"] = difference_figure
+    names = ["compare.csv", "distributions.png", "head_diffs.csv", "difference.png"]
+    targets = [out / n for n in names if n in tables or n in figures]
+    check_replaceable(targets, {name: header for name, (_, header) in tables.items()})
+    out.mkdir(parents=True, exist_ok=True)
+    for path in targets:
+        if path.name in tables:
+            table = tables[path.name][0]
+            write_atomic(path, lambda tmp, t=table: t.to_csv(tmp, index=False, float_format="%.8g", na_rep="NaN"))
+        else:
+            save_figure(figures[path.name](runs), path, dpi)
+    return targets
+
+
+def compare_dirs(run_dirs: Sequence[str | Path], out: str | Path | None = None, top: int = 3) -> tuple[str, list[Path]]:
+    """``headscope compare``: read the runs, write the comparison to ``out``; return (text, paths).
+
+    ``out`` defaults to ``./compare-<A>-vs-<B>``; the text is the summary table and, for runs of
+    one shape, the ``top`` largest per-head differences per metric."""
+    if top < 0:
+        raise HeadscopeError(f"top (--top) must be 0 or more, got {top}.")
+    runs = load_runs(run_dirs)
+    labels = list(runs)
+    if out is None:
+        name = "-vs-".join(model_slug(la) for la in labels) if len(labels) <= 3 else f"{len(labels)}-runs"
+        out = Path(f"compare-{name}")
+    check_out_dir(out)
+    text = [format_summary(summary(runs))]
+    if not same_shape(runs):
+        text.append("runs differ in layers x heads: no per-head differences.")
+    elif top:
+        text.append(format_differences(head_differences(runs, k=top), labels, k=top))
+    return "\n".join(text), write_comparison(runs, out)

@@ -15,6 +15,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from headscope.metrics import REGISTRY
+from headscope.outputs import save_figure
 from headscope.result import matrix
 
 
@@ -105,10 +106,11 @@ def save_figures(scores: pd.DataFrame, out: str | Path, n_sequences: dict[str, i
     for metric in scores["metric"].unique():
         probe = scores.loc[scores["metric"] == metric, "probe"].iloc[0]
         fig = heatmap(scores, metric, (n_sequences or {}).get(probe))
-        path = out / f"{metric}.png"
-        fig.savefig(path, dpi=dpi)
-        paths.append(path)
-    path = out / "summary.png"
-    summary_figure(scores).savefig(path, dpi=dpi)
-    paths.append(path)
+        paths.append(save_figure(fig, out / f"{metric}.png", dpi))
+    paths.append(save_figure(summary_figure(scores), out / "summary.png", dpi))
     return paths
+
+
+def figure_names(scores: pd.DataFrame) -> list[str]:
+    """The files :func:`save_figures` writes for ``scores``."""
+    return [f"{m}.png" for m in scores["metric"].unique()] + ["summary.png"]

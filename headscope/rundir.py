@@ -292,22 +292,58 @@ def _publish(tmp: Path, out: Path, force: bool) -> None:
                              "nothing was written.") from None
 
 
+# ------------------------------------------------------------------------------ redrawing
+
+
+def redraw(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
+    """``headscope plot``: redraw every figure of a saved run from its ``scores.csv``, without the model.
+
+    ``out`` defaults to the run directory itself (its figures are replaced); elsewhere, a file of
+    the same name is replaced only if headscope wrote it (:mod:`headscope.outputs`)."""
+    from headscope.outputs import check_replaceable
+    from headscope.plots import figure_names, save_figures
+
+    run = load_run(run_dir)
+    target = Path(out) if out is not None else Path(run_dir)
+    if target.exists() and not target.is_dir():
+        raise HeadscopeError(f"--out '{target}' exists and is not a directory; choose another --out.")
+    if target.resolve() != Path(run_dir).resolve():
+        check_replaceable([target / name for name in figure_names(run.scores)])
+    # n per probe, for the titles: tokens.jsonl when the run has it, else metadata.json.
+    n_sequences = {p.name: len(p) for p in run.probes} or {
+        name: s.get("n_sequences") for name, s in run.metadata.get("probes", {}).items()}
+    return save_figures(run.scores, target, n_sequences=n_sequences)
+
+
 # ------------------------------------------------------------------------------ loading
 
 
 def load_run(path: str | Path) -> ScanResult:
-    """Read a run directory back: a :class:`~headscope.result.ScanResult` without the model."""
+    """Read a run directory back: a :class:`~headscope.result.ScanResult` without the model.
+
+    A missing folder, a folder that is not a run, or a ``scores.csv`` that is not headscope's gets
+    one line (with the nearest run directory beside it, when there is one)."""
+    from headscope.errors import did_you_mean
+
     path = Path(path)
-    if not (path / "scores.csv").is_file():
-        raise HeadscopeError(f"'{path}' is not a headscope run directory (no scores.csv).")
+    table = path / "scores.csv"
+    if not path.is_dir() or not table.is_file():
+        parent = path.parent if path.parent.is_dir() else Path(".")
+        runs = [d.name for d in parent.iterdir() if (d / "scores.csv").is_file()]
+        what = "does not exist" if not path.exists() else "is not a directory" if not path.is_dir() else (
+            "is not a headscope run directory (no scores.csv)")
+        raise HeadscopeError(f"'{path}' {what}; give a directory written by `headscope scan`."
+                             + did_you_mean(path.name, runs))
     try:
         na = {"score": ["NaN", "nan", ""], "chance": ["NaN", "nan", ""]}
-        scores = pd.read_csv(path / "scores.csv", keep_default_na=False, na_values=na, dtype={"label": str})
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise HeadscopeError(f"'{path / 'scores.csv'}' cannot be read as a scores table ({exc}).") from None
+        scores = pd.read_csv(table, keep_default_na=False, na_values=na, dtype={"label": str})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
+        raise HeadscopeError(f"'{table}' cannot be read as a table ({str(exc).splitlines()[0]}); "
+                             "rerun the scan.") from None
     missing = [c for c in COLUMNS if c not in scores.columns]
-    if missing:
-        raise HeadscopeError(f"'{path / 'scores.csv'}' lacks column(s) {', '.join(missing)}; is it from `headscope scan`?")
+    if missing or scores.empty:
+        raise HeadscopeError(f"'{table}' lacks {', '.join(missing) or 'rows'}; a run's scores.csv has columns "
+                             f"{', '.join(COLUMNS)}.")
     scores["label"] = scores["label"].fillna("")
     meta = read_metadata(path) or {}
     probes: dict[str, Probe] = {}
@@ -316,6 +352,5 @@ def load_run(path: str | Path) -> ScanResult:
             rec = json.loads(line)
             p = probes.setdefault(rec["probe"], Probe(rec["probe"], [], repeat_len=rec.get("repeat_len")))
             p.sequences.append(rec["token_ids"])
-    model_name = str(scores["model"].iloc[0]) if len(scores) else meta.get("model", "?")
-    return ScanResult(model_name=model_name, scores=scores, probes=list(probes.values()),
+    return ScanResult(model_name=str(scores["model"].iloc[0]), scores=scores, probes=list(probes.values()),
                       metadata=meta, thresholds=meta.get("thresholds", {}))

@@ -25,9 +25,11 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from headscope.errors import HeadscopeError
+from headscope.outputs import HTML_GENERATOR, check_replaceable, save_figure, write_atomic
 from headscope.result import head_name, model_slug
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
+DEFAULT_TEXT = "The river bank flooded after the storm, and the path was closed."
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,7 @@ def pattern_figure(hp: HeadPattern) -> Figure:
 
 _HTML = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
+__GENERATOR__
 <title>__TITLE__</title>
 <style>
 body { font-family: sans-serif; margin: 1.5em; color: #222; }
@@ -236,29 +239,50 @@ def pattern_html(hp: HeadPattern) -> str:
             "token_ids": hp.token_ids, "pattern": np.round(hp.pattern.astype(float), 6).tolist()}
     # "<" escaped so no token can close the <script> element early.
     blob = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")
-    return (_HTML.replace("__TITLE__", html.escape(title)).replace("__TEXT__", html.escape(hp.text))
+    return (_HTML.replace("__GENERATOR__", HTML_GENERATOR).replace("__TITLE__", html.escape(title)).replace("__TEXT__", html.escape(hp.text))
             .replace("__DATA__", blob))
 
 
 def write_views(hp: HeadPattern, out: str | Path, html_view: bool = False, dpi: int = 130) -> list[Path]:
-    """Write the figure to ``out`` (.png, .svg or .pdf) and, with ``html_view``, ``out`` as .html."""
-    out = Path(out)
-    check_figure_path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pattern_figure(hp).savefig(out, dpi=dpi)
-    paths = [out]
+    """Write the figure to ``out`` (.png, .svg or .pdf) and, with ``html_view``, ``out`` as .html.
+
+    An existing file is replaced only if headscope wrote it (:mod:`headscope.outputs`)."""
+    out = check_figure_path(out)
+    page = out.with_suffix(".html")
+    check_replaceable([out] + ([page] if html_view else []))
+    paths = [save_figure(pattern_figure(hp), out, dpi)]
     if html_view:
-        page = out.with_suffix(".html")
-        page.write_text(pattern_html(hp), encoding="utf-8")
-        paths.append(page)
+        paths.append(write_atomic(page, lambda tmp: tmp.write_text(pattern_html(hp), encoding="utf-8")))
     return paths
 
 
+def show_head(model, head: str, text: str = DEFAULT_TEXT, out: str | Path | None = None, html_view: bool = False,
+              device: str = "auto", dtype: str | None = None, progress=None) -> list[Path]:
+    """``headscope show``: draw head ``head`` (``"L.H"``) of ``model`` on ``text``; return the paths written.
+
+    Every mistake that needs no model (the head's form, ``out``'s suffix, an empty text, a file in
+    the way) is refused before the model loads; the head's range is checked once it has.
+    """
+    from headscope.models import load_model
+
+    parse_head(head)
+    if out is not None:
+        check_figure_path(out)
+    if not text.strip():
+        raise HeadscopeError("--text is empty; give a sentence, e.g. --text 'The river bank flooded'.")
+    m = load_model(model, device=device, dtype=dtype, progress=progress)
+    layer, h = parse_head(head, m.n_layers, m.n_heads)
+    name = model if isinstance(model, str) else m.name
+    return write_views(head_pattern(m, text, layer, h), out or default_out_path(name, layer, h), html_view=html_view)
+
+
 def check_figure_path(out: str | Path) -> Path:
-    """Refuse an output path that is a directory or has a suffix we cannot write."""
+    """Refuse an output path that is a directory, has a suffix we cannot write, or is a file
+    headscope did not write."""
     out = Path(out)
     if out.suffix.lower() not in FIGURE_SUFFIXES:
         raise HeadscopeError(f"--out '{out}' must end in {', '.join(FIGURE_SUFFIXES)}; e.g. {out.with_suffix('.png')}.")
     if out.is_dir():
         raise HeadscopeError(f"--out '{out}' is a directory; give a file name such as {out / 'head.png'}.")
+    check_replaceable([out])
     return out

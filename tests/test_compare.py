@@ -163,7 +163,7 @@ def test_bad_run_directories(run_dirs, tmp_path):
         read_run(tmp_path / "file.txt")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "scores.csv").write_text("a,b\n1,2\n")
-    with pytest.raises(HeadscopeError, match="lacks model, metric, probe, layer, head, score, chance, n, label; a run"):
+    with pytest.raises(HeadscopeError, match="lacks model, metric, probe, layer, head, head_name, score, chance, n, label; a run"):
         read_run(tmp_path / "bad")
     with pytest.raises(HeadscopeError, match="at least two run directories, got 1"):
         load_runs([run_dirs["bert"]])
