@@ -13,6 +13,23 @@ To score a pattern you extracted yourself, call a metric on it::
 
     headscope.score_pattern(pattern, "previous_token", causal=True)   # [batch, head] scores
 
+How the package is layered: each line imports only from lines above it (no cycles, counting
+imports inside functions; ``../shared/tools/import_cycles.py`` checks)::
+
+    errors                              one exception type, did-you-mean, how messages name settings
+    result, outputs, timing             the result schema, files outside a run, one timer and fit
+    sources, attention, metrics/, probes    where weights come from; the seam (each layer's attention
+                                        call, interventions); what a head does (one rows protocol); inputs
+    models, kernels                     the ONE module that knows transformers / transformer-lens; the C++ kernel
+    engines/                            fused, blocked, hooks behind a registry
+    extract, config                     streaming per-head sums; settings and their checks
+    report, plots                       tables, labels, summaries; figures (never the model)
+    rundir                              the run directory: atomic, --force rules, signals, load
+    runner, compare, views, scoring     a whole scan; runs side by side; one head; your own pattern tensors
+    analysis/                           the report notebooks' helpers
+    cli_views                           show / plot / compare: wiring only
+    cli                                 the headscope command: wiring only
+
 Heavy imports (torch, transformers) happen only when these are first used.
 """
 

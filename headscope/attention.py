@@ -39,6 +39,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from headscope.errors import HeadscopeError
+
 
 class StopForward(Exception):
     """Raised inside a forward pass once nothing after it is needed (the one way to stop one)."""
@@ -85,7 +87,9 @@ class AttentionCall:
         return replace(self, mask=mask)
 
     def full_mask(self) -> torch.Tensor:
-        """The call's mask as booleans ``[batch or 1, 1, query, key]`` (True = may attend)."""
+        """The call's mask as booleans (True = may attend), broadcastable to ``[batch, head, query, key]``:
+        ``[1, 1, query, key]`` built from ``causal`` when there is no mask, else the mask's own shape.
+        Keys before the first query (a KV cache) are visible to every query (bottom-right alignment)."""
         b, _, n_q, n_k = self.shape
         if self.mask is None:
             if not self.causal:
@@ -136,7 +140,9 @@ class RestrictKeys:
     """Let heads ``heads`` of layer ``layer`` see only the keys ``keep`` allows (and the mask did).
 
     ``keep(call)`` returns booleans broadcastable to ``[batch, query, key]`` (True = may attend),
-    e.g. a sink + window band. The other heads of the layer keep their mask.
+    e.g. a sink + window band. The other heads of the layer keep their mask. A query row of a
+    restricted head left with no key at all is refused (its softmax would be NaN); keep at least
+    the query's own position.
     """
 
     layer: int
@@ -149,7 +155,12 @@ class RestrictKeys:
         b, h, n_q, n_k = call.shape
         base = call.full_mask().expand(b, h, n_q, n_k)  # [batch, head, query, key]
         mask = base.clone()
-        mask[:, list(self.heads)] &= self.keep(call).to(torch.bool).expand(b, n_q, n_k)[:, None]
+        keep = self.keep(call).to(device=mask.device, dtype=torch.bool).expand(b, n_q, n_k)  # [batch, query, key]
+        mask[:, list(self.heads)] &= keep[:, None]  # [batch, 1, query, key] onto the chosen heads
+        had = base[:, list(self.heads)].any(-1)  # [batch, heads, query]: rows that saw a key before
+        if bool((had & ~mask[:, list(self.heads)].any(-1)).any()):
+            raise HeadscopeError(f"RestrictKeys on layer {self.layer} leaves a query with no key to attend to; "
+                                 "keep at least each query's own position.")
         return call.with_mask(mask)
 
     def after(self, call: AttentionCall, out: Tensor) -> Tensor:
@@ -169,7 +180,10 @@ def _default(call: AttentionCall) -> Tensor:
 @contextlib.contextmanager
 def intercept(handler: Handler | None = None, interventions: Sequence[Intervention] = ()) -> Iterator[None]:
     """Route the attention calls of forward passes run inside the ``with`` block through ``handler``
-    (default: the model's own attention), with ``interventions`` applied around it, in order."""
+    (default: the model's own attention), with ``interventions`` applied around it.
+
+    Every ``before`` runs in the order given, then the handler, then every ``after`` in the same
+    order, each ``after`` seeing the call as all the ``before``s left it."""
     inner = handler or _default
     if interventions:
         def run(call: AttentionCall) -> Tensor:

@@ -3,7 +3,8 @@
 Options take their defaults from :class:`~headscope.config.ScanConfig` and the engine registry;
 the values go to :func:`headscope.runner.scan_to_dir`, which checks them and does the work.
 Results go to stdout, progress to stderr; any bad input exits 2 with one line, before any output
-exists. Ctrl-C and SIGTERM stop any command with nothing left behind (exit 130 / 143).
+exists. Ctrl-C and SIGTERM stop any command with exit 130 / 143; a scan leaves no partial run
+directory behind (see :mod:`headscope.rundir`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import click
 from headscope.config import ScanConfig, parse_thresholds
 from headscope.engines import AUTO, engine_names
 from headscope.errors import HeadscopeError
+from headscope.sources import DTYPE_NAMES
 
 DEFAULTS = ScanConfig()
 
@@ -38,8 +40,12 @@ class _Group(click.Group):
             _fail(str(exc))
         except KeyboardInterrupt as exc:
             signum = getattr(exc, "signum", 2)
-            _fail(f"interrupted ({'SIGTERM' if signum == 15 else 'Ctrl-C'}); no partial output is left behind.",
-                  128 + signum)
+            what = "SIGTERM" if signum == 15 else "Ctrl-C"
+            written = getattr(exc, "written", None)
+            if written is not None:  # it arrived during the final rename, which was let finish
+                _fail(f"interrupted ({what}) as the run was being renamed into place; {written}/ is complete.",
+                      128 + signum)
+            _fail(f"interrupted ({what}); no partial output is left behind.", 128 + signum)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -61,8 +67,9 @@ def main() -> None:
               help="L of the repeat probe BOS+R+R.")
 @click.option("--seq-len", type=int, default=DEFAULTS.seq_len,
               help="Make every sequence this many tokens: text packed until full, R as long as fits.")
-@click.option("--engine", type=click.Choice([AUTO, *engine_names()]), default=DEFAULTS.engine, show_default=True,
-              help="How attention is read; auto takes the first that can run (see `headscope engines`).")
+@click.option("--engine", default=DEFAULTS.engine, show_default=True,
+              help=f"{', '.join([AUTO, *engine_names()])}: how attention is read; auto takes the first that can "
+                   "run (see `headscope engines`).")
 @click.option("--prompts", type=click.Path(dir_okay=False), default=DEFAULTS.prompts,
               help="Segment pairs, one 'A<TAB>B' a line (UTF-8). [default: the built-in corpus]")
 @click.option("--metrics", "metric_names", default=None,
@@ -70,8 +77,8 @@ def main() -> None:
 @click.option("--threshold", "thresholds", multiple=True, metavar="METRIC=VALUE",
               help="Override a label threshold (repeatable).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps.")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
-              show_default=True, help="Model weights dtype; patterns are scored in float32.")
+@click.option("--dtype", default=None,
+              help=f"Model weights dtype: {', '.join(DTYPE_NAMES)}. [default: float32] Patterns are scored in float32.")
 @click.option("--threads", type=int, default=None,
               help="CPU threads for torch. [default: torch's choice, usually one per core]")
 @click.option("--force", is_flag=True, help="Replace an existing run directory (never any other folder).")
@@ -85,18 +92,15 @@ def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, seq_len, engi
     gpt2-small, a Hugging Face repo id (NAME@REVISION for a branch, tag or commit), or a local
     checkpoint folder.
     """
-    from pathlib import Path
-
-    from headscope.report import summary_table
-    from headscope.result import model_slug
-    from headscope.runner import scan_to_dir
+    from headscope.report import console_summary
+    from headscope.runner import default_out, scan_to_dir
 
     config = ScanConfig(
         n_prompts=n_prompts, repeat_len=repeat_len, seed=seed, seq_len=seq_len, prompts=prompts,
         metrics=tuple(metric_names.split(",")) if metric_names is not None else None,
         thresholds=parse_thresholds(thresholds), batch_size=batch_size, engine=engine,
     )
-    out = Path(out) if out else Path("runs") / model_slug(model_name)
+    out = out or default_out(model_name)
 
     def say(msg: str) -> None:
         if not quiet:
@@ -111,20 +115,7 @@ def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, seq_len, engi
 
     result = scan_to_dir(model_name, out, config, force=force, figures=not no_figures, device=device,
                          dtype=dtype, threads=threads, say=say, progress=progress)
-    meta = result.metadata
-    click.echo(f"{meta['model']}: {meta['n_layers']} layers x {meta['n_heads']} heads "
-               f"({'causal' if meta['causal'] else 'bidirectional'}), "
-               f"{sum(len(p) for p in result.probes)} sequences")
-    click.echo(summary_table(result.scores))
-    from headscope.metrics import get_metric
-
-    scores = result.scores
-    for name in scores["metric"].unique():
-        reason = get_metric(name).nan_reason
-        if reason and scores.loc[scores.metric == name, "score"].isna().all():
-            click.echo(f"{name} is NaN: {reason}")
-    click.echo(f"wrote {out}/ (scores.csv, metadata.json, tokens.jsonl, summary.md"
-               f"{', *.png' if not no_figures else ''})")
+    click.echo(console_summary(result, out, figures=not no_figures))
 
 
 @main.command()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import click
 
+from headscope.sources import DTYPE_NAMES
 from headscope.views import DEFAULT_TEXT
 
 
@@ -23,8 +24,7 @@ from headscope.views import DEFAULT_TEXT
 @click.option("--html", "html_view", is_flag=True,
               help="Also write an interactive, self-contained HTML view next to the figure.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps.")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
-              show_default=True, help="Model weights dtype.")
+@click.option("--dtype", default=None, help=f"Model weights dtype: {', '.join(DTYPE_NAMES)}. [default: float32]")
 def show(model_name, head_spec, text, out, html_view, device, dtype) -> None:
     """Draw one head's attention pattern on a text (query rows, key columns).
 
@@ -55,8 +55,8 @@ def plot(run_dir, out) -> None:
 @click.argument("run_dirs", nargs=-1, required=True, metavar="RUN_A RUN_B [RUN ...]")
 @click.option("--out", type=click.Path(), default=None,
               help="Directory for compare.csv and the figures. [default: ./compare-<A>-vs-<B>]")
-@click.option("--top", type=int, default=3, show_default=True,
-              help="Heads per metric to print from the per-head differences.")
+@click.option("--top", type=int, default=None,
+              help="Heads per metric to print from the per-head differences. [default: 3]")
 def compare(run_dirs, out, top) -> None:
     """Put saved runs (different models, or seeds) side by side.
 
@@ -66,7 +66,7 @@ def compare(run_dirs, out, top) -> None:
     """
     from headscope.compare import compare_dirs
 
-    text, paths = compare_dirs(run_dirs, out, top)
+    text, paths = compare_dirs(run_dirs, out, **({} if top is None else {"top": top}))
     click.echo(text)
     for path in paths:
         click.echo(str(path))

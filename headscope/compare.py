@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from headscope.errors import HeadscopeError
+from headscope.errors import HeadscopeError, setting
 from headscope.metrics import REGISTRY
 from headscope.outputs import check_replaceable, save_figure, write_atomic
 from headscope.result import fmt, head_name, model_slug
@@ -247,8 +247,8 @@ def difference_figure(runs: dict[str, pd.DataFrame]) -> Figure:
 SUMMARY_COLUMNS = ["metric", "run", "model", "heads", "max", "mean", "labelled", "chance", "top_head"]
 
 
-def check_out_dir(out: str | Path) -> Path:
-    """Refuse an output path that exists and is not a directory."""
+def check_folder(out: str | Path) -> Path:
+    """Refuse an ``--out`` for a comparison that exists and is not a directory."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise HeadscopeError(f"--out '{out}' exists and is not a directory; choose another --out.")
@@ -261,22 +261,27 @@ def write_comparison(runs: dict[str, pd.DataFrame], out: str | Path, dpi: int = 
 
     Files already in ``out`` are replaced only if headscope wrote them (:mod:`headscope.outputs`);
     otherwise nothing is written."""
-    out = check_out_dir(out)
-    labels = list(runs)
-    tables = {"compare.csv": (summary(runs), SUMMARY_COLUMNS)}
+    out = check_folder(out)
+    tables = {"compare.csv": summary(runs)}
     figures = {"distributions.png": distribution_figure}
     if same_shape(runs):
-        diffs = head_differences(runs)
-        tables["head_diffs.csv"] = (diffs, ["metric", "layer", "head", "head_name", *labels, "diff", "abs_diff"])
+        tables["head_diffs.csv"] = head_differences(runs)
         if len(runs) == 2:
             figures["difference.png"] = difference_figure
     names = ["compare.csv", "distributions.png", "head_diffs.csv", "difference.png"]
     targets = [out / n for n in names if n in tables or n in figures]
-    check_replaceable(targets, {name: header for name, (_, header) in tables.items()})
+    stale = [out / n for n in names if n not in tables and n not in figures and (out / n).exists()]
+    # head_diffs.csv's header names the runs: any runs' table of ours has this head and tail
+    headers = {"compare.csv": ",".join(SUMMARY_COLUMNS),
+               "head_diffs.csv": lambda line: line.startswith("metric,layer,head,head_name,")
+               and line.endswith(",diff,abs_diff")}
+    check_replaceable(targets + stale, headers)
     out.mkdir(parents=True, exist_ok=True)
+    for path in stale:  # an earlier comparison's file that this one does not write: ours, and out of date
+        path.unlink()
     for path in targets:
         if path.name in tables:
-            table = tables[path.name][0]
+            table = tables[path.name]
             write_atomic(path, lambda tmp, t=table: t.to_csv(tmp, index=False, float_format="%.8g", na_rep="NaN"))
         else:
             save_figure(figures[path.name](runs), path, dpi)
@@ -289,13 +294,13 @@ def compare_dirs(run_dirs: Sequence[str | Path], out: str | Path | None = None, 
     ``out`` defaults to ``./compare-<A>-vs-<B>``; the text is the summary table and, for runs of
     one shape, the ``top`` largest per-head differences per metric."""
     if top < 0:
-        raise HeadscopeError(f"top (--top) must be 0 or more, got {top}.")
+        raise HeadscopeError(f"{setting('top')} must be 0 or more, got {top}.")
     runs = load_runs(run_dirs)
     labels = list(runs)
     if out is None:
         name = "-vs-".join(model_slug(la) for la in labels) if len(labels) <= 3 else f"{len(labels)}-runs"
         out = Path(f"compare-{name}")
-    check_out_dir(out)
+    check_folder(out)
     text = [format_summary(summary(runs))]
     if not same_shape(runs):
         text.append("runs differ in layers x heads: no per-head differences.")

@@ -51,6 +51,12 @@ class MetricScores:
         return MetricScores(self.metric, self.total + other.total, self.count + other.count,
                             self.chance_total + other.chance_total)
 
+    def __radd__(self, other) -> MetricScores:
+        """``sum(shards)`` starts from 0."""
+        if isinstance(other, int) and other == 0:
+            return self
+        return NotImplemented
+
 
 def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
     """Right-pad to the longest: (tokens ``[batch, pos]``, mask ``[batch, pos]``, lengths ``[batch]``)."""
@@ -110,14 +116,20 @@ def score_probe(
         batch = pattern_batch(model, probe, tokens, mask, lengths, punct)
         on_device = batch.to(model.device)
         n = tokens.shape[1]
+        seen: set[int] = set()
 
-        def on_rows(layer: int, rows: Rows, q_start: int = 0, ctx=on_device, n=n) -> None:
+        def on_rows(layer: int, rows: Rows, q_start: int = 0, ctx=on_device, n=n, seen=seen) -> None:
             # a block of query rows whose key axis may stop early (causal blocks)
             block = ctx if q_start == 0 and rows.shape[-1] == n else _block(ctx, q_start, rows.shape[-1])
+            seen.add(layer)
             for m in metrics:
                 totals[m.name][layer] += m(rows, block).total.sum(0).cpu()  # [head]
 
         eng.run(model, tokens, mask, on_device, on_rows)
+        if len(seen) != model.n_layers:  # a layer the engine never reached would score 0, silently
+            missed = sorted(set(range(model.n_layers)) - seen)
+            raise HeadscopeError(f"The {eng.name} engine never saw layer(s) {', '.join(map(str, missed))} of "
+                                 f"{model.name}: its attention did not reach headscope; use --engine hooks.")
         _add_chance(metrics, batch, counts, chance)
         if on_batch is not None:
             on_batch(len(chunk))

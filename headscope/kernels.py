@@ -4,9 +4,10 @@ Every built-in metric reads a query row of the pattern in one of three ways: one
 (``A[q, 0]``, ``A[q, q-1]``, ...), the mass on a set of flagged keys, or the row's entropy. The
 kernel computes the last two for every row in one pass over ``q kᵀ`` tiles that stay in cache,
 with a running maximum as flash attention does, plus the row's log-sum-exp so that any single
-entry is ``exp(q·k - lse)`` afterwards. The softmax pattern never exists in memory, and the cost is
-about half of the fused attention the model runs anyway (one ``q kᵀ`` instead of ``q kᵀ`` and
-``A v``).
+entry is ``exp(q·k - lse)`` afterwards. From the same tiles of exp-scores it can also compute the
+layer's output ``A v`` (:func:`attention`), so a scanned layer costs what its fused attention
+alone does; the softmax pattern never exists in memory. The fused engine
+(:mod:`headscope.engines.fused`) is what calls it during a scan.
 
 The extension is compiled on first use with the C++ compiler torch's ``cpp_extension`` finds
 (about a minute, once; cached by torch under ``~/.cache/torch_extensions``). Where it cannot be
@@ -156,7 +157,7 @@ def _run(query, key, value, attention_mask, scaling, causal, flags):
     names = list(flags)
     if len(names) > MAX_FLAGS:
         raise ValueError(f"At most {MAX_FLAGS} flag channels, got {len(names)}.")
-    f = (torch.stack([flags[n].float() for n in names], 1).contiguous() if names
+    f = (torch.stack([flags[n].float() for n in names], 1).contiguous() if names  # [batch, flag, key]
          else torch.zeros(b, 0, n_k))
     empty = torch.empty(0, dtype=torch.bool)
     v32 = torch.empty(0) if value is None else value.float().contiguous()

@@ -26,6 +26,8 @@ import contextlib
 import copy
 import hashlib
 import os
+import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -38,9 +40,17 @@ from torch import Tensor
 from headscope import attention
 from headscope.attention import AttentionCall, Handler, Intervention, StopForward
 from headscope.errors import HeadscopeError
-from headscope.sources import Source, materialize, resolve
+from headscope.sources import (
+    DTYPE_NAMES,
+    Source,
+    cached_snapshot,
+    check_dtype,
+    materialize,
+    resolve,
+    sha256_file,
+)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16, torch.float16), strict=True))
 _ENCODER_TYPES = {"bert", "roberta", "distilbert", "albert", "electra", "xlm-roberta", "mpnet",
                   "deberta", "deberta-v2", "camembert", "modernbert"}
 #: Softmax changes passed to the attention function that plain ``softmax(q k^T * scale + mask)``
@@ -67,8 +77,7 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 
 def resolve_dtype(dtype: str) -> torch.dtype:
-    if dtype not in DTYPES:
-        raise HeadscopeError(f"Unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}.")
+    check_dtype(dtype)
     return DTYPES[dtype]
 
 
@@ -122,6 +131,20 @@ class Model:
     attention_interface: bool = False
     _make_bridge: Callable[[], object] | None = field(default=None, repr=False)
     _bridge: object | None = field(default=None, repr=False)
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)  # one forward at a time
+    _fingerprint: str | None = field(default=None, repr=False)
+
+    @property
+    def has_bridge(self) -> bool:
+        """Whether a transformer-lens bridge exists or can be built (the hooks engine needs one)."""
+        return self._bridge is not None or self._make_bridge is not None
+
+    def fingerprint(self) -> str:
+        """sha256 over the parameters' names, shapes, dtypes and bytes (computed once, on first use):
+        what identifies an in-memory model that has no weights file."""
+        if self._fingerprint is None:
+            self._fingerprint = _state_sha256(self.hf)
+        return self._fingerprint
 
     @property
     def bridge(self):
@@ -199,7 +222,7 @@ class Model:
         mask = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask
         kwargs = {"input_ids": tokens.to(self.device), "attention_mask": mask.to(self.device).long(),
                   "use_cache": False}
-        with (torch.inference_mode(), _eval_mode(self.hf), self._our_attention(),
+        with (self._lock, torch.inference_mode(), _eval_mode(self.hf), self._our_attention(),
               attention.intercept(handler, interventions), contextlib.suppress(StopForward)):
             if output == "hidden":
                 return self.hf.base_model(**kwargs).last_hidden_state
@@ -216,14 +239,19 @@ class Model:
     def _our_attention(self) -> Iterator[None]:
         """Make the HF model call headscope's attention function during one forward.
 
-        Models loaded by name run it always (it is plain sdpa while no handler is active); an
-        in-memory model a user handed over is switched for the call and switched back after.
+        Models loaded by name run it always (with no handler active it is the model's own
+        attention); an in-memory model a user handed over is switched for the call and switched
+        back after (under the model's lock: one forward at a time).
         """
         old = getattr(self.hf.config, "_attn_implementation", None)
         if not self.attention_interface or old == IMPLEMENTATION:
             yield
             return
         self.hf.set_attn_implementation(IMPLEMENTATION)
+        if getattr(self.hf.config, "_attn_implementation", None) != IMPLEMENTATION:
+            raise HeadscopeError(f"{self.name}: transformers would not switch this model's attention implementation "
+                                 "(a class defined outside transformers?), so headscope cannot reach inside it; "
+                                 "use --engine hooks, or save it and load the folder.")
         try:
             yield
         finally:
@@ -269,7 +297,7 @@ class Model:
         """The bridge's forward with ``hooks`` (name, fn) scoped to it; StopForward ends it early."""
         bridge = self.bridge
         kwargs = {} if mask is None else {"attention_mask": mask.to(self.device).long()}
-        with torch.inference_mode(), _eval_mode(bridge), contextlib.suppress(StopForward):
+        with self._lock, torch.inference_mode(), _eval_mode(bridge), contextlib.suppress(StopForward):
             bridge.run_with_hooks(tokens.to(self.device), fwd_hooks=hooks, return_type=None, **kwargs)
 
     def _check_layers(self, layers: Sequence[int] | None) -> list[int]:
@@ -381,30 +409,60 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
                is_causal: bool | None = None, **kwargs):
     """transformers' attention interface -> headscope's seam (:mod:`headscope.attention`).
 
-    With no handler active this is exactly transformers' own ``sdpa`` attention. Otherwise the call
-    is packed into an :class:`AttentionCall` whose ``output()`` is that same ``sdpa``.
+    With no handler active this is the model's own attention: transformers' ``sdpa``, or, when
+    the call carries a softmax change sdpa cannot do (soft-capping, learned sinks, position
+    biases), the model's own eager attention. Otherwise the call is packed into an
+    :class:`AttentionCall` whose ``output()`` is that same function, applied to the call as the
+    interventions left it.
     """
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
+    extras = {k: kwargs[k] for k in UNMODELLED if kwargs.get(k) is not None}
+    own = _own_attention(module, extras)
     handler = attention.active()
     if handler is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, is_causal=is_causal, **kwargs)
+        return own(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                   is_causal=is_causal, **kwargs)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    # the call's own flag wins over the module's; transformers' sdpa defaults to causal
+    causal = is_causal if is_causal is not None else bool(getattr(module, "is_causal", True))
 
     def compute(call: AttentionCall) -> Tensor:  # [batch, query, head, dim_v]
-        return sdpa_attention_forward(module, call.query, call.key, call.value, call.mask, dropout=dropout,
-                                      scaling=scaling, is_causal=is_causal, **kwargs)[0]
+        # an intervention's edits to scale or causality win; unedited, the call is passed on as it came
+        return own(module, call.query, call.key, call.value, call.mask, dropout=dropout,
+                   scaling=scaling if call.scale == scale else call.scale,
+                   is_causal=is_causal if call.causal == causal else call.causal, **kwargs)[0]
 
-    call = AttentionCall(
-        layer=module.layer_idx,
-        query=query, key=key, value=value, mask=attention_mask,
-        scale=scaling if scaling is not None else query.shape[-1] ** -0.5,
-        # the call's own flag wins over the module's, as in transformers' sdpa
-        causal=is_causal if is_causal is not None else bool(getattr(module, "is_causal", False)),
-        extras={k: kwargs[k] for k in UNMODELLED if kwargs.get(k) is not None},
-        compute=compute,
-    )
+    call = AttentionCall(layer=module.layer_idx, query=query, key=key, value=value, mask=attention_mask,
+                         scale=scale, causal=causal, extras=extras, compute=compute)
     return handler(call), None
+
+
+def _own_attention(module, extras: dict) -> Callable:
+    """The attention function the model would run itself: sdpa, or its eager attention when the
+    softmax carries something sdpa cannot do (every transformers modeling file defines one)."""
+    if not extras:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward
+    eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if eager is None:
+        raise HeadscopeError(f"This model's attention uses {', '.join(extras)}, and its modeling file has no eager "
+                             "attention to reproduce it; use --engine hooks.")
+
+    def run(module, query, key, value, attention_mask, *, is_causal=None, **kwargs):
+        # headscope's attention is registered with sdpa-style masks: booleans (True = may attend), or
+        # None where plain causality suffices. Eager attention adds its mask to the scores, so it
+        # gets the additive form, causality spelled out (keys before the first query all visible).
+        mask = attention_mask
+        n_q, n_k = query.shape[-2], key.shape[-2]
+        causal = is_causal if is_causal is not None else bool(getattr(module, "is_causal", True))
+        if mask is None and causal:
+            mask = torch.ones(n_q, n_k, dtype=torch.bool, device=query.device).tril(n_k - n_q)[None, None]
+        if mask is not None and mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(
+                ~mask, torch.finfo(query.dtype).min)  # [batch or 1, 1 or head, query, key]
+        return eager(module, query, key, value, mask, **kwargs)
+
+    return run
 
 
 def _register_attention() -> None:
@@ -537,8 +595,6 @@ def _load_named(name: str, device: str, dtype: str, progress: Callable[[str], No
     if source.kind in ("local", "hub"):
         weights = _find_weights(source, ref_s)
         if weights is not None and "weights_sha256" not in provenance:
-            from headscope.sources import sha256_file
-
             provenance["weights_sha256"] = sha256_file(weights)
             provenance["weights_file"] = weights.name
     return _model(name, source, provenance, hf, tok, causal, dev, torch_dtype, make_bridge)
@@ -571,9 +627,13 @@ def _wrap_hf(hf, tokenizer, name: str | None, device: str, dtype: str | None) ->
         return bridge
 
     source = Source(typed=label, kind="memory", ref=type(hf).__name__)
-    provenance = {"source": f"in-memory {type(hf).__name__}", "name_or_path": getattr(hf.config, "_name_or_path", ""),
-                  "state_dict_sha256": _state_sha256(hf)}
-    return _model(label, source, provenance, hf, tokenizer, causal, dev, torch_dtype, make_bridge)
+    provenance = {"source": f"in-memory {type(hf).__name__}", "name_or_path": getattr(hf.config, "_name_or_path", "")}
+    model = _model(label, source, provenance, hf, tokenizer, causal, dev, torch_dtype, make_bridge)
+    # transformers only switches the implementation of classes it can (not ones defined elsewhere)
+    switchable = getattr(hf, "_can_set_attn_implementation", lambda: True)()
+    model.attention_interface = model.attention_interface and (
+        hf.config._attn_implementation == IMPLEMENTATION or bool(switchable))
+    return model
 
 
 def _wrap_bridge(bridge, name: str | None, device: str) -> Model:
@@ -585,7 +645,7 @@ def _wrap_bridge(bridge, name: str | None, device: str) -> Model:
         raise HeadscopeError(f"The bridge is on {param.device}, not {device}; move it first or leave device='auto'.")
     source = Source(typed=label, kind="memory", ref="TransformerBridge")
     provenance = {"source": f"in-memory TransformerBridge over {type(hf).__name__}",
-                  "name_or_path": getattr(hf.config, "_name_or_path", ""), "state_dict_sha256": _state_sha256(hf)}
+                  "name_or_path": getattr(hf.config, "_name_or_path", "")}
     model = _model(label, source, provenance, hf, bridge.tokenizer, _is_causal_lm(hf), param.device, param.dtype,
                    None)
     model._bridge = bridge
@@ -641,19 +701,20 @@ def _bridge_tokenizer(tok):
 
 
 def _state_sha256(hf) -> str:
-    """sha256 over the parameters' names, shapes and bytes (an in-memory model has no file)."""
+    """sha256 over the state dict's names, shapes, dtypes and bytes (an in-memory model has no file).
+    Tensors that hold no data here (meta, offloaded) are hashed by name and shape only."""
     h = hashlib.sha256()
     for name, t in sorted(hf.state_dict().items()):
-        t = t.detach().cpu().contiguous()
         h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        if t.device.type == "meta" or not t.numel():
+            continue
+        flat = t.detach().reshape(-1).cpu().contiguous()  # 0-dim tensors too
+        h.update(memoryview(flat.view(torch.uint8).numpy()))
     return h.hexdigest()
 
 
 def _find_weights(source: Source, ref: str) -> Path | None:
     """The weights file of a local folder or cached hub snapshot (for its sha256)."""
-    from headscope.sources import cached_snapshot
-
     folder = Path(ref) if Path(ref).is_dir() else cached_snapshot(ref, source.revision)
     if folder is None:
         return None

@@ -44,7 +44,12 @@ def _head(path: Path, n: int) -> bytes:
         return b""
 
 
-def is_ours(path: Path, csv_header: Sequence[str] | None = None) -> bool:
+#: A CSV header headscope writes: the exact first line, or a test of the first line (for headers
+#: that name what was compared).
+Header = str | Callable[[str], bool]
+
+
+def is_ours(path: Path, csv_header: Header | None = None) -> bool:
     """Whether the file at ``path`` says headscope wrote it (see the module docstring)."""
     suffix = Path(path).suffix.lower()
     if suffix == ".png":
@@ -53,23 +58,26 @@ def is_ours(path: Path, csv_header: Sequence[str] | None = None) -> bool:
         return csv_header is not None and csv_is_ours(path, csv_header)
     if suffix == ".html":
         return HTML_GENERATOR.encode() in _head(path, 4096)
-    if suffix == ".svg":
-        return f"<dc:title>{SOFTWARE}</dc:title>".encode() in _head(path, 8192)
+    if suffix == ".svg":  # matplotlib writes the creator as <dc:creator><cc:Agent><dc:title>...
+        head = _head(path, 8192)
+        at = head.find(b"<dc:creator>")
+        return at >= 0 and f"<dc:title>{SOFTWARE}</dc:title>".encode() in head[at:at + 200]
     if suffix == ".pdf":
         return f"/Creator ({SOFTWARE})".encode() in _head(path, 1 << 24)
     return False
 
 
-def csv_is_ours(path: Path, header: Sequence[str]) -> bool:
-    """Whether ``path`` is a CSV whose first line is exactly ``header``."""
+def csv_is_ours(path: Path, header: Header) -> bool:
+    """Whether ``path`` is a CSV whose first line is ``header`` (or passes it, when it is a test)."""
     try:
         with open(path, encoding="utf-8") as f:
-            return f.readline().rstrip("\r\n") == ",".join(header)
+            first = f.readline().rstrip("\r\n")
     except (OSError, UnicodeDecodeError):
         return False
+    return header(first) if callable(header) else first == header
 
 
-def check_replaceable(paths: Sequence[Path], csv_headers: Mapping[str, Sequence[str]] | None = None) -> None:
+def check_replaceable(paths: Sequence[Path], csv_headers: Mapping[str, Header] | None = None) -> None:
     """Refuse, in one line and before anything is written, to replace a file headscope did not write.
 
     ``csv_headers`` maps a CSV file name to the header headscope writes in it. Missing files are

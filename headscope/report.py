@@ -124,3 +124,20 @@ def summary_markdown(result) -> str:
               "that spreads attention evenly over the keys it can see. Token ids of every scored "
               "sequence are in `tokens.jsonl`.", ""]
     return "\n".join(lines)
+
+
+def console_summary(result, out=None, figures: bool = True) -> str:
+    """What ``headscope scan`` prints on stdout: the model's shape, the summary table, why a metric
+    is NaN, and what was written."""
+    meta, scores = result.metadata, result.scores
+    lines = [f"{meta.get('model', result.model_name)}: {meta.get('n_layers', '?')} layers x "
+             f"{meta.get('n_heads', '?')} heads ({'causal' if meta.get('causal', True) else 'bidirectional'}), "
+             f"{sum(len(p) for p in result.probes)} sequences",
+             summary_table(scores)]
+    for name in scores["metric"].unique():
+        m = REGISTRY.get(name)
+        if m is not None and m.nan_reason and scores.loc[scores.metric == name, "score"].isna().all():
+            lines.append(f"{name} is NaN: {m.nan_reason}")
+    if out is not None:
+        lines.append(f"wrote {out}/ (scores.csv, metadata.json, tokens.jsonl, summary.md{', *.png' if figures else ''})")
+    return "\n".join(lines)

@@ -11,8 +11,8 @@ The primary table is long, one row per (metric, layer, head), with the columns :
 
 >>> head_name(17, 4)
 'L17H4'
->>> model_slug("HuggingFaceTB/SmolLM2-135M"), model_slug("/tmp/my model/"), model_slug("gpt2@step1000")
-('SmolLM2-135M', 'my-model', 'gpt2-step1000')
+>>> model_slug("HuggingFaceTB/SmolLM2-135M"), model_slug("/tmp/my model/"), model_slug("gpt2@refs/pr/3")
+('SmolLM2-135M', 'my-model', 'gpt2-refs-pr-3')
 >>> fmt(0.87961), fmt(float("nan"))
 ('0.880', 'NaN')
 """
@@ -32,6 +32,8 @@ from headscope.errors import HeadscopeError
 COLUMNS = ["model", "metric", "probe", "layer", "head", "head_name", "score", "chance", "n", "label"]
 #: How floats are written to ``scores.csv``: 8 significant digits round-trip every score we report.
 FLOAT_FORMAT = "%.8g"
+#: What a metric's name may look like (it names files: ``<metric>.png``).
+METRIC_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 #: ``metadata.json`` key that marks a folder as a headscope run (see :mod:`headscope.rundir`).
 RUN_FORMAT = "headscope-run/1"
 
@@ -68,7 +70,11 @@ def head_name(layer: int, head: int) -> str:
 def model_slug(name: str) -> str:
     """A file-name-safe short name of a model (a local folder's name, an ``org/name`` repo's name).
 
-    ``.`` and ``..`` name the folder they point to (never a hidden or parent path)."""
+    ``.`` and ``..`` name the folder they point to (never a hidden or parent path); a hub
+    revision stays in the name (``gpt2@refs/pr/3`` -> ``gpt2-refs-pr-3``)."""
+    model, at, revision = name.rpartition("@")
+    if at and model and not Path(name).exists():
+        return f"{model_slug(model)}-{re.sub(r'[^A-Za-z0-9._-]+', '-', revision).strip('-.')}".rstrip("-")
     base = Path(name).name
     if base in ("", ".", "..") and Path(name).exists():
         base = Path(name).resolve().name

@@ -32,7 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 from headscope.errors import HeadscopeError
-from headscope.result import COLUMNS, FLOAT_FORMAT, RUN_FORMAT, Probe, ScanResult
+from headscope.result import COLUMNS, FLOAT_FORMAT, METRIC_NAME, RUN_FORMAT, Probe, ScanResult
 
 #: What every run directory holds besides one ``<metric>.png`` per metric.
 RUN_FILES = ("scores.csv", "scores.parquet", "metadata.json", "tokens.jsonl", "summary.md", "summary.png")
@@ -47,14 +47,18 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+        self.written: Path | None = None  # set when it arrived during a rename that completed
 
 
 class _Signals:
-    """SIGINT/SIGTERM handlers of the main thread: raise :class:`Interrupted`, or hold it while held."""
+    """SIGINT/SIGTERM handlers of the main thread: raise :class:`Interrupted`, or hold it while held.
+
+    Python runs signal handlers in the main thread whichever thread the OS delivered the signal
+    to, so a counter checked by the handler is enough to hold a signal back."""
 
     def __init__(self) -> None:
         self.depth = 0  # nested interruptible() blocks
-        self.holding = 0  # nested held() blocks
+        self.holding = 0  # nested held() blocks (released() sets it to 0 for a while)
         self.pending: int | None = None
         self.saved: dict[int, object] = {}
 
@@ -63,6 +67,11 @@ class _Signals:
             self.pending = signum  # delivered when the critical section ends
             return
         raise Interrupted(signum)
+
+    def raise_pending(self) -> None:
+        if self.pending is not None:
+            signum, self.pending = self.pending, None
+            raise Interrupted(signum)
 
 
 _SIGNALS = _Signals()
@@ -76,21 +85,35 @@ def _main_thread() -> bool:
 @contextlib.contextmanager
 def interruptible() -> Iterator[None]:
     """While active, Ctrl-C and SIGTERM raise :class:`Interrupted` (a ``KeyboardInterrupt``) in the
-    main thread, so ``finally`` blocks and :func:`held` sections behave the same for both.
-    Outside the main thread (where handlers cannot be set) it does nothing."""
+    main thread, so ``finally`` blocks and :func:`held` sections behave the same for both. A signal
+    the process ignores (``SIG_IGN``, e.g. SIGINT of a background job) stays ignored. Outside the
+    main thread (where handlers cannot be set) it does nothing."""
     if not _main_thread():
         yield
         return
     if _SIGNALS.depth == 0:
-        _SIGNALS.saved = {s: signal.signal(s, _SIGNALS.handle) for s in _CAUGHT}
+        _SIGNALS.saved = {}
+        for s in _CAUGHT:
+            if signal.getsignal(s) is not signal.SIG_IGN:
+                _SIGNALS.saved[s] = signal.signal(s, _SIGNALS.handle)
     _SIGNALS.depth += 1
+    pending = None
     try:
         yield
     finally:
-        _SIGNALS.depth -= 1
-        if _SIGNALS.depth == 0:
-            for s, old in _SIGNALS.saved.items():
-                signal.signal(s, old)
+        _SIGNALS.holding += 1  # no signal may interrupt the restoring
+        try:
+            _SIGNALS.depth -= 1
+            if _SIGNALS.depth == 0:
+                for s, old in _SIGNALS.saved.items():
+                    signal.signal(s, signal.SIG_DFL if old is None else old)  # None: set outside Python
+                # a signal held back to the very end: raised below; if an exception is already
+                # on its way out (the program is stopping anyway), it is dropped
+                pending, _SIGNALS.pending = _SIGNALS.pending, None
+        finally:
+            _SIGNALS.holding -= 1
+    if pending is not None:
+        raise Interrupted(pending)
 
 
 @contextlib.contextmanager
@@ -104,9 +127,22 @@ def held() -> Iterator[None]:
         yield
     finally:
         _SIGNALS.holding -= 1
-        if _SIGNALS.holding == 0 and _SIGNALS.pending is not None:
-            signum, _SIGNALS.pending = _SIGNALS.pending, None
-            raise Interrupted(signum)
+    if _SIGNALS.holding == 0:
+        _SIGNALS.raise_pending()
+
+
+@contextlib.contextmanager
+def released() -> Iterator[None]:
+    """Inside a :func:`held` section: the part that signals may interrupt (a long write)."""
+    if not _main_thread() or _SIGNALS.depth == 0:
+        yield
+        return
+    holding, _SIGNALS.holding = _SIGNALS.holding, 0
+    try:
+        _SIGNALS.raise_pending()  # one that came while held: now
+        yield
+    finally:
+        _SIGNALS.holding = holding
 
 
 # ------------------------------------------------------------------------------ what a run is
@@ -139,7 +175,7 @@ def foreign_entries(path: str | Path) -> list[str]:
     ours = set(RUN_FILES) | set(meta.get("files") or [])
     try:
         metrics = pd.read_csv(path / "scores.csv", usecols=["metric"])["metric"].astype(str).unique()
-        ours |= {f"{m}.png" for m in metrics}  # heatmaps, also as `headscope plot` rewrites them
+        ours |= {f"{m}.png" for m in metrics if METRIC_NAME.match(m)}  # heatmaps, as `headscope plot` rewrites them
     except (OSError, ValueError, KeyError, pd.errors.ParserError):
         pass
     return sorted(e.name for e in path.iterdir() if e.name not in ours or not e.is_file() or e.is_symlink())
@@ -193,32 +229,38 @@ def save_run(result: ScanResult, out: str | Path, force: bool = False, figures: 
     t0 = time.perf_counter()
     tmp: Path | None = None
     made: list[Path] = []
-    with interruptible():
-        try:
-            with held():
+    published = False
+    # Everything is held by default: a signal can only interrupt the writing itself (released),
+    # never the making of the folders, the rename or the clean-up, which run whole.
+    try:
+        with interruptible(), held():
+            try:
                 made = _make_parents(out.absolute().parent)
                 tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.absolute().parent))
-            _write(result, tmp, figures)
-            timings = dict(result.metadata.get("timings", {}), write_s=round(time.perf_counter() - t0, 3))
-            if started is not None:
-                timings["total_s"] = round(time.perf_counter() - started, 3)
-            files = sorted([p.name for p in tmp.iterdir()] + ["metadata.json"])
-            meta = result.metadata | {"run_format": RUN_FORMAT, "thresholds": result.thresholds,
-                                      "timings": timings, "files": files}
-            (tmp / "metadata.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-            os.chmod(tmp, 0o755)  # mkdtemp makes it private; a run directory is an ordinary folder
-            with held():
+                with released():
+                    _write(result, tmp, figures)
+                    timings = dict(result.metadata.get("timings", {}), write_s=round(time.perf_counter() - t0, 3))
+                    if started is not None:
+                        timings["total_s"] = round(time.perf_counter() - started, 3)
+                    files = sorted([p.name for p in tmp.iterdir()] + ["metadata.json"])
+                    meta = result.metadata | {"run_format": RUN_FORMAT, "thresholds": result.thresholds,
+                                              "timings": timings, "files": files}
+                    (tmp / "metadata.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+                    os.chmod(tmp, 0o755)  # mkdtemp makes it private; a run directory is an ordinary folder
                 _publish(tmp, out, force)
-                tmp = None
-            result.metadata = meta
-        except BaseException:
-            with held():
+                tmp, published = None, True
+                result.metadata = meta
+            except BaseException:
                 if tmp is not None:
                     shutil.rmtree(tmp, ignore_errors=True)
                 for folder in reversed(made):
                     with contextlib.suppress(OSError):
                         folder.rmdir()  # only if still empty
-            raise
+                raise
+    except Interrupted as exc:
+        if published:  # it came during the rename, which finished: the run is complete
+            exc.written = out
+        raise
     return out
 
 
@@ -344,6 +386,10 @@ def load_run(path: str | Path) -> ScanResult:
     if missing or scores.empty:
         raise HeadscopeError(f"'{table}' lacks {', '.join(missing) or 'rows'}; a run's scores.csv has columns "
                              f"{', '.join(COLUMNS)}.")
+    odd = [m for m in scores["metric"].astype(str).unique() if not METRIC_NAME.match(m)]
+    if odd:  # a metric names a file (<metric>.png): never a path
+        raise HeadscopeError(f"'{table}' names a metric '{odd[0]}', which is not a metric name (letters, digits, "
+                             "'_', '.', '-'); is it from `headscope scan`?")
     scores["label"] = scores["label"].fillna("")
     meta = read_metadata(path) or {}
     probes: dict[str, Probe] = {}

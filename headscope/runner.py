@@ -19,16 +19,20 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from headscope import kernels
 from headscope.config import ScanConfig
 from headscope.engines import AUTO, resolve_engine
-from headscope.errors import at_least
+from headscope.errors import HeadscopeError, at_least
 from headscope.extract import MetricScores, score_probe
 from headscope.metrics import REGISTRY, Metric, get_metric
+from headscope.models import load_model
 from headscope.probes import load_pairs, packed_text_probe, repeat_len_for, repeat_probe, text_probe
 from headscope.report import to_frame
-from headscope.result import Probe, ScanResult
+from headscope.result import Probe, ScanResult, model_slug
+from headscope.rundir import check_out_dir, interruptible, save_run
+from headscope.sources import check_dtype, resolve
 
-__all__ = ["ScanResult", "default_probes", "scan", "scan_to_dir"]
+__all__ = ["ScanResult", "default_out", "default_probes", "scan", "scan_to_dir"]
 
 _DEFAULT = ScanConfig()
 
@@ -76,11 +80,12 @@ def scan(
     ``tqdm``-like factory ``progress(total=..., desc=...)``.
     """
     probes = list(probes) if probes is not None else default_probes(model)
-    chosen = [m if isinstance(m, Metric) else get_metric(m) for m in (metrics or list(REGISTRY))]
+    if metrics is not None and not len(metrics):
+        raise HeadscopeError("metrics is empty; give metric names such as ['induction', 'sink'], or None for all.")
+    chosen = [m if isinstance(m, Metric) else get_metric(m) for m in (list(REGISTRY) if metrics is None else metrics)]
     thresholds = dict(thresholds or {})
     for name in thresholds:
         get_metric(name)  # unknown names fail loudly
-    at_least("batch_size", batch_size)
     eng = resolve_engine(model, engine, chosen)
     results: dict[str, MetricScores] = {}
     timings: dict[str, float] = {}
@@ -104,11 +109,17 @@ def scan(
     )
 
 
+def default_out(model) -> Path:
+    """Where ``headscope scan MODEL`` writes without ``--out``: ``runs/<model slug>``."""
+    return Path("runs") / model_slug(model if isinstance(model, str) else getattr(model, "name", "model"))
+
+
 def scan_to_dir(
     model_name,
-    out: str | Path,
+    out: str | Path | None = None,
     config: ScanConfig = _DEFAULT,
     *,
+    tokenizer=None,
     force: bool = False,
     figures: bool = True,
     device: str = "auto",
@@ -121,40 +132,44 @@ def scan_to_dir(
 
     Every mistake a user can make (settings, prompts file, model name, an ``out`` that may not be
     written) is refused with one line before the model loads; nothing is written unless the whole
-    run succeeds. ``model_name`` may also be an in-memory model (see
-    :func:`headscope.models.load_model`). ``say`` gets progress lines; ``progress`` is a
-    ``tqdm``-like factory for the probes' progress bars.
+    run succeeds. ``model_name`` may also be a model in memory: a loaded :class:`Model`, a
+    transformer-lens bridge, or a Hugging Face model with its ``tokenizer`` (``device`` and
+    ``dtype`` then stay the model's own; see :func:`headscope.models.load_model`). ``out``
+    defaults to :func:`default_out`. ``say`` gets progress lines; ``progress`` is a ``tqdm``-like
+    factory for the probes' progress bars. ``threads`` sets torch's CPU threads for the scan only.
     """
-    from headscope import kernels
-    from headscope.models import load_model
-    from headscope.rundir import check_out_dir, interruptible, save_run
-    from headscope.sources import resolve
+    import torch
 
     t_start = time.perf_counter()
     say = say or (lambda _msg: None)
+    out = default_out(model_name) if out is None else Path(out)
+    old_threads, old_on_build = torch.get_num_threads(), kernels.on_build
     with interruptible():
         config.validate()
         at_least("threads", threads)
+        check_dtype(dtype)
         check_out_dir(out, force)
         if isinstance(model_name, str):
             resolve(model_name)  # a typo is answered in milliseconds, before any loading
-        if threads is not None:
-            import torch
-
-            torch.set_num_threads(threads)
-        t0 = time.perf_counter()
-        model = load_model(model_name, device=device, dtype=dtype, progress=say)
-        t_load = time.perf_counter() - t0
-        chosen = config.metric_objects()
-        probes = default_probes(model, config.n_prompts, config.repeat_len, config.seed, config.prompts,
-                                config.seq_len, probes=config.probe_names())
-        kernels.on_build = say
-        engine = resolve_engine(model, config.engine, chosen)
-        say(f"scanning {model.n_layers} layers x {model.n_heads} heads on {model.device} ({engine.name} engine)")
-        result = scan(model, probes, chosen, batch_size=config.batch_size, thresholds=dict(config.thresholds),
-                      progress=progress, engine=engine.name)
-        result.metadata = run_metadata(model, result, config, t_load)
-        save_run(result, out, force=force, figures=figures, started=t_start)
+        try:
+            if threads is not None:
+                torch.set_num_threads(threads)
+            kernels.on_build = say
+            t0 = time.perf_counter()
+            model = load_model(model_name, tokenizer, device=device, dtype=dtype, progress=say)
+            t_load = time.perf_counter() - t0
+            chosen = config.metric_objects()
+            probes = default_probes(model, config.n_prompts, config.repeat_len, config.seed, config.prompts,
+                                    config.seq_len, probes=config.probe_names())
+            engine = resolve_engine(model, config.engine, chosen)
+            say(f"scanning {model.n_layers} layers x {model.n_heads} heads on {model.device} ({engine.name} engine)")
+            result = scan(model, probes, chosen, batch_size=config.batch_size, thresholds=dict(config.thresholds),
+                          progress=progress, engine=engine.name)
+            result.metadata = run_metadata(model, result, config, t_load)
+            save_run(result, out, force=force, figures=figures, started=t_start)
+        finally:
+            torch.set_num_threads(old_threads)
+            kernels.on_build = old_on_build
     return result
 
 
@@ -164,9 +179,12 @@ def run_metadata(model, result: ScanResult, config: ScanConfig, t_load: float) -
 
     import headscope
 
+    source = {"kind": model.source.kind, **model.provenance}
+    if model.source.kind == "memory":  # no weights file to hash: hash the weights themselves
+        source["state_dict_sha256"] = model.fingerprint()
     return {
         "model": model.name,
-        "source": {"kind": model.source.kind, **model.provenance},
+        "source": source,
         "n_layers": model.n_layers,
         "n_heads": model.n_heads,
         "n_kv_heads": model.n_kv_heads,

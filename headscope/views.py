@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from headscope.errors import HeadscopeError
+from headscope.errors import HeadscopeError, setting
 from headscope.outputs import HTML_GENERATOR, check_replaceable, save_figure, write_atomic
 from headscope.result import head_name, model_slug
 
@@ -261,19 +261,21 @@ def show_head(model, head: str, text: str = DEFAULT_TEXT, out: str | Path | None
     """``headscope show``: draw head ``head`` (``"L.H"``) of ``model`` on ``text``; return the paths written.
 
     Every mistake that needs no model (the head's form, ``out``'s suffix, an empty text, a file in
-    the way) is refused before the model loads; the head's range is checked once it has.
+    the way, default path included) is refused before the model loads; the head's range is
+    checked once it has.
     """
     from headscope.models import load_model
 
-    parse_head(head)
-    if out is not None:
-        check_figure_path(out)
+    layer, h = parse_head(head)
+    name = model if isinstance(model, str) else getattr(model, "name", "model")
+    target = check_figure_path(out if out is not None else default_out_path(name, layer, h))
+    if html_view:
+        check_replaceable([target.with_suffix(".html")])
     if not text.strip():
-        raise HeadscopeError("--text is empty; give a sentence, e.g. --text 'The river bank flooded'.")
+        raise HeadscopeError(f"{setting('text')} is empty; give a sentence, e.g. 'The river bank flooded'.")
     m = load_model(model, device=device, dtype=dtype, progress=progress)
     layer, h = parse_head(head, m.n_layers, m.n_heads)
-    name = model if isinstance(model, str) else m.name
-    return write_views(head_pattern(m, text, layer, h), out or default_out_path(name, layer, h), html_view=html_view)
+    return write_views(head_pattern(m, text, layer, h), target, html_view=html_view)
 
 
 def check_figure_path(out: str | Path) -> Path:
@@ -281,8 +283,9 @@ def check_figure_path(out: str | Path) -> Path:
     headscope did not write."""
     out = Path(out)
     if out.suffix.lower() not in FIGURE_SUFFIXES:
-        raise HeadscopeError(f"--out '{out}' must end in {', '.join(FIGURE_SUFFIXES)}; e.g. {out.with_suffix('.png')}.")
+        raise HeadscopeError(f"{setting('out')} '{out}' must end in {', '.join(FIGURE_SUFFIXES)}; "
+                             f"e.g. {out.with_suffix('.png')}.")
     if out.is_dir():
-        raise HeadscopeError(f"--out '{out}' is a directory; give a file name such as {out / 'head.png'}.")
+        raise HeadscopeError(f"{setting('out')} '{out}' is a directory; give a file name such as {out / 'head.png'}.")
     check_replaceable([out])
     return out

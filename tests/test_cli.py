@@ -168,5 +168,8 @@ def test_engines_come_from_the_registry():
 
     res = run("engines")
     assert [line.split()[0] for line in res.stdout.splitlines()] == engine_names()
-    res = CliRunner().invoke(main, ["scan", "x", "--engine", "nope"])
-    assert res.exit_code == 2 and "'auto', 'fused', 'blocked', 'hooks'" in res.stderr
+    res = CliRunner().invoke(main, ["scan", "x", "--engine", "fsued"])
+    assert res.exit_code == 2
+    assert res.stderr == "headscope: error: Unknown engine 'fsued'. Did you mean: fused? Known: auto, fused, blocked, hooks.\n"
+    res = CliRunner().invoke(main, ["scan", "smollm2-135m", "--dtype", "float23", "--out", "/nonexistent/x"])
+    assert res.exit_code == 2 and "Unknown dtype 'float23'. Did you mean: float32" in res.stderr

@@ -239,11 +239,11 @@ def test_run_labels_last_resort():
     assert run_labels(["org/m", "m"], [Path("r/x"), Path("r/x")]) == ["m#0", "m#1"]
 
 
-def test_check_out_dir(tmp_path):
-    from headscope.compare import check_out_dir
+def test_check_folder(tmp_path):
+    from headscope.compare import check_folder
 
-    assert check_out_dir(tmp_path / "new") == tmp_path / "new" and not (tmp_path / "new").exists()
-    assert check_out_dir(tmp_path) == tmp_path
+    assert check_folder(tmp_path / "new") == tmp_path / "new" and not (tmp_path / "new").exists()
+    assert check_folder(tmp_path) == tmp_path
     (tmp_path / "f").write_text("x")
     with pytest.raises(HeadscopeError, match=r"^--out '.*f' exists and is not a directory; choose another --out\.$"):
-        check_out_dir(tmp_path / "f")
+        check_folder(tmp_path / "f")

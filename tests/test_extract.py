@@ -84,7 +84,7 @@ def test_shards_of_a_probe_pool_to_the_whole(tiny_gpt2):
         halves = [Probe(probe.name, probe.sequences[i::2], probe.repeat_len) for i in (0, 1)]
         a, b = (score_probe(tiny_gpt2, h, metrics, batch_size=1) for h in halves)
         for name, res in whole.items():
-            merged = a[name] + b[name]
+            merged = sum([a[name], b[name]])  # sum() starts from 0
             torch.testing.assert_close(merged.score, res.score, atol=1e-12, rtol=0, equal_nan=True)
             assert merged.count == res.count and merged.chance == pytest.approx(res.chance, nan_ok=True)
     with pytest.raises(ValueError, match="Cannot pool"):

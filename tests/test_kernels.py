@@ -13,6 +13,7 @@ import torch
 
 from headscope import kernels
 from headscope.engines.fused import fused_flags
+from headscope.errors import HeadscopeError
 from headscope.metrics import REGISTRY, PatternBatch
 from headscope.metrics.base import at_key, at_offset, key_set_mass, row_entropy
 from headscope.metrics.rows import Rows
@@ -132,7 +133,7 @@ def test_selectors_read_head_stats_through_the_rows_protocol():
     torch.testing.assert_close(at_key(st, batch, 0)[0, 0], torch.tensor([1, 1 / 2, 1 / 3], dtype=torch.float64))
     torch.testing.assert_close(at_offset(st, batch, -1)[0, 0], torch.tensor([0, 1 / 2, 1 / 3], dtype=torch.float64))
     torch.testing.assert_close(row_entropy(st, batch)[0, 0], torch.log(torch.tensor([1.0, 2, 3], dtype=torch.float64)))
-    with pytest.raises(KeyError):
+    with pytest.raises(HeadscopeError, match="summed attention only over no key sets, not 'separator'"):
         key_set_mass(st, PatternBatch(lengths=torch.tensor([3]), causal=True, separator=torch.ones(1, 3, dtype=torch.bool)),
                      "separator")  # the kernel was not asked for that set
 

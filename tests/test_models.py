@@ -138,7 +138,7 @@ def test_an_in_memory_model_scans_like_its_saved_folder(saved_and_in_memory):
     hf.train()  # a model handed over in training mode is scored in eval mode, and given back as it was
     model = headscope.load_model(hf, tok, name="my-gpt2")
     assert model.name == "my-gpt2" and model.source.kind == "memory" and model.attention_interface
-    assert model.provenance["state_dict_sha256"] == before[0]
+    assert model.fingerprint() == before[0]
     probes = headscope.default_probes(saved, n_prompts=4, repeat_len=6, seed=1)
     want = _scores(saved, probes, "fused")
     for engine in ("fused", "blocked", "hooks"):
@@ -173,10 +173,94 @@ def test_what_load_model_refuses(saved_and_in_memory, tiny_gpt2_dir):
         headscope.load_model(hf, tok, dtype="bfloat16")
 
 
-def test_state_sha256_follows_the_weights():
+def test_state_sha256_follows_the_weights_and_takes_scalars():
     hf, _ = tiny_gpt2_in_memory()
     first = _state_sha256(hf)
     assert _state_sha256(hf) == first and len(first) == 64
     with torch.no_grad():
         hf.transformer.h[0].attn.c_attn.weight[0, 0] += 1
     assert _state_sha256(hf) != first
+    hf.register_buffer("temperature", torch.tensor(0.5))  # a 0-dim buffer
+    assert len(_state_sha256(hf)) == 64
+
+
+def test_a_class_transformers_cannot_switch_is_scanned_with_hooks(saved_and_in_memory, monkeypatch):
+    """transformers only logs a warning when it cannot switch a model's attention implementation;
+    scanning through a seam that never fires would give all-zero scores, so such a model is
+    marked as without the interface (auto -> hooks), and a forced switch that fails says so."""
+    hf, tok, _ = saved_and_in_memory
+    monkeypatch.setattr(type(hf), "_can_set_attn_implementation", lambda self: False, raising=False)
+    model = headscope.load_model(hf, tok)
+    assert not model.attention_interface and resolve_engine(model).name == "hooks"
+    model.attention_interface = True  # pretend: the switch is attempted, refused, and reported
+    with pytest.raises(headscope.HeadscopeError, match="would not switch this model's attention implementation"):
+        model.run(torch.tensor([[0, 5, 6]]), handler=lambda call: call.output())
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma2():
+    """A random Gemma 2: its attention soft-caps the logits, which sdpa cannot do."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    from tests.tiny_models import _bpe_tokenizer
+
+    tok = _bpe_tokenizer()
+    cfg = Gemma2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, attn_logit_softcapping=2.0,
+                       query_pre_attn_scalar=8, sliding_window=4, max_position_embeddings=256,
+                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    hf = Gemma2ForCausalLM(cfg).eval()
+    hf.set_attn_implementation("eager")
+    return hf, tok
+
+
+def test_the_models_own_attention_is_kept_when_sdpa_cannot_do_it(tiny_gemma2):
+    """With headscope's attention function in place, a soft-capped model still computes its own
+    attention (its eager function), so logits and interventions stay right; engines that recompute
+    softmax(q k^T) refuse it and point to the hooks engine."""
+    hf, tok = tiny_gemma2
+    tokens = torch.tensor([[2, 5, 6, 7, 8, 9, 10, 11]])
+    with torch.no_grad():
+        want = hf(input_ids=tokens).logits
+    model = headscope.load_model(hf, tok)
+    torch.testing.assert_close(model.logits(tokens), want)
+    seen = []
+    torch.testing.assert_close(model.run(tokens, handler=lambda c: (seen.append(sorted(c.extras)), c.output())[1],
+                                         output="logits"), want)
+    assert seen == [["softcap"], ["softcap"]]
+    probe = headscope.default_probes(model, n_prompts=2, repeat_len=3)[0]
+    with pytest.raises(headscope.HeadscopeError, match="uses softcap, which the (fused|blocked) engine does not "
+                                                       "model; use --engine hooks"):
+        headscope.scan(model, [probe], engine="blocked")
+
+
+def test_an_intervention_that_edits_the_scale_changes_the_output(tiny_gpt2):
+    """call.output() computes the call as the interventions left it, not as it came."""
+    from dataclasses import replace
+
+    tokens = torch.tensor([[0, 5, 6, 7, 8]])
+    got = {}
+
+    class Sharpen:
+        def before(self, call):
+            return replace(call, scale=call.scale * 3) if call.layer == 0 else call
+
+        def after(self, call, out):
+            if call.layer == 0:
+                got["out"], got["call"] = out, call
+            return out
+
+    tiny_gpt2.run(tokens, interventions=[Sharpen()])
+    call = got["call"]
+    want = torch.nn.functional.scaled_dot_product_attention(call.query, call.key, call.value, is_causal=True,
+                                                            scale=8 ** -0.5 * 3).transpose(1, 2)
+    torch.testing.assert_close(got["out"], want, atol=1e-6, rtol=0)
+
+
+def test_restricting_every_key_of_a_row_is_refused(tiny_gpt2):
+    from headscope.attention import RestrictKeys
+
+    nothing = RestrictKeys(layer=0, heads=[0], keep=lambda call: torch.zeros(call.shape[-2:], dtype=torch.bool))
+    with pytest.raises(headscope.HeadscopeError, match="leaves a query with no key"):
+        tiny_gpt2.run(torch.tensor([[0, 5, 6]]), interventions=[nothing])

@@ -32,7 +32,8 @@ def test_figures_say_headscope_wrote_them(tmp_path, suffix):
 def test_csv_and_html_are_recognised_by_their_content(tmp_path):
     csv = tmp_path / "compare.csv"
     csv.write_text("metric,run\nsink,a\n")
-    assert is_ours(csv, ["metric", "run"]) and not is_ours(csv, ["metric", "run", "model"]) and not is_ours(csv)
+    assert is_ours(csv, "metric,run") and not is_ours(csv, "metric,run,model") and not is_ours(csv)
+    assert is_ours(csv, lambda line: line.startswith("metric,")) and not is_ours(csv, lambda line: False)
     page = tmp_path / "view.html"
     page.write_text(f"<!DOCTYPE html><html><head>{HTML_GENERATOR}</head></html>")
     assert is_ours(page)
@@ -89,7 +90,28 @@ def test_plot_and_compare_never_overwrite_a_users_file(run, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["compare.csv"]
     (out / "compare.csv").unlink()
     _, paths = compare_dirs([run, other], out)
+    assert [p.name for p in paths] == ["compare.csv", "distributions.png", "head_diffs.csv", "difference.png"]
     assert compare_dirs([run, other], out)[1] == paths  # rewriting its own comparison is fine
+    third = headscope.save_run(headscope.load_run(run), tmp_path / "run3", figures=False)
+    _, paths3 = compare_dirs([run, other, third], out)  # other runs: head_diffs.csv names them, still ours
+    assert [p.name for p in paths3] == ["compare.csv", "distributions.png", "head_diffs.csv"]
+    assert sorted(p.name for p in out.iterdir()) == ["compare.csv", "distributions.png", "head_diffs.csv"]  # stale
+    # difference.png (two runs only) was removed: it was ours and no longer describes this comparison
+
+
+def test_a_scores_table_cannot_name_a_path(run, tmp_path):
+    import shutil
+
+    from headscope.rundir import load_run, redraw
+
+    bad = tmp_path / "bad"
+    shutil.copytree(run, bad)
+    table = (bad / "scores.csv").read_text().replace("\nmodel", "\nmodel").replace(",induction,", ",../../x,")
+    (bad / "scores.csv").write_text(table)
+    with pytest.raises(HeadscopeError, match="names a metric '../../x', which is not a metric name"):
+        load_run(bad)
+    with pytest.raises(HeadscopeError, match="not a metric name"):
+        redraw(bad)
 
 
 def test_show_never_overwrites_a_users_figure(tiny_gpt2, tmp_path):

@@ -37,6 +37,8 @@ def test_head_name_of_numpy_ints():
     ("~/models/bert.base", "bert.base"),
     ("C:\\models\\gpt2", "C-models-gpt2"),  # backslashes are not separators on POSIX: replaced
     ("name@", "name"),  # trailing separators stripped
+    ("gpt2@refs/pr/3", "gpt2-refs-pr-3"),  # a revision with '/' stays whole (not just its last part)
+    ("org/m@feature/x", "m-feature-x"),
     ("/", "model"),  # nothing left: a fallback
     ("модель", "model"),
 ])

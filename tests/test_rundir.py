@@ -144,7 +144,7 @@ def wrap(module, name, before=True):
     setattr(module, name, patched)
 
 if phase == "load":
-    wrap(headscope.models, "load_model")
+    wrap(headscope.runner, "load_model")
 elif phase == "scan":
     wrap(headscope.runner, "score_probe")
 elif phase == "write":
@@ -193,12 +193,41 @@ def test_ctrl_c_and_sigterm_in_any_phase_leave_nothing_behind(phase, sig, tmp_pa
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + sig, err
     name = "SIGTERM" if sig == signal.SIGTERM else "Ctrl-C"
-    assert err.strip().splitlines() == [f"headscope: error: interrupted ({name}); no partial output is left behind."]
     if phase == "publish":  # held back until the rename finished: a complete run, nothing else
+        assert err.strip().splitlines() == [f"headscope: error: interrupted ({name}) as the run was being renamed "
+                                            f"into place; {out}/ is complete."]
         assert is_run_dir(out) and foreign_entries(out) == [] and leftovers(parent) == []
     else:
+        assert err.strip().splitlines() == [f"headscope: error: interrupted ({name}); no partial output is left behind."]
         assert not parent.exists() or list(parent.iterdir()) == []
         assert not parent.exists()  # the folder made for --out's parent is gone too
+
+
+def test_a_second_ctrl_c_during_the_clean_up_cannot_stop_it(result, tmp_path, monkeypatch):
+    """Signals are held everywhere but in the writing itself: a second Ctrl-C that arrives while the
+    temporary folder is being removed is held and delivered after it (double-tapping Ctrl-C)."""
+    import headscope.rundir as rd
+
+    calls = []
+
+    def interrupted_write(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C: raises here, in the released part
+        time.sleep(1)
+
+    real_rmtree = rd.shutil.rmtree
+
+    def rmtree_with_a_second_ctrl_c(path, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # arrives mid clean-up: must be held
+        calls.append(path)
+        real_rmtree(path, **kwargs)
+
+    monkeypatch.setattr(rd, "_write", interrupted_write)
+    monkeypatch.setattr(rd.shutil, "rmtree", rmtree_with_a_second_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        save_run(result, tmp_path / "deep" / "run")
+    assert len(calls) == 1 and list(tmp_path.iterdir()) == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    assert rd._SIGNALS.pending is None and rd._SIGNALS.holding == 0 and rd._SIGNALS.depth == 0
 
 
 def test_two_scans_to_one_out_exactly_one_wins(tmp_path, tiny_gpt2_dir):

@@ -46,7 +46,7 @@ def test_scan_reports_its_engine_timings_and_thresholds(tiny_gpt2):
     (ScanConfig(prompts="/no/such/file.tsv"), "does not exist"),
 ])
 def test_scan_to_dir_checks_everything_before_loading(config, message, tmp_path, monkeypatch, tiny_gpt2_dir):
-    monkeypatch.setattr("headscope.models.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr("headscope.runner.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     with pytest.raises(HeadscopeError, match=message):
         scan_to_dir(str(tiny_gpt2_dir), tmp_path / "run", config)
     existing = tmp_path / "existing"

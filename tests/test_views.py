@@ -225,5 +225,5 @@ def test_write_views_other_formats(tmp_path, suffix):
 
 def test_write_views_refuses_a_directory(tmp_path):
     (tmp_path / "fig.png").mkdir()
-    with pytest.raises(HeadscopeError, match=r"^--out '.*fig\.png' is a directory; give a file name such as "):
+    with pytest.raises(HeadscopeError, match=r"^out \(--out\) '.*fig\.png' is a directory; give a file name such as "):
         write_views(small_pattern(3), tmp_path / "fig.png")

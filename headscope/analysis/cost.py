@@ -92,15 +92,16 @@ def time_scan(
     warm-up scan at the shortest length. ``engine`` is what the scan reported using (when it
     reports one).
     """
-    import headscope
+    from headscope.probes import repeat_probe
+    from headscope.runner import scan
 
     meta: dict = {}
 
     def run(probe):
-        meta.update(headscope.scan(model, [probe]).metadata)
+        meta.update(scan(model, [probe]).metadata)
 
     def probe_of(length):
-        return headscope.repeat_probe(model, length, n_sequences=1, seed=seed)
+        return repeat_probe(model, length, n_sequences=1, seed=seed)
 
     run(probe_of(min(repeat_lens)))  # warm-up: first-call allocations, lazy loading
     rows = []

@@ -142,12 +142,13 @@ def repeat_length_sweep(
     metrics: Sequence[str] = ("induction",),
 ) -> pd.DataFrame:
     """Scan a repeat probe for each ``L`` in ``lengths``; the tidy scores with a ``repeat_len`` column."""
-    import headscope
+    from headscope.probes import repeat_probe
+    from headscope.runner import scan
 
     frames = []
     for L in lengths:
-        probe = headscope.repeat_probe(model, repeat_len=int(L), n_sequences=n_sequences, seed=seed)
-        result = headscope.scan(model, [probe], metrics=list(metrics), batch_size=batch_size)
+        probe = repeat_probe(model, repeat_len=int(L), n_sequences=n_sequences, seed=seed)
+        result = scan(model, [probe], metrics=list(metrics), batch_size=batch_size)
         frames.append(result.scores.assign(repeat_len=int(L)))
     return pd.concat(frames, ignore_index=True)
 

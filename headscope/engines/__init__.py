@@ -17,41 +17,20 @@ and imported on first use, so listing them (``--help``) loads no torch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from importlib import import_module
 from typing import TYPE_CHECKING
 
-from headscope.engines.base import Engine
-from headscope.errors import HeadscopeError, did_you_mean
+from headscope.engines.base import (
+    AUTO,
+    Engine,
+    engine_names,
+    get_engine,
+    model_attention_engines,
+    register,
+)
+from headscope.errors import HeadscopeError
 
 if TYPE_CHECKING:  # pragma: no cover
     from headscope.metrics.base import Metric
-
-AUTO = "auto"
-_REGISTRY: dict[str, Engine | str] = {}
-
-
-def register(name: str, engine: Engine | str) -> None:
-    """Add an engine (an instance, or the module path of one defining ``ENGINE``); ``auto`` tries
-    engines in registration order. A second engine of the same name is refused."""
-    if name in _REGISTRY or name == AUTO:
-        raise ValueError(f"An engine named '{name}' is already registered.")
-    _REGISTRY[name] = engine
-
-
-def engine_names() -> list[str]:
-    """Registered engines, in the order ``auto`` tries them."""
-    return list(_REGISTRY)
-
-
-def get_engine(name: str) -> Engine:
-    """The engine called ``name``; an unknown name gets a did-you-mean and the list."""
-    if name not in _REGISTRY:
-        raise HeadscopeError(f"Unknown engine '{name}'.{did_you_mean(name, [AUTO, *_REGISTRY])} "
-                             f"Known: {', '.join([AUTO, *_REGISTRY])}.")
-    entry = _REGISTRY[name]
-    if isinstance(entry, str):
-        entry = _REGISTRY[name] = import_module(entry).ENGINE
-    return entry
 
 
 def resolve_engine(model, name: str = AUTO, metrics: Sequence[Metric] = ()) -> Engine:
@@ -61,11 +40,16 @@ def resolve_engine(model, name: str = AUTO, metrics: Sequence[Metric] = ()) -> E
         reason = engine.unavailable(model, metrics)
         if reason is None:
             return engine
-        alternative = next((e for e in _others(name) if e.unavailable(model, metrics) is None), None)
+        alternative = next((e for e in _usable() if e.name != name and e.unavailable(model, metrics) is None), None)
         hint = f"; use --engine {alternative.name}" if alternative is not None else ""
         raise HeadscopeError(f"The {name} engine cannot run here: {reason}{hint}.")
     reasons = []
-    for engine in map(get_engine, _REGISTRY):
+    for engine_name in engine_names():
+        try:
+            engine = get_engine(engine_name)
+        except HeadscopeError as exc:  # a plug-in that cannot load: auto moves on
+            reasons.append(str(exc))
+            continue
         reason = engine.unavailable(model, metrics)
         if reason is None:
             return engine
@@ -73,13 +57,14 @@ def resolve_engine(model, name: str = AUTO, metrics: Sequence[Metric] = ()) -> E
     raise HeadscopeError(f"No engine can score this model here ({'; '.join(reasons)}).")
 
 
-def model_attention_engines() -> list[str]:
-    """Engines that read the model's own attention, whatever its softmax adds (the refusal hint)."""
-    return [n for n in _REGISTRY if get_engine(n).reads_model_attention]
-
-
-def _others(name: str) -> list[Engine]:
-    return [get_engine(n) for n in _REGISTRY if n != name]
+def _usable() -> list[Engine]:
+    out = []
+    for n in engine_names():
+        try:
+            out.append(get_engine(n))
+        except HeadscopeError:
+            continue
+    return out
 
 
 # The built-in engines, in the order `auto` tries them: one line per engine.

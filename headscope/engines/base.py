@@ -15,7 +15,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from importlib import import_module
 from typing import TYPE_CHECKING, ClassVar
+
+from headscope.errors import HeadscopeError, did_you_mean
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import Tensor
@@ -50,3 +53,48 @@ class Engine(ABC):
 
     def __repr__(self) -> str:
         return f"<{self.name} engine>"
+
+
+# ------------------------------------------------------------------------------ the registry
+
+AUTO = "auto"
+_REGISTRY: dict[str, Engine | str] = {}
+
+
+def register(name: str, engine: Engine | str) -> None:
+    """Add an engine (an instance, or the module path of one defining ``ENGINE``); ``auto`` tries
+    engines in registration order. A second engine of the same name is refused."""
+    if name in _REGISTRY or name == AUTO:
+        raise ValueError(f"An engine named '{name}' is already registered.")
+    _REGISTRY[name] = engine
+
+
+def engine_names() -> list[str]:
+    """Registered engines, in the order ``auto`` tries them."""
+    return list(_REGISTRY)
+
+
+def get_engine(name: str) -> Engine:
+    """The engine called ``name`` (imported on first use); an unknown name gets a did-you-mean."""
+    if name not in _REGISTRY:
+        raise HeadscopeError(f"Unknown engine '{name}'.{did_you_mean(name, [AUTO, *_REGISTRY])} "
+                             f"Known: {', '.join([AUTO, *_REGISTRY])}.")
+    entry = _REGISTRY[name]
+    if isinstance(entry, str):
+        try:
+            entry = _REGISTRY[name] = import_module(entry).ENGINE
+        except (ImportError, AttributeError) as exc:  # a plug-in that cannot load is one line, not a traceback
+            raise HeadscopeError(f"The {name} engine cannot be loaded from {entry} ({exc}).") from None
+    return entry
+
+
+def model_attention_engines() -> list[str]:
+    """Engines that read the model's own attention, whatever its softmax adds (the refusal hint)."""
+    names = []
+    for n in _REGISTRY:
+        try:
+            if get_engine(n).reads_model_attention:
+                names.append(n)
+        except HeadscopeError:
+            continue
+    return names

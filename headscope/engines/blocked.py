@@ -18,7 +18,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headscope.attention import AttentionCall, StopForward
-from headscope.engines.base import Engine, OnRows
+from headscope.engines.base import Engine, OnRows, model_attention_engines
 from headscope.errors import HeadscopeError
 from headscope.metrics.rows import DenseRows
 
@@ -87,8 +87,6 @@ def pattern_blocks(
 def refuse_unmodelled(call: AttentionCall, engine: str) -> None:
     """One line instead of a silently wrong score when the softmax has more than ``q k^T + mask``."""
     if call.extras:
-        from headscope.engines import model_attention_engines
-
         raise HeadscopeError(f"This model's attention uses {', '.join(call.extras)}, which the {engine} engine "
                              f"does not model; use --engine {' or '.join(model_attention_engines())}.")
 

@@ -19,7 +19,7 @@ class HooksEngine(Engine):
     reads_model_attention = True
 
     def unavailable(self, model, metrics):
-        if model._bridge is None and model._make_bridge is None:
+        if not model.has_bridge:
             return "this model has no transformer-lens bridge"
         return None
 

@@ -42,7 +42,7 @@ class Pooled(NamedTuple):
         return self.total / self.count[:, None]
 
 
-MetricFn = Callable[[Tensor, PatternBatch], Pooled]
+MetricFn = Callable[[Tensor | Rows, PatternBatch], Pooled]
 
 
 # ----------------------------------------------------------------------------- selectors
@@ -161,7 +161,7 @@ class Metric:
     nan_reason: str | None = None  # why the metric is NaN on some models
     fused: bool = False  # fn reads the pattern only through the selectors: it accepts HeadStats too
 
-    def __call__(self, pattern: Tensor, batch: PatternBatch) -> Pooled:
+    def __call__(self, pattern: Tensor | Rows, batch: PatternBatch) -> Pooled:
         return self.fn(pattern, batch)
 
     def passes(self, score: float, threshold: float | None = None) -> bool:

@@ -16,6 +16,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from headscope.errors import HeadscopeError
+
 
 @dataclass
 class HeadStats:
@@ -40,7 +42,11 @@ class HeadStats:
         return self.entropy
 
     def mass(self, batch, name: str, keys=None) -> Float[Tensor, "batch head query"]:
-        """The kernel's mass on flag set ``name`` (it summed A over exactly those keys, where visible)."""
+        """The kernel's mass on flag set ``name`` (it summed A over exactly the keys
+        :func:`~headscope.metrics.base.key_set_flags` gives for that set, where visible)."""
+        if name not in self.masses:
+            raise HeadscopeError(f"The fused kernel summed attention only over {', '.join(self.masses) or 'no key sets'}, "
+                                 f"not '{name}'; a metric reading another key set needs Metric.fused = False.")
         return self.masses[name]
 
     def at(self, keys: Int[Tensor, " query"], batch=None) -> Float[Tensor, "batch head query"]:

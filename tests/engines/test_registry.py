@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import headscope
-from headscope import engines, kernels
+from headscope import kernels
 from headscope.attention import StopForward
-from headscope.engines import Engine, engine_names, get_engine, register, resolve_engine
+from headscope.engines import Engine, base, engine_names, get_engine, register, resolve_engine
 from headscope.extract import score_probe
 from headscope.metrics import REGISTRY, Metric
 from headscope.metrics.base import pool, query_range
@@ -78,7 +78,7 @@ class EagerEngine(Engine):
 
 
 def test_a_fourth_engine_is_one_class_and_one_register_line(tiny_gpt2, monkeypatch):
-    monkeypatch.setattr(engines, "_REGISTRY", dict(engines._REGISTRY))  # undone after the test
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))  # undone after the test
     register("eager-test", EagerEngine())
     assert engine_names()[-1] == "eager-test"
     metrics = list(REGISTRY.values())
@@ -90,3 +90,26 @@ def test_a_fourth_engine_is_one_class_and_one_register_line(tiny_gpt2, monkeypat
     result = headscope.scan(tiny_gpt2, headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4),
                             engine="eager-test")
     assert result.metadata["engine"] == "eager-test"
+
+
+def test_an_engine_that_misses_a_layer_is_an_error_not_zero_scores(tiny_gpt2, monkeypatch):
+    """If a model's attention never reaches the seam, its layers would score 0 with no error."""
+    class Lazy(EagerEngine):
+        name = "lazy-test"
+
+        def run(self, model, tokens, mask, batch, on_rows, layers=None):
+            super().run(model, tokens, mask, batch, lambda layer, rows, qs: layer == 0 and on_rows(layer, rows, qs))
+
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
+    register("lazy-test", Lazy())
+    probe = headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4)[1]
+    with pytest.raises(headscope.HeadscopeError, match="lazy-test engine never saw layer\\(s\\) 1 of .*use --engine hooks"):
+        score_probe(tiny_gpt2, probe, list(REGISTRY.values()), engine="lazy-test")
+
+
+def test_a_plug_in_that_cannot_be_imported_is_one_line_and_auto_moves_on(tiny_gpt2, monkeypatch):
+    monkeypatch.setattr(base, "_REGISTRY", {"broken": "headscope.engines.no_such_module", **base._REGISTRY})
+    with pytest.raises(headscope.HeadscopeError, match="The broken engine cannot be loaded from "
+                                                       "headscope.engines.no_such_module"):
+        get_engine("broken")
+    assert resolve_engine(tiny_gpt2, "auto", list(REGISTRY.values())).name == "fused"
