@@ -17,6 +17,8 @@ which gives the same scores from exact pattern blocks.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -55,7 +57,10 @@ def _load():
         _reason = "disabled by HEADSCOPE_KERNEL=0"
         return None
     try:
-        from torch.utils import cpp_extension
+        # A CUDA build of torch on a machine without a GPU logs "No CUDA runtime is found" when
+        # cpp_extension is imported; the kernel is CPU-only, so that line is noise on stderr.
+        with _quiet_logger("torch.utils.cpp_extension"):
+            from torch.utils import cpp_extension
 
         _ninja_on_path()
         name = "headscope_head_stats"
@@ -71,6 +76,17 @@ def _load():
         _reason = f"the C++ kernel could not be built ({first[:200]})"
         print(f"headscope: {_reason}; using the blocked engine.", file=sys.stderr)
     return _module
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str):
+    logger = logging.getLogger(name)
+    old = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
 
 
 def _clear_stale_lock(build_dir: Path, max_age_s: float = 900) -> None:

@@ -220,3 +220,17 @@ def test_ninja_from_the_venv_is_put_on_path(monkeypatch):
     monkeypatch.setenv("PATH", "/nowhere")
     kernels._ninja_on_path()
     assert os.environ["PATH"].split(os.pathsep)[0] == ninja.BIN_DIR
+
+
+def test_torch_noise_at_kernel_load_is_silenced(caplog):
+    """A CUDA build of torch without a GPU logs 'No CUDA runtime is found' when cpp_extension is
+    imported: one stray line on every scan's stderr (and before every one-line error)."""
+    import logging
+
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    with caplog.at_level(logging.WARNING), kernels._quiet_logger("torch.utils.cpp_extension"):
+        logger.warning("No CUDA runtime is found, using CUDA_HOME='/usr/local'")
+    assert caplog.records == []
+    with caplog.at_level(logging.WARNING):
+        logger.warning("after")
+    assert [r.getMessage() for r in caplog.records] == ["after"]
