@@ -22,7 +22,11 @@ imports inside functions; ``../shared/tools/import_cycles.py`` checks)::
                                         call, interventions); what a head does (one rows protocol); inputs
     models, kernels                     the ONE module that knows transformers / transformer-lens; the C++ kernel
     engines/                            fused, blocked, hooks behind a registry
-    extract, config                     streaming per-head sums; settings and their checks
+    extract                             streaming per-head sums
+    effects/                            causal effects: exact ablation, attribution patching
+    circuits/                           copying through the OV circuit, value-weighted sinks
+    catalog                             every score name a table may hold, and what it means
+    config                              a scan's settings and their checks
     report, plots                       tables, labels, summaries; figures (never the model)
     rundir                              the run directory: atomic, --force rules, signals, load
     runner, compare, views, scoring     a whole scan; runs side by side; one head; your own pattern tensors

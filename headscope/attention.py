@@ -136,6 +136,37 @@ class ReplaceHeadOutput:
 
 
 @dataclass(frozen=True)
+class AblateHeads:
+    """Replace one head per sequence of a batch: row ``b``'s head ``heads[b]`` of layer ``layer``
+    (-1: none) gets ``values[heads[b]]`` at every position. Several heads of one layer are ablated
+    in one forward by repeating the batch, one copy per head.
+
+    ``values``: ``[head, dim_v]`` (mean-ablation) or a float (zero-ablation).
+    """
+
+    layer: int
+    heads: Tensor  # [batch] long
+    values: Tensor | float = 0.0
+
+    def before(self, call: AttentionCall) -> AttentionCall:
+        return call
+
+    def after(self, call: AttentionCall, out: Tensor) -> Tensor:
+        if call.layer != self.layer:
+            return out
+        heads = self.heads.to(out.device)
+        rows = torch.nonzero(heads >= 0).squeeze(-1)  # [m]
+        out = out.clone()  # [batch, query, head, dim_v]
+        h = heads[rows]  # [m]
+        if isinstance(self.values, Tensor):
+            value = self.values.to(device=out.device, dtype=out.dtype)[h][:, None, :]  # [m, 1, dim_v]
+        else:
+            value = torch.full((len(rows), 1, out.shape[-1]), float(self.values), dtype=out.dtype, device=out.device)
+        out[rows, :, h] = value.expand(-1, out.shape[1], -1)  # [m, query, dim_v]
+        return out
+
+
+@dataclass(frozen=True)
 class RestrictKeys:
     """Let heads ``heads`` of layer ``layer`` see only the keys ``keep`` allows (and the mask did).
 

@@ -76,6 +76,13 @@ def main() -> None:
               help="Comma-separated metrics to compute. [default: all]")
 @click.option("--threshold", "thresholds", multiple=True, metavar="METRIC=VALUE",
               help="Override a label threshold (repeatable).")
+@click.option("--effects", "effects", is_flag=False, flag_value="auto", default=DEFAULTS.effects, metavar="[MODE]",
+              help="Also measure each head's causal effect (ablation) and its circuit scores. MODE: auto (the "
+                   "default: attribution for every head, exact ablation where it counts), attribution, exact, both.")
+@click.option("--ablation", default=DEFAULTS.ablation, show_default=True,
+              help="What an ablated head's output becomes: mean (over the probe) or zero.")
+@click.option("--effects-sequences", type=int, default=DEFAULTS.effects_sequences, show_default=True,
+              help="Effects and circuit scores use the first N sequences of each probe.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps.")
 @click.option("--dtype", default=None,
               help=f"Model weights dtype: {', '.join(DTYPE_NAMES)}. [default: float32] Patterns are scored in float32.")
@@ -85,7 +92,7 @@ def main() -> None:
 @click.option("--no-figures", is_flag=True, help="Skip the PNG heatmaps.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
 def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, seq_len, engine, prompts, metric_names,
-         thresholds, device, dtype, threads, force, no_figures, quiet) -> None:
+         thresholds, effects, ablation, effects_sequences, device, dtype, threads, force, no_figures, quiet) -> None:
     """Score every head of MODEL and write a run directory.
 
     MODEL is an offline model (smollm2-135m, all-minilm-l6-v2), a transformer-lens name such as
@@ -98,7 +105,8 @@ def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, seq_len, engi
     config = ScanConfig(
         n_prompts=n_prompts, repeat_len=repeat_len, seed=seed, seq_len=seq_len, prompts=prompts,
         metrics=tuple(metric_names.split(",")) if metric_names is not None else None,
-        thresholds=parse_thresholds(thresholds), batch_size=batch_size, engine=engine,
+        thresholds=parse_thresholds(thresholds), batch_size=batch_size, engine=engine, effects=effects,
+        ablation=ablation, effects_sequences=effects_sequences,
     )
     out = out or default_out(model_name)
 
@@ -138,13 +146,15 @@ def models() -> None:
 
 @main.command()
 def metrics() -> None:
-    """List the metrics with their one-line definitions."""
-    from headscope.metrics import REGISTRY
+    """List the scores a run can hold (pattern metrics, then --effects' circuit scores and effects)."""
+    from headscope.catalog import describe, names
 
-    click.echo(f"{'metric':<16} {'probe':<7} {'label (threshold)':<34} definition")
-    for m in REGISTRY.values():
-        rule = f"{m.label} ({'<=' if m.below else '>='} {m.threshold:g})"
-        click.echo(f"{m.name:<16} {m.probe:<7} {rule:<34} {m.definition}")
+    w = max(len(n) for n in names())
+    click.echo(f"{'metric':<{w}} {'probe':<7} {'label (threshold)':<42} definition")
+    for name in names():
+        m = describe(name)
+        rule = f"{m.label} ({'<=' if m.below else '>='} {m.threshold:g})" if m.label else "(not labelled)"
+        click.echo(f"{name:<{w}} {m.probe:<7} {rule:<42} {m.definition}")
 
 
 @main.command()

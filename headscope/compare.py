@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from headscope.catalog import is_below
 from headscope.errors import HeadscopeError, setting
-from headscope.metrics import REGISTRY
 from headscope.outputs import check_replaceable, save_figure, write_atomic
 from headscope.result import fmt, head_name, model_slug
 
@@ -84,7 +84,7 @@ def summary(runs: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """
     rows = []
     for metric in metric_order(runs):
-        below = REGISTRY[metric].below if metric in REGISTRY else False
+        below = is_below(metric)
         for label, scores in runs.items():
             sub = scores[scores["metric"] == metric]
             if sub.empty:

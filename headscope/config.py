@@ -34,6 +34,9 @@ class ScanConfig:
     thresholds: Mapping[str, float] = field(default_factory=dict)  # label thresholds by metric
     batch_size: int | None = None  # None = from the length and free memory
     engine: str = "auto"
+    effects: str | None = None  # None = pattern scores only; else a mode of headscope.effects.MODES
+    ablation: str = "mean"  # how an ablated head is replaced: "mean" or "zero"
+    effects_sequences: int = 16  # effects are measured on the first N sequences of each probe
 
     def validate(self) -> ScanConfig:
         """Every check that needs no model; returns ``self`` so calls chain."""
@@ -46,8 +49,10 @@ class ScanConfig:
         if self.engine != AUTO:
             get_engine(self.engine)
         chosen = self.metric_objects()
+        if self.effects is not None or self.ablation != "mean":
+            self.effect_settings(required=False)
         for name, value in self.thresholds.items():
-            self._metric(name)
+            _score(name)
             if not isinstance(value, (int, float)) or value != value:
                 raise HeadscopeError(f"Threshold for {name} must be a number, got {value!r}.")
         if any(m.probe == "text" for m in chosen):
@@ -70,6 +75,17 @@ class ScanConfig:
         if not names:
             raise HeadscopeError(f"{setting('metrics')} is empty; give names such as induction,sink.")
         return [self._metric(n) for n in names]
+
+    def effect_settings(self, required: bool = True):
+        """The :class:`~headscope.effects.EffectSettings` these settings ask for (None: no effects)."""
+        from headscope.effects import EffectSettings
+
+        if self.effects is None:
+            if self.ablation != "mean" and not required:
+                raise HeadscopeError(f"{setting('ablation')} {self.ablation!r} only applies with --effects.")
+            return None
+        return EffectSettings(mode=self.effects, ablation=self.ablation,
+                              n_sequences=self.effects_sequences).validate()
 
     def probe_names(self) -> list[str]:
         """The probes the chosen metrics need, text first."""
@@ -101,9 +117,15 @@ def parse_thresholds(items: Sequence[str]) -> dict[str, float]:
         name, sep, value = item.partition("=")
         if not sep:
             raise HeadscopeError(f"Threshold '{item}' must look like METRIC=VALUE, e.g. induction=0.5.")
-        ScanConfig._metric(name.strip())
+        _score(name.strip())
         try:
             out[name.strip()] = float(value)
         except ValueError:
             raise HeadscopeError(f"Threshold '{item}': '{value}' is not a number.") from None
     return out
+
+
+def _score(name: str):
+    from headscope.catalog import check_score_name
+
+    return check_score_name(name)

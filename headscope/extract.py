@@ -89,14 +89,16 @@ def score_probe(
     batch_size: int | None = None,
     on_batch: Callable[[int], None] | None = None,
     engine: str = AUTO,
+    interventions: Sequence = (),
 ) -> dict[str, MetricScores]:
     """Score every head of ``model`` on ``probe`` for each metric, streaming layer by layer.
 
     ``engine`` names a registered engine (:mod:`headscope.engines`) or ``"auto"``, the first that
     the model, device and metrics allow; all give the same scores. ``batch_size=None`` picks one
-    from the sequence length and free memory.
+    from the sequence length and free memory. ``interventions`` (:mod:`headscope.attention`) are
+    applied in every forward: the scores of a model with some heads ablated or restricted.
     """
-    eng = resolve_engine(model, engine, metrics)
+    eng = resolve_engine(model, engine, metrics, interventions=bool(interventions))
     if batch_size is None:
         batch_size = auto_batch_size(model, max(len(s) for s in probe.sequences))
     if batch_size < 1:
@@ -125,7 +127,8 @@ def score_probe(
             for m in metrics:
                 totals[m.name][layer] += m(rows, block).total.sum(0).cpu()  # [head]
 
-        eng.run(model, tokens, mask, on_device, on_rows)
+        extra = {"interventions": interventions} if interventions else {}  # engines written before them still run
+        eng.run(model, tokens, mask, on_device, on_rows, **extra)
         if len(seen) != model.n_layers:  # a layer the engine never reached would score 0, silently
             missed = sorted(set(range(model.n_layers)) - seen)
             raise HeadscopeError(f"The {eng.name} engine never saw layer(s) {', '.join(map(str, missed))} of "

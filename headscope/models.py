@@ -204,6 +204,10 @@ class Model:
         handler: Handler | None = None,
         interventions: Sequence[Intervention] = (),
         output: str | None = None,
+        keep_blocks: dict[int, Tensor] | None = None,
+        resume: tuple[int, Tensor] | None = None,
+        grad: bool = False,
+        logits_from: int = 0,
     ) -> Tensor | None:
         """One forward of the Hugging Face model with its attention calls routed through ``handler``.
 
@@ -211,8 +215,19 @@ class Model:
         :class:`~headscope.attention.AttentionCall` (None: the model's own attention) and may raise
         :class:`~headscope.attention.StopForward` to end the pass early (then nothing is returned);
         ``interventions`` change the calls around it. ``output``: None, ``"logits"`` or ``"hidden"``
-        (the base model's last hidden state, ``[batch, pos, d_model]``). Eval mode, under
-        ``torch.inference_mode()``; the handler is active only during this call.
+        (the base model's last hidden state, ``[batch, pos, d_model]``).
+
+        ``keep_blocks`` (a dict) receives each block's output, the residual stream after layer ``l``
+        (``[batch, pos, d_model]``). ``resume=(l, h)`` starts at block ``l`` from ``h``, the output of
+        block ``l - 1`` kept from an earlier pass on the same tokens: blocks before ``l`` are not
+        computed, and the result is what the full forward gives (block ``l`` sees the same input).
+
+        ``logits_from``: logits only for positions ``logits_from ..`` (``[batch, pos - logits_from,
+        vocab]``): the unembedding is a large share of a small model's forward, and a loss often
+        needs only the last positions.
+
+        Eval mode, under ``torch.inference_mode()`` unless ``grad`` (then autograd records the pass,
+        for attribution). The handler is active only during this call.
         """
         if (handler is not None or interventions) and not self.attention_interface:
             raise HeadscopeError(f"{self.name}: its attention does not run through transformers' attention "
@@ -222,13 +237,57 @@ class Model:
         mask = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask
         kwargs = {"input_ids": tokens.to(self.device), "attention_mask": mask.to(self.device).long(),
                   "use_cache": False}
-        with (self._lock, torch.inference_mode(), _eval_mode(self.hf), self._our_attention(),
+        autograd = torch.enable_grad() if grad else torch.inference_mode()
+        with (self._lock, autograd, _eval_mode(self.hf), self._our_attention(), self._blocks(keep_blocks, resume),
               attention.intercept(handler, interventions), contextlib.suppress(StopForward)):
-            if output == "hidden":
-                return self.hf.base_model(**kwargs).last_hidden_state
+            if output == "hidden" or output is None:  # no unembedding when no logits are wanted
+                hidden = self.hf.base_model(**kwargs).last_hidden_state
+                return hidden if output == "hidden" else None
+            if logits_from:
+                kwargs["logits_to_keep"] = tokens.shape[1] - logits_from  # the last positions only
             out = self.hf(**kwargs)
             return out.logits if output == "logits" else None
         return None  # stopped early
+
+    def blocks(self) -> list:
+        """The model's transformer blocks (decoder or encoder layers), in order.
+
+        Found as the module list whose ``i``-th entry holds the attention module of layer ``i``
+        (``model.layers``, ``transformer.h``, ``encoder.layer``, ...)."""
+        for module in self.hf.modules():
+            if isinstance(module, torch.nn.ModuleList) and len(module) == self.n_layers:
+                ok = all(any(getattr(m, "layer_idx", None) == i for m in blk.modules()) for i, blk in enumerate(module))
+                if ok:
+                    return list(module)
+        raise HeadscopeError(f"{self.name}: cannot find its list of {self.n_layers} transformer blocks.")
+
+    @contextlib.contextmanager
+    def _blocks(self, keep: dict[int, Tensor] | None, resume: tuple[int, Tensor] | None) -> Iterator[None]:
+        """Keep block outputs, and/or skip the blocks before ``resume[0]``, for one forward."""
+        if keep is None and resume is None:
+            yield
+            return
+        blocks = self.blocks()
+        handles, skipped = [], []
+        try:
+            if keep is not None:
+                for i, blk in enumerate(blocks):
+                    def kept(module, args, out, i=i):
+                        keep[i] = (out[0] if isinstance(out, tuple) else out).detach()  # [batch, pos, d_model]
+                    handles.append(blk.register_forward_hook(kept))
+            if resume is not None:
+                start, hidden = resume
+                if not 0 < start < self.n_layers:
+                    raise HeadscopeError(f"Cannot resume at block {start}; use 1..{self.n_layers - 1}.")
+                for blk in blocks[:start]:  # each returns the kept output of block start - 1
+                    blk.forward = lambda *args, _h=hidden, **kwargs: _h
+                    skipped.append(blk)
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+            for blk in skipped:
+                del blk.forward  # the class's forward again
 
     def logits(self, tokens: Int[Tensor, "batch pos"], mask: Bool[Tensor, "batch pos"] | None = None
                ) -> Float[Tensor, "batch pos vocab"]:
@@ -369,6 +428,12 @@ class Model:
 
         self._run_bridge(tokens, None, [(f"blocks.{layer}.ln1.hook_out", hook) for layer in layers])
         return kept
+
+    def output_weights(self) -> Float[Tensor, "layer head d_head d_model"]:
+        """Each head's slice of its layer's output projection, ``W_O`` (float32, CPU): head ``h``
+        adds ``z_h W_O[l, h]`` to the residual stream (any architecture the bridge knows)."""
+        with torch.no_grad():
+            return self.bridge.W_O.detach().float().cpu()
 
     def circuit_weights(self) -> CircuitWeights:
         """``W_E``, ``W_U``, ``W_V``, ``W_O`` and the norm weights of a pre-norm decoder."""
@@ -686,9 +751,11 @@ def _is_bridge(obj) -> bool:
 
 
 def _is_causal_lm(hf) -> bool:
+    """Decoders (with or without their LM head) are causal; the encoder families are not, unless
+    configured as decoders."""
     if hf.config.model_type in _ENCODER_TYPES:
-        return False
-    return bool(getattr(hf.config, "is_decoder", False)) or type(hf).__name__.endswith(("ForCausalLM", "LMHeadModel"))
+        return bool(getattr(hf.config, "is_decoder", False))
+    return True
 
 
 def _bridge_tokenizer(tok):

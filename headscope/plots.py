@@ -1,8 +1,10 @@
 """Matplotlib figures from a report table; never needs the model, never touches pyplot state.
 
 Conventions: x = head, y = layer with layer 0 at the top, a fixed 0-1 colour range (entropy: 0 to
-the largest value, in nats), values written on the labelled cells (those that pass the run's
-threshold, as its ``label`` column says), model and n in the title.
+the largest value, in nats; causal effects: a diverging map centred on 0, no effect), values
+written on the labelled cells (those that pass the run's threshold, as its ``label`` column says),
+model and n in the title. With effects, one more figure per behaviour: each head's pattern score
+against its effect (:func:`effect_scatter`).
 """
 
 from __future__ import annotations
@@ -14,16 +16,28 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from headscope.metrics import REGISTRY
+from headscope.catalog import describe, is_below
 from headscope.outputs import save_figure
 from headscope.result import matrix
 
 
+def is_effect(metric: str) -> bool:
+    return metric.startswith(("effect_", "attribution_"))
+
+
 def _range(metric: str, values: np.ndarray) -> tuple[float, float]:
+    finite = values[np.isfinite(values)]
     if metric == "entropy":
-        top = np.nanmax(values) if np.isfinite(values).any() else 1.0
+        top = finite.max() if finite.size else 1.0
         return 0.0, float(max(1.0, math.ceil(top)))
+    if is_effect(metric):  # centred on "no effect"
+        lim = float(np.abs(finite).max()) if finite.size else 1.0
+        return -(lim or 1.0), lim or 1.0
     return 0.0, 1.0
+
+
+def _cmap(metric: str) -> str:
+    return "RdBu_r" if is_effect(metric) else "viridis_r" if is_below(metric) else "viridis"
 
 
 def draw_heatmap(ax, scores: pd.DataFrame, metric: str, annotate: bool = True, title: str | None = None):
@@ -31,8 +45,7 @@ def draw_heatmap(ax, scores: pd.DataFrame, metric: str, annotate: bool = True, t
     mat = matrix(scores, metric)
     values = mat.to_numpy(dtype=float)
     vmin, vmax = _range(metric, values)
-    below = REGISTRY[metric].below if metric in REGISTRY else False
-    im = ax.imshow(values, cmap="viridis_r" if below else "viridis", vmin=vmin, vmax=vmax,
+    im = ax.imshow(values, cmap=_cmap(metric), vmin=vmin, vmax=vmax,
                    aspect="auto", interpolation="nearest")  # row 0 (layer 0) at the top
     n_layers, n_heads = values.shape
     ax.set_xlabel("head")
@@ -44,10 +57,12 @@ def draw_heatmap(ax, scores: pd.DataFrame, metric: str, annotate: bool = True, t
         labelled = _labelled(scores, metric)  # [layer, head]
         for (layer, head), v in np.ndenumerate(values):
             if np.isfinite(v) and labelled[layer, head]:
+                dark = abs(v) / (vmax + 1e-9) > 0.6 if is_effect(metric) else (v - vmin) / (vmax - vmin + 1e-9) <= 0.6
                 ax.text(head, layer, f"{v:.2f}", ha="center", va="center", fontsize=6,
-                        color="black" if (v - vmin) / (vmax - vmin + 1e-9) > 0.6 else "white")
+                        color="white" if dark else "black")
     if np.isnan(values).all():
-        reason = REGISTRY[metric].nan_reason if metric in REGISTRY else None
+        info = describe(metric)
+        reason = info.nan_reason if info is not None else None
         ax.text(0.5, 0.5, "NaN: " + (reason or "not measurable").split(":")[0], transform=ax.transAxes,
                 ha="center", va="center", fontsize=9, wrap=True)
     if title is not None:
@@ -62,7 +77,7 @@ def _labelled(scores: pd.DataFrame, metric: str) -> np.ndarray:
     if "label" in sub.columns:
         flags = sub.assign(on=sub["label"].fillna("").astype(str) != "")
     else:
-        m = REGISTRY.get(metric)
+        m = describe(metric)
         flags = sub.assign(on=[bool(m and m.passes(v)) for v in sub["score"]])
     return flags.pivot(index="layer", columns="head", values="on").to_numpy(dtype=bool)
 
@@ -76,8 +91,10 @@ def heatmap(scores: pd.DataFrame, metric: str, n_sequences: int | None = None) -
     model = sub["model"].iloc[0]
     n_pairs = int(sub["n"].iloc[0])
     seqs = f"{n_sequences} seqs, " if n_sequences else ""
-    unit = " (nats)" if metric == "entropy" else ""
-    im = draw_heatmap(ax, scores, metric, title=f"{model}: {metric}{unit}\n{seqs}n = {n_pairs} queries")
+    info = describe(metric)
+    unit = " (nats)" if metric == "entropy" else f" ({info.unit})" if getattr(info, "unit", "") else ""
+    what = "target tokens" if is_effect(metric) else "queries"
+    im = draw_heatmap(ax, scores, metric, title=f"{model}: {metric}{unit}\n{seqs}n = {n_pairs} {what}")
     fig.colorbar(im, ax=ax, shrink=0.8)
     return fig
 
@@ -97,9 +114,52 @@ def summary_figure(scores: pd.DataFrame) -> Figure:
     return fig
 
 
+def effect_pairs(scores: pd.DataFrame) -> list[tuple[str, str]]:
+    """``(pattern metric, effect metric)`` pairs a scatter is drawn for: every score that is not an
+    effect, against the effect measured on its probe (encoders: the embedding effect, text probe)."""
+    effects = [m for m in scores["metric"].unique() if m.startswith("effect_")]
+    pairs = []
+    for metric in scores["metric"].unique():
+        if is_effect(metric) or scores.loc[scores["metric"] == metric, "score"].isna().all():
+            continue
+        probe = scores.loc[scores["metric"] == metric, "probe"].iloc[0]
+        same = [e for e in effects if scores.loc[scores["metric"] == e, "probe"].iloc[0] == probe]
+        if same:
+            pairs.append((metric, same[0]))
+    return pairs
+
+
+def effect_scatter(scores: pd.DataFrame, metric: str, effect: str) -> Figure:
+    """Every head's ``metric`` score (x) against its ``effect`` (y); labelled heads are named.
+
+    Filled dots are exact effects, open dots attribution estimates; the dashed line is no effect.
+    Where a weight is not importance, a head sits far right on the zero line."""
+    a = scores[scores["metric"] == metric][["head_name", "score", "label"]]
+    b = scores[scores["metric"] == effect][["head_name", "score", "label"] + (["estimator"] if "estimator" in scores else [])]
+    both = a.merge(b, on="head_name", suffixes=("_x", "_y")).set_index("head_name")  # one row per head
+    fig = Figure(figsize=(6.0, 4.6), layout="constrained")
+    ax = fig.add_subplot()
+    exact = both["estimator"] == "exact" if "estimator" in both else pd.Series(True, index=both.index)
+    ax.scatter(both.loc[exact, "score_x"], both.loc[exact, "score_y"], s=18, color="C0", label="exact", zorder=3)
+    if (~exact).any():
+        ax.scatter(both.loc[~exact, "score_x"], both.loc[~exact, "score_y"], s=18, facecolors="none",
+                   edgecolors="C1", label="attribution estimate", zorder=3)
+    ax.axhline(0.0, color="grey", linestyle="--", linewidth=0.8)
+    named = both[(both["label_x"] != "") | (both["label_y"] != "")]
+    for name, r in named.iterrows():
+        ax.annotate(name, (r["score_x"], r["score_y"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    unit = getattr(describe(effect), "unit", "")
+    ax.set_xlabel(f"{metric} score")
+    ax.set_ylabel(f"{effect}" + (f" ({unit})" if unit else ""))
+    ax.set_title(f"{scores['model'].iloc[0]}: where a head looks vs what ablating it does", fontsize=10)
+    ax.legend(fontsize=8, loc="best")
+    return fig
+
+
 def save_figures(scores: pd.DataFrame, out: str | Path, n_sequences: dict[str, int] | None = None,
                  dpi: int = 110) -> list[Path]:
-    """Write ``<metric>.png`` for every metric and ``summary.png``; return the paths."""
+    """Write ``<metric>.png`` for every metric, ``summary.png`` and, with effects, one
+    ``<metric>_vs_<effect>.png`` scatter per behaviour; return the paths."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -108,9 +168,12 @@ def save_figures(scores: pd.DataFrame, out: str | Path, n_sequences: dict[str, i
         fig = heatmap(scores, metric, (n_sequences or {}).get(probe))
         paths.append(save_figure(fig, out / f"{metric}.png", dpi))
     paths.append(save_figure(summary_figure(scores), out / "summary.png", dpi))
+    for metric, effect in effect_pairs(scores):
+        paths.append(save_figure(effect_scatter(scores, metric, effect), out / f"{metric}_vs_{effect}.png", dpi))
     return paths
 
 
 def figure_names(scores: pd.DataFrame) -> list[str]:
     """The files :func:`save_figures` writes for ``scores``."""
-    return [f"{m}.png" for m in scores["metric"].unique()] + ["summary.png"]
+    return ([f"{m}.png" for m in scores["metric"].unique()] + ["summary.png"]
+            + [f"{m}_vs_{e}.png" for m, e in effect_pairs(scores)])

@@ -12,41 +12,52 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from headscope.metrics import REGISTRY, get_metric
+from headscope.catalog import check_score_name, describe, is_below
 from headscope.result import COLUMNS, fmt, head_name
+
+#: The extra column of a run with causal effects: which estimator gave each effect row.
+ESTIMATOR = "estimator"
 
 
 def to_frame(model_name: str, n_layers: int, n_heads: int, results: Sequence, thresholds: dict) -> pd.DataFrame:
-    """Long table from per-metric ``MetricScores`` (see :mod:`headscope.extract`)."""
+    """Long table from per-score results (``MetricScores`` of :mod:`headscope.extract`, and the
+    effect and circuit scores of :mod:`headscope.effects` / :mod:`headscope.circuits`).
+
+    A result with an ``estimator`` (a ``[layer, head]`` array) adds the ``estimator`` column:
+    "exact" or "attribution" on effect rows, empty elsewhere."""
     rows = []
+    with_estimator = any(getattr(res, "estimator", None) is not None for res in results)
     for res in results:
         m = res.metric
         t = thresholds.get(m.name, m.threshold)
         score = res.score
+        est = getattr(res, "estimator", None)
         for layer in range(n_layers):
             for head in range(n_heads):
                 s = float(score[layer, head])
-                rows.append({
+                row = {
                     "model": model_name, "metric": m.name, "probe": m.probe, "layer": layer,
                     "head": head, "head_name": head_name(layer, head), "score": s,
                     "chance": res.chance, "n": int(res.count),
                     "label": m.label if m.passes(s, t) else "",
-                })
-    return pd.DataFrame(rows, columns=COLUMNS)
+                }
+                if with_estimator:
+                    row[ESTIMATOR] = str(est[layer, head]) if est is not None else ""
+                rows.append(row)
+    return pd.DataFrame(rows, columns=COLUMNS + ([ESTIMATOR] if with_estimator else []))
 
 
 def top_heads(scores: pd.DataFrame, metric: str, k: int = 5) -> pd.DataFrame:
     """The ``k`` most characteristic heads of a metric (lowest first for ``below`` metrics)."""
     sub = scores[(scores["metric"] == metric) & scores["score"].notna()]
-    m = REGISTRY.get(metric)
-    return sub.nsmallest(k, "score") if m is not None and m.below else sub.nlargest(k, "score")
+    return sub.nsmallest(k, "score") if is_below(metric) else sub.nlargest(k, "score")
 
 
 def relabel(scores: pd.DataFrame, thresholds: dict[str, float]) -> pd.DataFrame:
     """A copy of ``scores`` with labels recomputed under new thresholds (by metric name)."""
     out = scores.copy()
     for name, t in thresholds.items():
-        m = get_metric(name)
+        m = check_score_name(name)
         sel = out["metric"] == name
         out.loc[sel, "label"] = [m.label if m.passes(s, t) else "" for s in out.loc[sel, "score"]]
     return out
@@ -57,14 +68,15 @@ def relabel(scores: pd.DataFrame, thresholds: dict[str, float]) -> pd.DataFrame:
 
 def summary_table(scores: pd.DataFrame, k: int = 3) -> str:
     """A plain-text table for stdout: per metric, the top heads, chance and labelled count."""
-    lines = [f"{'metric':<16} {'chance':>7}  {'labelled':>8}  top heads"]
+    w = max([16, *(len(m) for m in scores["metric"].unique())])
+    lines = [f"{'metric':<{w}} {'chance':>7}  {'labelled':>8}  top heads"]
     for metric in scores["metric"].unique():
         sub = scores[scores["metric"] == metric]
         chance = float(sub["chance"].iloc[0])
         top = top_heads(scores, metric, k)
         tops = ", ".join(f"{r.head_name} {r.score:.3f}" for r in top.itertuples()) or "NaN (see summary.md)"
         labelled = int((sub["label"] != "").sum())
-        lines.append(f"{metric:<16} {fmt(chance):>7}  {labelled:>8}  {tops}")
+        lines.append(f"{metric:<{w}} {fmt(chance):>7}  {labelled:>8}  {tops}")
     return "\n".join(lines)
 
 
@@ -73,9 +85,9 @@ def headline(scores: pd.DataFrame) -> list[str]:
     out = []
     n_heads_total = scores[["layer", "head"]].drop_duplicates().shape[0]
     for metric in scores["metric"].unique():
-        m = REGISTRY.get(metric)
+        m = describe(metric)
         sub = scores[scores["metric"] == metric]
-        if m is None or sub["score"].isna().all():
+        if m is None or not m.label or sub["score"].isna().all():
             continue
         best = top_heads(scores, metric, 1).iloc[0]
         labelled = sub[sub["label"] != ""]
@@ -108,7 +120,9 @@ def summary_markdown(result) -> str:
         lines.append(f"| {metric} | {fmt(float(sub['chance'].iloc[0]))} | {tops} |")
     lines += ["", "## Labelled heads", ""]
     for metric in scores["metric"].unique():
-        m = REGISTRY.get(metric)
+        m = describe(metric)
+        if m is not None and not m.label:
+            continue  # estimates are never labelled
         sub = scores[(scores["metric"] == metric) & (scores["label"] != "")]
         t = result.thresholds.get(metric, m.threshold if m else float("nan"))
         rule = ("<=" if m and m.below else ">=") + f" {t:g}"
@@ -118,12 +132,60 @@ def summary_markdown(result) -> str:
     if nan_metrics:
         lines += ["", "## Not measurable on this model", ""]
         for metric in nan_metrics:
-            reason = REGISTRY[metric].nan_reason if metric in REGISTRY else None
+            info = describe(metric)
+            reason = info.nan_reason if info is not None else None
             lines.append(f"- `{metric}` is NaN: {reason or 'no qualifying queries'}.")
+    lines += effects_markdown(scores, md)
     lines += ["", "Scores pool over every (sequence, qualifying query) pair; `chance` is the score of a head "
               "that spreads attention evenly over the keys it can see. Token ids of every scored "
               "sequence are in `tokens.jsonl`.", ""]
     return "\n".join(lines)
+
+
+def effects_markdown(scores: pd.DataFrame, md: dict, k: int = 10) -> list[str]:
+    """The causal-effects section of ``summary.md``: per target, the heads whose ablation changes it
+    most, with their pattern scores beside them, and the heads with a strong pattern but little effect."""
+    effects = [m for m in scores["metric"].unique() if m.startswith("effect_")]
+    if not effects:
+        return []
+    settings = md.get("effects", {})
+    lines = ["", "## Does the head matter? Causal effects", ""]
+    est = scores.loc[scores["metric"].isin(effects), ESTIMATOR] if ESTIMATOR in scores else pd.Series(dtype=str)
+    lines.append(f"{settings.get('ablation', 'mean').capitalize()}-ablation of one head at a time (mode "
+                 f"`{settings.get('mode', '?')}`): {int((est == 'exact').sum())} effect rows are exact, "
+                 f"{int((est == 'attribution').sum())} are attribution-patching estimates (column `estimator`). "
+                 "An effect is the change in the target when the head is ablated; 0 is no effect.")
+    for metric in effects:
+        info = describe(metric)
+        sub = scores[scores["metric"] == metric]
+        probe = str(sub["probe"].iloc[0])
+        others = [m for m in scores["metric"].unique() if not m.startswith(("effect_", "attribution_"))
+                  and scores.loc[scores["metric"] == m, "score"].notna().any()]
+        same = [m for m in others if scores.loc[scores["metric"] == m, "probe"].iloc[0] == probe]
+        beside = same + [m for m in others if m not in same]  # the probe's own scores first
+        wide = scores[scores["metric"].isin(beside)].pivot(index="head_name", columns="metric", values="score")
+        top = sub[sub["score"].notna()].nlargest(k, "score")
+        lines += ["", f"### `{metric}`: {info.definition if info else metric}", "",
+                  "| head | effect | estimator | " + " | ".join(beside) + " |",
+                  "| --- | --- | --- | " + " | ".join("---" for _ in beside) + " |"]
+        for r in top.itertuples():
+            cells = [fmt(float(wide.loc[r.head_name, m])) if r.head_name in wide.index else "" for m in beside]
+            lines.append(f"| {r.head_name} | {r.score:+.3f} | {getattr(r, ESTIMATOR, '')} | " + " | ".join(cells) + " |")
+        # the article's warning, in numbers: a strong pattern with little effect
+        exact = sub[sub.get(ESTIMATOR, pd.Series("", index=sub.index)) == "exact"].set_index("head_name")["score"]
+        quiet = []
+        for m in beside:
+            mi = describe(m)
+            if mi is None or not mi.label:
+                continue
+            labelled = scores[(scores["metric"] == m) & (scores["label"] != "")]
+            for r in labelled.itertuples():
+                if r.head_name in exact.index and abs(float(exact[r.head_name])) < (info.threshold if info else 0) / 5:
+                    quiet.append(f"{r.head_name} ({m} {r.score:.3f}, effect {float(exact[r.head_name]):+.3f})")
+        if quiet:
+            lines += ["", "Strong pattern, little effect (labelled by a pattern score; exact effect under a fifth of "
+                          f"the '{info.label}' threshold): " + "; ".join(quiet[:12]) + "."]
+    return lines
 
 
 def console_summary(result, out=None, figures: bool = True) -> str:
@@ -135,7 +197,7 @@ def console_summary(result, out=None, figures: bool = True) -> str:
              f"{sum(len(p) for p in result.probes)} sequences",
              summary_table(scores)]
     for name in scores["metric"].unique():
-        m = REGISTRY.get(name)
+        m = describe(name)
         if m is not None and m.nan_reason and scores.loc[scores.metric == name, "score"].isna().all():
             lines.append(f"{name} is NaN: {m.nan_reason}")
     if out is not None:

@@ -38,6 +38,27 @@ METRIC_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 RUN_FORMAT = "headscope-run/1"
 
 
+@dataclass(frozen=True)
+class ScoreInfo:
+    """What a named score in a table means, for scores that are not pattern metrics (effects,
+    circuit scores): the report, the figures and ``compare`` describe rows with it."""
+
+    name: str  # the metric column value, e.g. "effect_repeat_loss"
+    probe: str
+    definition: str
+    label: str  # given to a head whose score passes the threshold ("" = never labelled)
+    threshold: float
+    below: bool = False  # label heads at or below the threshold
+    nan_reason: str | None = None
+    unit: str = ""
+
+    def passes(self, score: float, threshold: float | None = None) -> bool:
+        t = self.threshold if threshold is None else threshold
+        if not self.label or score != score:
+            return False
+        return score <= t if self.below else score >= t
+
+
 @dataclass
 class Probe:
     """A named list of token-id sequences, with the settings that made it (saved in ``tokens.jsonl``)."""

@@ -170,12 +170,16 @@ def is_run_dir(path: str | Path) -> bool:
 
 def foreign_entries(path: str | Path) -> list[str]:
     """Entries of a run directory that headscope did not write (sorted; [] for a clean run)."""
+    from headscope.plots import figure_names
+
     path = Path(path)
     meta = read_metadata(path) or {}
     ours = set(RUN_FILES) | set(meta.get("files") or [])
     try:
-        metrics = pd.read_csv(path / "scores.csv", usecols=["metric"])["metric"].astype(str).unique()
-        ours |= {f"{m}.png" for m in metrics if METRIC_NAME.match(m)}  # heatmaps, as `headscope plot` rewrites them
+        scores = pd.read_csv(path / "scores.csv", usecols=["metric", "probe", "score", "label"],
+                             keep_default_na=False, na_values={"score": ["NaN", "nan", ""]})
+        scores = scores[scores["metric"].astype(str).map(lambda m: bool(METRIC_NAME.match(m)))]
+        ours |= {name for name in figure_names(scores.assign(model="", layer=0, head=0, head_name=""))}
     except (OSError, ValueError, KeyError, pd.errors.ParserError):
         pass
     return sorted(e.name for e in path.iterdir() if e.name not in ours or not e.is_file() or e.is_symlink())

@@ -20,7 +20,11 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from headscope import kernels
+from headscope.catalog import check_score_name
+from headscope.circuits.copying import copying_scores
+from headscope.circuits.value_weighted import value_sink_scores
 from headscope.config import ScanConfig
+from headscope.effects import EffectSettings, check_model, head_effects
 from headscope.engines import AUTO, resolve_engine
 from headscope.errors import HeadscopeError, at_least
 from headscope.extract import MetricScores, score_probe
@@ -71,6 +75,9 @@ def scan(
     thresholds: dict[str, float] | None = None,
     progress=None,
     engine: str = AUTO,
+    effects: EffectSettings | None = None,
+    say=None,
+    interventions: Sequence = (),
 ) -> ScanResult:
     """Score every head of ``model`` for every metric; return a :class:`ScanResult`.
 
@@ -78,6 +85,12 @@ def scan(
     ``thresholds`` overrides label thresholds by metric name; ``engine`` names an engine of
     :mod:`headscope.engines` (``auto``: the first that can run). ``progress`` is an optional
     ``tqdm``-like factory ``progress(total=..., desc=...)``.
+
+    ``effects`` (:class:`~headscope.effects.EffectSettings`) adds, beside the pattern scores,
+    every head's causal effect (:mod:`headscope.effects`) and its circuit scores (``copying`` for
+    decoders with an unembedding, ``value_sink``: :mod:`headscope.circuits`). ``say`` gets
+    progress lines. ``interventions`` (:mod:`headscope.attention`, e.g. ``ReplaceHeadOutput``)
+    are applied in every forward of the pattern scan: where heads look with another head ablated.
     """
     probes = list(probes) if probes is not None else default_probes(model)
     if metrics is not None and not len(metrics):
@@ -85,28 +98,64 @@ def scan(
     chosen = [m if isinstance(m, Metric) else get_metric(m) for m in (list(REGISTRY) if metrics is None else metrics)]
     thresholds = dict(thresholds or {})
     for name in thresholds:
-        get_metric(name)  # unknown names fail loudly
-    eng = resolve_engine(model, engine, chosen)
+        check_score_name(name)  # unknown names fail loudly
+    if effects is not None:
+        effects.validate()
+        check_model(model, effects.mode)  # before any work
+    eng = resolve_engine(model, engine, chosen, interventions=bool(interventions))
+    if interventions and effects is not None:
+        raise HeadscopeError("Effects are measured on the model as it is; scan with interventions, or with effects, "
+                             "not both at once.")
     results: dict[str, MetricScores] = {}
     timings: dict[str, float] = {}
     for probe in probes:
         t0 = time.perf_counter()
         bar = progress(total=len(probe), desc=f"{probe.name} probe") if progress else None
-        results.update(score_probe(model, probe, chosen, batch_size,
-                                   on_batch=bar.update if bar is not None else None, engine=eng.name))
+        results.update(score_probe(model, probe, chosen, batch_size, on_batch=bar.update if bar is not None else None,
+                                   engine=eng.name, interventions=interventions))
         if bar is not None:
             bar.close()
         timings[f"scan_{probe.name}_s"] = round(time.perf_counter() - t0, 3)
-    ordered = [m for m in chosen if m.name in results]
-    frame = to_frame(model.name, model.n_layers, model.n_heads, [results[m.name] for m in ordered], thresholds)
+    ordered = [results[m.name] for m in chosen if m.name in results]
+    metadata = {"timings": timings, "causal": model.causal, "batch_size": batch_size or "auto", "engine": eng.name}
+    if effects is not None:
+        t0 = time.perf_counter()
+        pattern = to_frame(model.name, model.n_layers, model.n_heads, ordered, thresholds)
+        extra = circuit_scores(model, [effects.subset(p) for p in probes], effects.batch_size, say, timings)
+        effect_results = head_effects(model, probes, effects, pattern, say, timings)
+        ordered += extra + effect_results
+        metadata["effects"] = {"mode": effects.mode, "ablation": effects.ablation, "n_sequences": effects.n_sequences,
+                               "exact_heads": {r.metric.name: int((r.estimator == "exact").sum())
+                                               for r in effect_results if r.metric.name.startswith("effect_")}}
+        timings["effects_s"] = round(time.perf_counter() - t0, 3)
+    frame = to_frame(model.name, model.n_layers, model.n_heads, ordered, thresholds)
     return ScanResult(
         model_name=model.name,
         scores=frame,
         probes=probes,
-        metadata={"timings": timings, "causal": model.causal, "batch_size": batch_size or "auto",
-                  "engine": eng.name},
-        thresholds={m.name: thresholds.get(m.name, m.threshold) for m in ordered},
+        metadata=metadata,
+        thresholds={r.metric.name: thresholds.get(r.metric.name, r.metric.threshold) for r in ordered
+                    if getattr(r.metric, "label", "")},
     )
+
+
+def circuit_scores(model, probes: Sequence[Probe], batch_size: int, say=None, timings: dict | None = None) -> list:
+    """``copying`` (decoders with an unembedding, repeat probe) and ``value_sink`` (text probe)."""
+    say = say or (lambda _msg: None)
+    timings = {} if timings is None else timings
+    by_name = {p.name: p for p in probes}
+    out = []
+    if model.causal and "repeat" in by_name and model.hf.get_output_embeddings() is not None:
+        say("circuits: copying (OV circuit) of every head")
+        t0 = time.perf_counter()
+        out.append(copying_scores(model, by_name["repeat"], max_sequences=len(by_name["repeat"])))
+        timings["copying_s"] = round(time.perf_counter() - t0, 3)
+    if "text" in by_name:
+        say("circuits: value-weighted sink share of every head")
+        t0 = time.perf_counter()
+        out.append(value_sink_scores(model, by_name["text"], batch_size))
+        timings["value_sink_s"] = round(time.perf_counter() - t0, 3)
+    return out
 
 
 def default_out(model) -> Path:
@@ -164,7 +213,7 @@ def scan_to_dir(
             engine = resolve_engine(model, config.engine, chosen)
             say(f"scanning {model.n_layers} layers x {model.n_heads} heads on {model.device} ({engine.name} engine)")
             result = scan(model, probes, chosen, batch_size=config.batch_size, thresholds=dict(config.thresholds),
-                          progress=progress, engine=engine.name)
+                          progress=progress, engine=engine.name, effects=config.effect_settings(), say=say)
             result.metadata = run_metadata(model, result, config, t_load)
             save_run(result, out, force=force, figures=figures, started=t_start)
         finally:
@@ -197,6 +246,7 @@ def run_metadata(model, result: ScanResult, config: ScanConfig, t_load: float) -
         "settings": config.record(),
         "token_type_ids": "all zero (sequences are fed as token ids alone)",
         "engine": result.metadata.get("engine"),
+        **({"effects": result.metadata["effects"]} if "effects" in result.metadata else {}),
         "batch_size": result.metadata.get("batch_size"),
         "device": str(model.device),
         "threads": torch.get_num_threads(),

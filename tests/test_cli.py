@@ -173,3 +173,30 @@ def test_engines_come_from_the_registry():
     assert res.stderr == "headscope: error: Unknown engine 'fsued'. Did you mean: fused? Known: auto, fused, blocked, hooks.\n"
     res = CliRunner().invoke(main, ["scan", "smollm2-135m", "--dtype", "float23", "--out", "/nonexistent/x"])
     assert res.exit_code == 2 and "Unknown dtype 'float23'. Did you mean: float32" in res.stderr
+
+
+def test_scan_with_effects_writes_them_beside_the_pattern_scores(tmp_path, tiny_gpt2_dir):
+    out = tmp_path / "run"
+    res = run("scan", str(tiny_gpt2_dir), "--out", str(out), *FAST, "--effects", "--effects-sequences", "2")
+    assert res.exit_code == 0, res.output
+    scores = pd.read_csv(out / "scores.csv", keep_default_na=False, na_values={"score": ["NaN"], "chance": ["NaN"]})
+    assert scores.columns[-1] == "estimator"
+    assert {"effect_repeat_loss", "attribution_repeat_loss", "effect_text_loss", "copying", "value_sink"} <= set(
+        scores.metric)
+    effect = scores[scores.metric == "effect_repeat_loss"]
+    assert set(effect.estimator) <= {"exact", "attribution"} and (effect.chance == 0).all()
+    assert "effect_repeat_loss" in res.stdout
+    summary = (out / "summary.md").read_text()
+    assert "## Does the head matter? Causal effects" in summary and "mode `auto`" in summary
+    assert (out / "induction_vs_effect_repeat_loss.png").is_file() and (out / "effect_repeat_loss.png").is_file()
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["effects"]["n_sequences"] == 2 and "effects_s" in meta["timings"]
+
+
+def test_effect_options_are_checked_before_loading(tmp_path, tiny_gpt2_dir, tiny_bert_dir):
+    m = str(tiny_gpt2_dir)
+    _bad(tmp_path, [m, "--effects", "exactly"], "Unknown effects mode 'exactly'. Did you mean: exact")
+    _bad(tmp_path, [m, "--effects", "--ablation", "half"], "Unknown ablation 'half'")
+    _bad(tmp_path, [m, "--ablation", "zero"], "ablation (--ablation) 'zero' only applies with --effects")
+    _bad(tmp_path, [m, "--effects", "--effects-sequences", "0"], "effects_sequences (--effects-sequences) must be")
+    _bad(tmp_path, [str(tiny_bert_dir), "--effects", "attribution"], "is an encoder")

@@ -247,3 +247,22 @@ def test_check_folder(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(HeadscopeError, match=r"^--out '.*f' exists and is not a directory; choose another --out\.$"):
         check_folder(tmp_path / "f")
+
+
+def test_runs_with_effects_compare_like_any_other_score(tiny_gpt2, tmp_path):
+    """Effect rows are scores too: in the summary, the per-head differences and the figures."""
+    from headscope.compare import compare_dirs
+    from headscope.effects import EffectSettings
+
+    dirs = []
+    for seed in (0, 1):
+        probes = headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4, seed=seed)
+        result = headscope.scan(tiny_gpt2, probes, effects=EffectSettings("exact", n_sequences=2))
+        dirs.append(headscope.save_run(result, tmp_path / f"s{seed}", figures=False))
+    text, paths = compare_dirs(dirs, tmp_path / "cmp")
+    assert "effect_repeat_loss" in text and "copying" in text
+    table = pd.read_csv(tmp_path / "cmp" / "compare.csv")
+    assert {"effect_repeat_loss", "effect_text_loss", "value_sink"} <= set(table.metric)
+    diffs = pd.read_csv(tmp_path / "cmp" / "head_diffs.csv")
+    assert (diffs.loc[diffs.metric == "effect_repeat_loss", "abs_diff"] >= 0).all()
+    assert [p.name for p in paths][-1] == "difference.png"

@@ -33,14 +33,21 @@ if TYPE_CHECKING:  # pragma: no cover
     from headscope.metrics.base import Metric
 
 
-def resolve_engine(model, name: str = AUTO, metrics: Sequence[Metric] = ()) -> Engine:
-    """The engine ``name`` (``auto``: the first that can run), or one clear line saying why not."""
+def resolve_engine(model, name: str = AUTO, metrics: Sequence[Metric] = (), interventions: bool = False) -> Engine:
+    """The engine ``name`` (``auto``: the first that can run), or one clear line saying why not.
+    ``interventions``: the scan applies some (then only engines that take them can run)."""
+
+    def why_not(engine: Engine) -> str | None:
+        if interventions and not engine.takes_interventions:
+            return "it cannot apply interventions"
+        return engine.unavailable(model, metrics)
+
     if name != AUTO:
         engine = get_engine(name)
-        reason = engine.unavailable(model, metrics)
+        reason = why_not(engine)
         if reason is None:
             return engine
-        alternative = next((e for e in _usable() if e.name != name and e.unavailable(model, metrics) is None), None)
+        alternative = next((e for e in _usable() if e.name != name and why_not(e) is None), None)
         hint = f"; use --engine {alternative.name}" if alternative is not None else ""
         raise HeadscopeError(f"The {name} engine cannot run here: {reason}{hint}.")
     reasons = []
@@ -50,7 +57,7 @@ def resolve_engine(model, name: str = AUTO, metrics: Sequence[Metric] = ()) -> E
         except HeadscopeError as exc:  # a plug-in that cannot load: auto moves on
             reasons.append(str(exc))
             continue
-        reason = engine.unavailable(model, metrics)
+        reason = why_not(engine)
         if reason is None:
             return engine
         reasons.append(f"{engine.name}: {reason}")

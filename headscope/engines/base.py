@@ -40,6 +40,9 @@ class Engine(ABC):
     #: (soft-capping, learned sinks, position biases). Engines that recompute ``softmax(q k^T)``
     #: refuse such models and point to one that does.
     reads_model_attention: ClassVar[bool] = False
+    #: Can run a forward with interventions (:mod:`headscope.attention`) applied: a scan of a model
+    #: with some heads ablated or restricted.
+    takes_interventions: ClassVar[bool] = True
 
     def unavailable(self, model: Model, metrics: Sequence[Metric]) -> str | None:
         """Why this engine cannot score ``metrics`` on ``model`` here, in a few words (None: it can)."""
@@ -47,9 +50,10 @@ class Engine(ABC):
 
     @abstractmethod
     def run(self, model: Model, tokens: Tensor, mask: Tensor, batch: PatternBatch, on_rows: OnRows,
-            layers: Sequence[int] | None = None) -> None:
-        """One forward over ``tokens`` ``[batch, pos]`` (``mask`` True on real tokens); ``on_rows``
-        for every wanted layer (default: all). The forward may stop after the last wanted layer."""
+            layers: Sequence[int] | None = None, interventions: Sequence = ()) -> None:
+        """One forward over ``tokens`` ``[batch, pos]`` (``mask`` True on real tokens), with
+        ``interventions`` applied; ``on_rows`` for every wanted layer (default: all). The forward
+        may stop after the last wanted layer."""
 
     def __repr__(self) -> str:
         return f"<{self.name} engine>"

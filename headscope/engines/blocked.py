@@ -128,9 +128,9 @@ class BlockedEngine(Engine):
             return "its attention does not run through transformers' attention interface"
         return None
 
-    def run(self, model, tokens, mask, batch, on_rows, layers=None) -> None:
+    def run(self, model, tokens, mask, batch, on_rows, layers=None, interventions=()) -> None:
         layers = range(model.n_layers) if layers is None else layers
-        model.run(tokens, mask, handler=BlockHandler(on_rows, layers))
+        model.run(tokens, mask, handler=BlockHandler(on_rows, layers), interventions=interventions)
 
 
 ENGINE = BlockedEngine()

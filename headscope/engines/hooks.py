@@ -10,6 +10,7 @@ forward, a second copy of the model, and one layer's patterns in memory.
 from __future__ import annotations
 
 from headscope.engines.base import Engine
+from headscope.errors import HeadscopeError
 from headscope.metrics.rows import DenseRows
 
 
@@ -17,13 +18,17 @@ class HooksEngine(Engine):
     name = "hooks"
     summary = "transformer-lens hook_pattern: each layer's full pattern (eager attention), the reference"
     reads_model_attention = True
+    takes_interventions = False  # its forward is transformer-lens', not headscope's seam
 
     def unavailable(self, model, metrics):
         if not model.has_bridge:
             return "this model has no transformer-lens bridge"
         return None
 
-    def run(self, model, tokens, mask, batch, on_rows, layers=None) -> None:
+    def run(self, model, tokens, mask, batch, on_rows, layers=None, interventions=()) -> None:
+        if interventions:
+            raise HeadscopeError("The hooks engine runs transformer-lens' forward and cannot apply interventions; "
+                                 "use --engine blocked.")
         def on_pattern(layer, pattern):  # [batch, head, query, key]; bf16/fp16 are scored in fp32
             on_rows(layer, DenseRows(pattern.float()), 0)
 

@@ -62,7 +62,7 @@ class EagerEngine(Engine):
     def unavailable(self, model, metrics):
         return None if model.attention_interface else "no attention interface"
 
-    def run(self, model, tokens, mask, batch, on_rows, layers=None):
+    def run(self, model, tokens, mask, batch, on_rows, layers=None, interventions=()):
         last = model.n_layers - 1
 
         def handler(call):
@@ -74,7 +74,7 @@ class EagerEngine(Engine):
                 raise StopForward
             return call.output()
 
-        model.run(tokens, mask, handler=handler)
+        model.run(tokens, mask, handler=handler, interventions=interventions)
 
 
 def test_a_fourth_engine_is_one_class_and_one_register_line(tiny_gpt2, monkeypatch):
@@ -113,3 +113,22 @@ def test_a_plug_in_that_cannot_be_imported_is_one_line_and_auto_moves_on(tiny_gp
                                                        "headscope.engines.no_such_module"):
         get_engine("broken")
     assert resolve_engine(tiny_gpt2, "auto", list(REGISTRY.values())).name == "fused"
+
+
+def test_a_scan_under_an_intervention_uses_an_engine_that_takes_it(tiny_gpt2):
+    """Where heads look with another head ablated: the fused and blocked engines apply interventions
+    through the seam; the hooks engine (transformer-lens' own forward) cannot, and says so."""
+    from headscope.attention import ReplaceHeadOutput
+
+    probe = headscope.default_probes(tiny_gpt2, n_prompts=3, repeat_len=5)[1]
+    ablate = [ReplaceHeadOutput(layer=0, head=1, value=0.0)]
+    metrics = [REGISTRY["induction"]]
+    plain = score_probe(tiny_gpt2, probe, metrics, batch_size=2)["induction"].score
+    fused = score_probe(tiny_gpt2, probe, metrics, batch_size=2, interventions=ablate)["induction"].score
+    blocked = score_probe(tiny_gpt2, probe, metrics, batch_size=2, engine="blocked", interventions=ablate)
+    torch.testing.assert_close(fused, blocked["induction"].score, atol=1e-6, rtol=0)
+    torch.testing.assert_close(fused[0], plain[0])  # layer 0's own pattern does not depend on its output
+    assert (fused[1] - plain[1]).abs().max() > 1e-6  # layer 1 reads the ablated stream
+    with pytest.raises(headscope.HeadscopeError, match="The hooks engine cannot run here: it cannot apply "
+                                                       "interventions; use --engine fused"):
+        score_probe(tiny_gpt2, probe, metrics, engine="hooks", interventions=ablate)

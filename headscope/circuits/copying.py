@@ -1,0 +1,211 @@
+"""Copying: how much a head's OV circuit raises the logit of the token it attends to (on real inputs).
+
+An induction head does two things. Its QK circuit finds the token after the earlier copy of the
+current token (prefix matching: the ``induction`` metric), and its OV circuit copies the token it
+finds into the output (Olsson et al. 2022). This module scores the copying half for every head of
+a decoder with an unembedding, on the repeat probe, as the ``copying`` rows of a scan.
+
+Run the model on the probe and, for head ``h`` of layer ``l``, take the attention input ``x_k`` at
+every position ``k`` of the first copy of ``R`` (the post-norm residual stream that ``W_V``
+multiplies). Suppose the head attended to ``k`` alone; its output would be
+``x_k W_V[h // g] W_O[h]``. Read that through the unembedding, with the final norm's weight folded
+in (``diag(gamma_final) W_U``), and ask where the logit of ``token_k`` itself ranks among all
+ordinary tokens::
+
+    copying@k = share of positions whose own-token logit is among the k highest     (chance k / vocab)
+
+Approximations, all standard for direct logit attribution: the head's output is read straight
+through to the logits, not through the later layers; the final norm's division by the RMS of the
+residual stream is dropped (one positive factor per position: it changes no rank); value and output
+biases (GPT-2) are dropped (they do not depend on the attended token). Grouped-query attention:
+query head ``h`` reads key/value head ``h // g``, ``g = n_heads / n_kv_heads``, the ``repeat_kv``
+layout of Hugging Face's attention.
+
+>>> import torch
+>>> eye = torch.eye(4)
+>>> own_token_ranks(eye, torch.arange(4), eye, eye, eye)     # each token's own logit is the highest
+tensor([0, 0, 0, 0])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from headscope.errors import HeadscopeError
+from headscope.result import Probe, ScoreInfo, head_name
+
+COPYING_K = 50  # copying@k: the own-token logit must be among the k highest (0.1% of a 49k vocab)
+COPYING_THRESHOLD = 0.5  # a head copies when at least half of the attended tokens pass copying@k
+
+
+# ------------------------------------------------------------------------------ weights
+
+
+@dataclass(frozen=True)
+class HeadWeights:
+    """What every head's OV circuit needs, float32 on the CPU, with the vocabulary restricted.
+
+    Columns of ``unembed`` (and rows of ``embed``) are the ordinary tokens ``token_ids``, in order.
+    """
+
+    model: str
+    token_ids: Int[Tensor, " vocab"]  # ordinary tokens (no special or added tokens), sorted
+    embed: Float[Tensor, "vocab d_model"]  # W_E rows of those tokens, before any norm
+    W_V: Float[Tensor, "layer head d_model d_head"]  # expanded to query heads (GQA)
+    W_O: Float[Tensor, "layer head d_head d_model"]
+    ln1: Float[Tensor, "layer d_model"]  # each layer's pre-attention norm weight
+    unembed: Float[Tensor, "d_model vocab"]  # diag(gamma_final) . W_U[:, token_ids]
+    centre: bool = False  # LayerNorm (centre, then scale) rather than RMSNorm
+    eps: float = 1e-5
+
+    @property
+    def n_layers(self) -> int:
+        return self.W_V.shape[0]
+
+    @property
+    def n_heads(self) -> int:
+        return self.W_V.shape[1]
+
+    def columns(self, ids: Tensor) -> Tensor:
+        """Column index in ``unembed`` of each token id in ``ids`` (all must be ordinary tokens)."""
+        ids = torch.as_tensor(ids)
+        col = torch.searchsorted(self.token_ids, ids).clamp(max=len(self.token_ids) - 1)
+        if not torch.equal(self.token_ids[col], ids):
+            raise HeadscopeError("Some token ids are not ordinary tokens of this model (special or added tokens).")
+        return col
+
+
+def expand_kv_heads(w: Tensor, n_heads: int) -> Tensor:
+    """``[layer, n_kv, ...]`` -> ``[layer, n_heads, ...]``: query head ``h`` gets KV head ``h // g``.
+
+    >>> expand_kv_heads(torch.arange(3.0).view(1, 3), 9)
+    tensor([[0., 0., 0., 1., 1., 1., 2., 2., 2.]])
+    """
+    n_kv = w.shape[1]
+    if n_heads % n_kv:
+        raise HeadscopeError(f"{n_heads} query heads cannot share {n_kv} key/value heads evenly.")
+    return w.repeat_interleave(n_heads // n_kv, dim=1)
+
+
+def head_weights(model) -> HeadWeights:
+    """``W_E``, ``W_V``, ``W_O``, ``W_U`` and the norm weights of a decoder (:meth:`Model.circuit_weights`),
+    restricted to its ordinary tokens, with the final norm's weight folded into the unembedding.
+
+    Needs a pre-norm decoder (a norm before each attention layer, one before the unembedding).
+    """
+    cw = model.circuit_weights()  # raises one line for encoders
+    ids = model.ordinary_vocab()
+    ids = ids[(ids < cw.W_E.shape[0]) & (ids < cw.W_U.shape[1])].sort().values
+    return HeadWeights(model=model.name, token_ids=ids, embed=cw.W_E[ids],
+                       W_V=expand_kv_heads(cw.W_V, model.n_heads), W_O=cw.W_O, ln1=cw.ln1,
+                       unembed=cw.ln_final[:, None] * cw.W_U[:, ids], centre=not cw.rms, eps=cw.eps)
+
+
+# ------------------------------------------------------------------------------ on real inputs
+
+
+def attention_inputs(model, tokens: Int[Tensor, "batch pos"], layers: Sequence[int]) -> dict[int, Tensor]:
+    """The post-norm input of each wanted layer's attention, ``{layer: [batch, pos, d_model]}``
+    (what ``W_V`` multiplies; :meth:`headscope.models.Model.attention_inputs`)."""
+    return model.attention_inputs(tokens, layers)
+
+
+def own_token_ranks(
+    x: Float[Tensor, "n d_model"],
+    columns: Int[Tensor, " n"],
+    W_V: Float[Tensor, "d_model d_head"],
+    W_O: Float[Tensor, "d_head d_model"],
+    unembed: Float[Tensor, "d_model vocab"],
+    chunk: int = 256,
+) -> Int[Tensor, " n"]:
+    """Rank of each input's own logit under one head's OV circuit (0 = the highest logit).
+
+    Row ``i`` of ``x`` is an attention input holding token ``columns[i]`` (a column of
+    ``unembed``); the head's output ``x_i W_V W_O`` is read through ``unembed``.
+    """
+    d_model, d_head = W_V.shape
+    # Few inputs: read each through W_V W_O then unembed. Many: fold W_O into unembed once.
+    fold = d_head * d_model + len(x) * d_head < len(x) * d_model
+    ov_u = W_O @ unembed if fold else None  # [d_head, vocab]
+    ranks = []
+    for start in range(0, len(x), chunk):
+        z = x[start:start + chunk] @ W_V  # [n_chunk, d_head]
+        logits = z @ ov_u if fold else (z @ W_O) @ unembed  # [n_chunk, vocab]
+        own = logits.gather(1, columns[start:start + chunk, None])  # [n_chunk, 1]
+        ranks.append((logits > own).sum(1))  # how many tokens beat the attended one
+    return torch.cat(ranks)
+
+
+def ov_copying(
+    model,
+    probe,
+    heads: Sequence[tuple[int, int]] | None = None,
+    k: int = COPYING_K,
+    weights: HeadWeights | None = None,
+    batch_size: int = 4,
+) -> pd.DataFrame:
+    """Copying on real inputs, for ``heads`` (default: every head), on a repeat ``probe``.
+
+    The attended positions are the first copy of ``R`` (positions ``1..L``). Returns one row per
+    head: ``copying`` = copying@k (share of positions whose own-token logit is among the ``k``
+    highest of the ordinary vocabulary), ``median_rank`` (0 = highest), ``n`` positions and
+    ``chance`` = ``k / vocab``. Cost: about ``2 * n * d_model * vocab`` flops per head.
+    """
+    if probe.repeat_len is None:
+        raise HeadscopeError("ov_copying needs a repeat probe (headscope.repeat_probe).")
+    w = head_weights(model) if weights is None else weights
+    heads = [(la, h) for la in range(w.n_layers) for h in range(w.n_heads)] if heads is None else list(heads)
+    L = probe.repeat_len
+    layers = sorted({layer for layer, _ in heads})
+    xs: dict[int, list[Tensor]] = {layer: [] for layer in layers}
+    cols = []
+    for start in range(0, len(probe), batch_size):
+        tokens = torch.tensor(probe.sequences[start:start + batch_size], dtype=torch.long)  # [batch, pos]
+        got = attention_inputs(model, tokens, layers)
+        for layer in layers:
+            xs[layer].append(got[layer][:, 1:L + 1].reshape(-1, got[layer].shape[-1]))  # [batch*L, d_model]
+        cols.append(w.columns(tokens[:, 1:L + 1].reshape(-1)))
+    columns = torch.cat(cols)  # [n]
+    rows = []
+    for layer, head in heads:
+        x = torch.cat(xs[layer])  # [n, d_model]
+        ranks = own_token_ranks(x, columns, w.W_V[layer, head], w.W_O[layer, head], w.unembed)
+        rows.append({"model": model.name, "layer": layer, "head": head, "head_name": head_name(layer, head),
+                     "copying": float((ranks < k).float().mean()), "median_rank": float(ranks.float().median()),
+                     "n": len(ranks), "k": k, "chance": k / len(w.token_ids)})
+    return pd.DataFrame(rows)
+
+
+
+
+COPYING = ScoreInfo(
+    "copying", "repeat",
+    f"copying@{COPYING_K}: share of first-copy positions of the repeat probe whose own token's logit is among "
+    f"the {COPYING_K} highest through the head's OV circuit (W_V W_O, final norm, W_U)",
+    "copying head", COPYING_THRESHOLD, nan_reason="encoders have no unembedding to read the OV circuit through")
+
+
+@dataclass
+class CopyingScores:
+    """The ``copying`` rows of a scan: ``[layer, head]`` scores, chance ``k / vocab``, positions counted."""
+
+    metric: ScoreInfo
+    score: Float[Tensor, "layer head"]
+    count: float
+    chance: float
+    estimator: np.ndarray | None = None
+
+
+def copying_scores(model, probe: Probe, k: int = COPYING_K, max_sequences: int = 16) -> CopyingScores:
+    """copying@k for every head on the first ``max_sequences`` sequences of a repeat ``probe``."""
+    small = Probe(probe.name, probe.sequences[:max_sequences], probe.repeat_len, probe.settings)
+    table = ov_copying(model, small, k=k)
+    score = torch.tensor(table.pivot(index="layer", columns="head", values="copying").to_numpy(), dtype=torch.float64)
+    return CopyingScores(COPYING, score, float(table["n"].iloc[0]), float(table["chance"].iloc[0]))

@@ -1,0 +1,105 @@
+"""Exact ablation: what happens to the model without one head, one forward per head.
+
+Ablating head ``h`` of layer ``l`` replaces its slice of the input to the output projection (its
+``A v``, ``[batch, query, head, dim]`` at the attention seam) at every position: by the mean of
+that slice over every real position of every sequence of the probe, from the clean run (mean
+ablation, the default), or by 0 (zero ablation). Only the query head changes; with grouped-query
+attention its shared KV head, and so every other head, is untouched.
+
+Two things make it cheap (design.md section 6):
+
+* **the clean prefix is reused**: the residual stream entering layer ``l`` does not depend on an
+  ablation at ``l``, so each batch runs clean once, keeps every block's output, and an ablated
+  forward at layer ``l`` starts at block ``l`` from it (:meth:`~headscope.models.Model.run`'s
+  ``resume``): on average half a forward per head;
+* **heads of one layer share a forward**: the batch is repeated once per head, each copy ablating
+  its own head (:class:`~headscope.attention.AblateHeads`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from headscope.attention import AblateHeads, AttentionCall
+from headscope.effects.targets import Target, effect_sums, logits_from, measure
+from headscope.extract import pad_batch
+from headscope.result import Probe
+
+ABLATIONS = ("mean", "zero")
+
+
+def batches(model, probe: Probe, batch_size: int):
+    """``(tokens, mask, lengths)`` for each batch of ``probe``, similar lengths together."""
+    order = sorted(range(len(probe)), key=lambda i: (len(probe.sequences[i]), i))
+    for start in range(0, len(order), batch_size):
+        yield pad_batch([probe.sequences[i] for i in order[start:start + batch_size]], model.pad_id)
+
+
+def head_means(model, probe: Probe, batch_size: int) -> Float[Tensor, "layer head dim"]:
+    """Each head's mean output (``A v``) over every real position of every sequence of ``probe``."""
+    sums: dict[int, Tensor] = {}
+    count = 0.0
+
+    for tokens, mask, _ in batches(model, probe, batch_size):
+        real = mask.to(model.device)[:, :, None, None].float()  # [batch, pos, 1, 1]
+
+        def record(call: AttentionCall, real=real) -> Tensor:
+            out = call.output()  # [batch, query, head, dim]
+            s = (out.double() * real.double()).sum((0, 1))  # [head, dim], summed in float64
+            sums[call.layer] = sums.get(call.layer, 0) + s
+            return out
+
+        model.run(tokens, mask, handler=record)
+        count += float(mask.sum())
+    return torch.stack([sums[layer] for layer in range(model.n_layers)]) / count  # [layer, head, dim]
+
+
+def exact_effects(
+    model,
+    probe: Probe,
+    target: Target,
+    heads: Sequence[tuple[int, int]],
+    values: Float[Tensor, "layer head dim"] | float,
+    batch_size: int,
+    rows_per_forward: int = 64,
+    on_progress: Callable[[int], None] | None = None,
+) -> dict[tuple[int, int], tuple[float, float]]:
+    """``{(layer, head): (effect sum, count)}`` for ``heads``, ablated one at a time (exactly).
+
+    ``values`` is the ablation value of every head (``head_means`` for mean ablation) or 0.0.
+    ``rows_per_forward`` caps sequences per ablated forward (the batch repeated once per head).
+    """
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in heads:
+        by_layer.setdefault(layer, []).append(head)
+    sums = {(layer, h): [0.0, 0.0] for layer, hs in by_layer.items() for h in hs}
+    for tokens, mask, lengths in batches(model, probe, batch_size):
+        b = len(tokens)
+        kept: dict[int, Tensor] = {}
+        first = logits_from(target, tokens, probe.repeat_len) if target.output == "logits" else 0
+        clean = measure(target, model.run(tokens, mask, output=target.output, keep_blocks=kept, logits_from=first),
+                        tokens, lengths, probe.repeat_len)
+        per_forward = max(1, rows_per_forward // b)  # heads per ablated forward
+        for layer, layer_heads in sorted(by_layer.items()):
+            for start in range(0, len(layer_heads), per_forward):
+                chunk = layer_heads[start:start + per_forward]
+                k = len(chunk)
+                rep = torch.tensor(chunk).repeat_interleave(b)  # [k * batch]: copy j ablates head chunk[j]
+                resume = (layer, kept[layer - 1].repeat(k, 1, 1)) if layer > 0 else None  # [k*b, pos, d_model]
+                val = values[layer] if isinstance(values, Tensor) else values
+                out = model.run(tokens.repeat(k, 1), mask.repeat(k, 1), interventions=[AblateHeads(layer, rep, val)],
+                                output=target.output, resume=resume, logits_from=first)
+                ablated = measure(target, out, tokens.repeat(k, 1), lengths.repeat(k), probe.repeat_len)
+                for j, h in enumerate(chunk):
+                    part = slice(j * b, (j + 1) * b)
+                    abl = (ablated[0][part], ablated[1][part]) if isinstance(ablated, tuple) else ablated[part]
+                    s, c = effect_sums(target, clean, abl)
+                    sums[(layer, h)][0] += float(s.sum())
+                    sums[(layer, h)][1] += float(c.sum())
+                if on_progress is not None:
+                    on_progress(k * b)
+    return {key: (v[0], v[1]) for key, v in sums.items()}
