@@ -136,6 +136,29 @@ class ReplaceHeadOutput:
 
 
 @dataclass(frozen=True)
+class Interpolate:
+    """Move head ``head`` of layer ``layer`` a fraction ``t`` of the way to ``value``:
+    ``out_h <- out_h + t (value - out_h)``. ``t = 1`` is :class:`ReplaceHeadOutput`; small ``t``
+    traces the dose-response curve whose slope at 0 attribution patching estimates."""
+
+    layer: int
+    head: int
+    value: Tensor | float
+    t: float
+
+    def before(self, call: AttentionCall) -> AttentionCall:
+        return call
+
+    def after(self, call: AttentionCall, out: Tensor) -> Tensor:
+        if call.layer != self.layer:
+            return out
+        out = out.clone()  # [batch, query, head, dim_v]
+        target = torch.as_tensor(self.value, dtype=out.dtype, device=out.device)
+        out[:, :, self.head] += self.t * (target - out[:, :, self.head])
+        return out
+
+
+@dataclass(frozen=True)
 class AblateHeads:
     """Replace one head per sequence of a batch: row ``b``'s head ``heads[b]`` of layer ``layer``
     (-1: none) gets ``values[heads[b]]`` at every position. Several heads of one layer are ablated

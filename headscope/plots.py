@@ -17,6 +17,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from headscope.catalog import describe, is_below
+from headscope.metrics import REGISTRY
 from headscope.outputs import save_figure
 from headscope.result import matrix
 
@@ -90,10 +91,11 @@ def heatmap(scores: pd.DataFrame, metric: str, n_sequences: int | None = None) -
     ax = fig.add_subplot()
     model = sub["model"].iloc[0]
     n_pairs = int(sub["n"].iloc[0])
-    seqs = f"{n_sequences} seqs, " if n_sequences else ""
     info = describe(metric)
+    pattern = metric in REGISTRY  # effects and circuit scores use a subset of the sequences
+    seqs = f"{n_sequences} seqs, " if n_sequences and pattern else ""
     unit = " (nats)" if metric == "entropy" else f" ({info.unit})" if getattr(info, "unit", "") else ""
-    what = "target tokens" if is_effect(metric) else "queries"
+    what = "target tokens" if is_effect(metric) else "queries" if pattern else "positions"
     im = draw_heatmap(ax, scores, metric, title=f"{model}: {metric}{unit}\n{seqs}n = {n_pairs} {what}")
     fig.colorbar(im, ax=ax, shrink=0.8)
     return fig

@@ -121,7 +121,7 @@ def scan(
     if effects is not None:
         t0 = time.perf_counter()
         pattern = to_frame(model.name, model.n_layers, model.n_heads, ordered, thresholds)
-        extra = circuit_scores(model, [effects.subset(p) for p in probes], effects.batch_size, say, timings)
+        extra = circuit_scores(model, [effects.subset(p) for p in probes], effects.batch_size or 8, say, timings)
         effect_results = head_effects(model, probes, effects, pattern, say, timings)
         ordered += extra + effect_results
         metadata["effects"] = {"mode": effects.mode, "ablation": effects.ablation, "n_sequences": effects.n_sequences,

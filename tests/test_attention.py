@@ -135,3 +135,17 @@ def test_the_handler_is_active_only_inside_intercept(tiny_gpt2):
         tiny_gpt2.run(torch.tensor([[0, 5, 6]]), handler=boom)
     assert attention.active() is None
     assert tiny_gpt2.run(torch.tensor([[0, 5, 6]]), output="logits").shape == (1, 3, tiny_gpt2.hf.config.vocab_size)
+
+
+def test_interpolate_is_replace_at_one_and_nothing_at_zero(tiny_gpt2):
+    from headscope.attention import Interpolate
+
+    tokens = torch.tensor([[0, 5, 6, 7, 8]])
+    value = torch.linspace(-1, 1, 8)
+    full = tiny_gpt2.run(tokens, interventions=[ReplaceHeadOutput(1, 2, value)], output="logits")
+    torch.testing.assert_close(tiny_gpt2.run(tokens, interventions=[Interpolate(1, 2, value, 1.0)], output="logits"),
+                               full, atol=1e-6, rtol=0)
+    torch.testing.assert_close(tiny_gpt2.run(tokens, interventions=[Interpolate(1, 2, value, 0.0)], output="logits"),
+                               tiny_gpt2.logits(tokens), atol=1e-6, rtol=0)
+    half = tiny_gpt2.run(tokens, interventions=[Interpolate(1, 2, value, 0.5)], output="logits")
+    assert (half - full).abs().max() > 1e-5 and (half - tiny_gpt2.logits(tokens)).abs().max() > 1e-5

@@ -32,6 +32,7 @@ from headscope.effects.ablation import ABLATIONS, exact_effects, head_means
 from headscope.effects.attribution import attribution_effects
 from headscope.effects.targets import TARGETS, Target, targets_for
 from headscope.errors import HeadscopeError, did_you_mean, setting
+from headscope.extract import auto_batch_size
 from headscope.metrics import REGISTRY
 from headscope.result import Probe, ScoreInfo
 
@@ -46,7 +47,7 @@ class EffectSettings:
 
     mode: str = "auto"
     ablation: str = "mean"
-    batch_size: int = 8
+    batch_size: int | None = None  # sequences per forward (None: up to 8, fewer for long sequences)
     n_sequences: int | None = 16  # the first N sequences of each probe (None: all of them)
 
     def validate(self) -> EffectSettings:
@@ -56,7 +57,7 @@ class EffectSettings:
         if self.ablation not in ABLATIONS:
             raise HeadscopeError(f"Unknown ablation '{self.ablation}'.{did_you_mean(self.ablation, ABLATIONS)} "
                                  f"Use one of {', '.join(ABLATIONS)}.")
-        if self.batch_size < 1:
+        if self.batch_size is not None and self.batch_size < 1:
             raise HeadscopeError(f"{setting('effects_batch_size')} must be at least 1, got {self.batch_size}.")
         if self.n_sequences is not None and self.n_sequences < 1:
             raise HeadscopeError(f"{setting('effects_sequences')} must be at least 1, got {self.n_sequences}.")
@@ -129,17 +130,18 @@ def head_effects(
         if probe is None:
             say(f"effects: no {target.probe} probe in this scan, so no {target.name} effects")
             continue
+        batch_size = settings.batch_size or batch_size_for(model, probe)
         all_heads = [(la, h) for la in range(model.n_layers) for h in range(model.n_heads)]
         attribution, count, values = None, 0.0, (None if settings.ablation == "mean" else 0.0)
         if settings.mode in ("auto", "attribution", "both") and target.output == "logits":
             say(f"effects: attribution for {len(all_heads)} heads on {target.name}")
             t0 = time.perf_counter()
-            attribution, count, means = attribution_effects(model, probe, target, values, settings.batch_size)
+            attribution, count, means = attribution_effects(model, probe, target, values, batch_size)
             values = means if values is None else values  # the same pass gave the means
             timings[f"attribution_{target.name}_s"] = round(time.perf_counter() - t0, 3)
         if values is None:
             t0 = time.perf_counter()
-            values = head_means(model, probe, settings.batch_size)
+            values = head_means(model, probe, batch_size)
             timings[f"means_{target.name}_s"] = round(time.perf_counter() - t0, 3)
         if settings.mode in ("exact", "both") or attribution is None:
             exact_heads = all_heads
@@ -151,10 +153,16 @@ def head_effects(
         if exact_heads:
             say(f"effects: exact {settings.ablation}-ablation of {len(exact_heads)} heads on {target.name}")
             t0 = time.perf_counter()
-            exact = exact_effects(model, probe, target, exact_heads, values, settings.batch_size)
+            exact = exact_effects(model, probe, target, exact_heads, values, batch_size)
             timings[f"exact_{target.name}_s"] = round(time.perf_counter() - t0, 3)
         results.extend(_tables(model, target, attribution, count, exact))
     return results
+
+
+def batch_size_for(model, probe: Probe) -> int:
+    """Sequences per effects forward: up to 8, fewer when sequences are long (backward passes keep
+    every activation)."""
+    return max(1, min(8, auto_batch_size(model, max(len(s) for s in probe.sequences))))
 
 
 def choose_heads(attribution: Tensor, pattern_scores: pd.DataFrame | None, probe: str) -> list[tuple[int, int]]:

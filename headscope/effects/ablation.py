@@ -65,13 +65,14 @@ def exact_effects(
     heads: Sequence[tuple[int, int]],
     values: Float[Tensor, "layer head dim"] | float,
     batch_size: int,
-    rows_per_forward: int = 64,
+    rows_per_forward: int | None = None,
     on_progress: Callable[[int], None] | None = None,
 ) -> dict[tuple[int, int], tuple[float, float]]:
     """``{(layer, head): (effect sum, count)}`` for ``heads``, ablated one at a time (exactly).
 
     ``values`` is the ablation value of every head (``head_means`` for mean ablation) or 0.0.
-    ``rows_per_forward`` caps sequences per ablated forward (the batch repeated once per head).
+    ``rows_per_forward`` caps sequences per ablated forward (the batch repeated once per head;
+    default: about 8k tokens a forward).
     """
     by_layer: dict[int, list[int]] = {}
     for layer, head in heads:
@@ -83,7 +84,8 @@ def exact_effects(
         first = logits_from(target, tokens, probe.repeat_len) if target.output == "logits" else 0
         clean = measure(target, model.run(tokens, mask, output=target.output, keep_blocks=kept, logits_from=first),
                         tokens, lengths, probe.repeat_len)
-        per_forward = max(1, rows_per_forward // b)  # heads per ablated forward
+        rows = rows_per_forward or max(b, 8192 // tokens.shape[1])
+        per_forward = max(1, rows // b)  # heads per ablated forward
         for layer, layer_heads in sorted(by_layer.items()):
             for start in range(0, len(layer_heads), per_forward):
                 chunk = layer_heads[start:start + per_forward]
