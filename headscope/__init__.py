@@ -17,7 +17,8 @@ How the package is layered: each line imports only from lines above it (no cycle
 imports inside functions; ``../shared/tools/import_cycles.py`` checks)::
 
     errors                              one exception type, did-you-mean, how messages name settings
-    result, outputs, timing             the result schema, files outside a run, one timer and fit
+    result, outputs, timing, uncertainty   the result schema, files outside a run, one timer and fit,
+                                        bootstrap intervals
     sources, attention, metrics/, probes    where weights come from; the seam (each layer's attention
                                         call, interventions); what a head does (one rows protocol); inputs
     models, kernels                     the ONE module that knows transformers / transformer-lens; the C++ kernel

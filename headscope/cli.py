@@ -83,6 +83,9 @@ def main() -> None:
               help="What an ablated head's output becomes: mean (over the probe) or zero.")
 @click.option("--effects-sequences", type=int, default=DEFAULTS.effects_sequences, show_default=True,
               help="Effects and circuit scores use the first N sequences of each probe.")
+@click.option("--bootstrap", type=int, default=DEFAULTS.bootstrap, show_default=True,
+              help="Resamples of the sequences for every score's interval and every label's stability (0: none).")
+@click.option("--ci", type=float, default=DEFAULTS.ci, show_default=True, help="Coverage of the intervals.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps.")
 @click.option("--dtype", default=None,
               help=f"Model weights dtype: {', '.join(DTYPE_NAMES)}. [default: float32] Patterns are scored in float32.")
@@ -92,7 +95,8 @@ def main() -> None:
 @click.option("--no-figures", is_flag=True, help="Skip the PNG heatmaps.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
 def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, seq_len, engine, prompts, metric_names,
-         thresholds, effects, ablation, effects_sequences, device, dtype, threads, force, no_figures, quiet) -> None:
+         thresholds, effects, ablation, effects_sequences, bootstrap, ci, device, dtype, threads, force, no_figures,
+         quiet) -> None:
     """Score every head of MODEL and write a run directory.
 
     MODEL is an offline model (smollm2-135m, all-minilm-l6-v2), a transformer-lens name such as
@@ -106,7 +110,7 @@ def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, seq_len, engi
         n_prompts=n_prompts, repeat_len=repeat_len, seed=seed, seq_len=seq_len, prompts=prompts,
         metrics=tuple(metric_names.split(",")) if metric_names is not None else None,
         thresholds=parse_thresholds(thresholds), batch_size=batch_size, engine=engine, effects=effects,
-        ablation=ablation, effects_sequences=effects_sequences,
+        ablation=ablation, effects_sequences=effects_sequences, bootstrap=bootstrap, ci=ci,
     )
     out = out or default_out(model_name)
 

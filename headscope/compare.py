@@ -123,18 +123,26 @@ def head_differences(runs: dict[str, pd.DataFrame], k: int | None = None) -> pd.
     labels = list(runs)
     common = [m for m in metric_order(runs) if all((s["metric"] == m).any() for s in runs.values())]
     parts = []
+    with_ci = all({"ci_low", "ci_high"} <= set(s.columns) for s in runs.values())
     for metric in common:
         wide = pd.concat({label: runs[label][runs[label]["metric"] == metric].set_index(["layer", "head"])["score"]
                           for label in labels}, axis=1).dropna()  # [(layer, head), run]
         diff = wide[labels[1]] - wide[labels[0]] if len(labels) == 2 else wide.max(axis=1) - wide.min(axis=1)
-        part = wide.assign(diff=diff, abs_diff=diff.abs()).reset_index()
+        part = wide.assign(diff=diff, abs_diff=diff.abs())
+        if with_ci:  # the runs' intervals do not all overlap: a difference beyond the sampling noise
+            lows = pd.concat({la: runs[la][runs[la]["metric"] == metric].set_index(["layer", "head"])["ci_low"]
+                              for la in labels}, axis=1).reindex(part.index)
+            highs = pd.concat({la: runs[la][runs[la]["metric"] == metric].set_index(["layer", "head"])["ci_high"]
+                               for la in labels}, axis=1).reindex(part.index)
+            part["beyond_ci"] = (lows.max(axis=1) > highs.min(axis=1)) & lows.notna().all(axis=1)
+        part = part.reset_index()
         part = part.sort_values(["abs_diff", "layer", "head"], ascending=[False, True, True])
         if k is not None:
             part = part.head(k)
         part.insert(0, "metric", metric)
         part.insert(3, "head_name", [head_name(la, h) for la, h in zip(part["layer"], part["head"], strict=True)])
         parts.append(part)
-    cols = ["metric", "layer", "head", "head_name", *labels, "diff", "abs_diff"]
+    cols = ["metric", "layer", "head", "head_name", *labels, "diff", "abs_diff"] + (["beyond_ci"] if with_ci else [])
     return pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)
 
 
@@ -158,8 +166,11 @@ def format_differences(diffs: pd.DataFrame, labels: Sequence[str], k: int = 3) -
     lines = [f"largest per-head differences ({what}):"]
     for metric, sub in diffs.groupby("metric", sort=False):
         sign = "+" if len(labels) == 2 else ""  # a spread is never negative
-        items = ", ".join(f"{r.head_name} {r.diff:{sign}.3f}" for r in sub.head(k).itertuples())
+        items = ", ".join(f"{r.head_name} {r.diff:{sign}.3f}" + ("*" if getattr(r, "beyond_ci", False) else "")
+                          for r in sub.head(k).itertuples())
         lines.append(f"  {metric:<16} {items}")
+    if "beyond_ci" in diffs:
+        lines.append("  * the runs' bootstrap intervals do not overlap: a difference beyond sampling noise")
     return "\n".join(lines)
 
 
@@ -274,7 +285,7 @@ def write_comparison(runs: dict[str, pd.DataFrame], out: str | Path, dpi: int = 
     # head_diffs.csv's header names the runs: any runs' table of ours has this head and tail
     headers = {"compare.csv": ",".join(SUMMARY_COLUMNS),
                "head_diffs.csv": lambda line: line.startswith("metric,layer,head,head_name,")
-               and line.endswith(",diff,abs_diff")}
+               and line.endswith((",diff,abs_diff", ",diff,abs_diff,beyond_ci"))}
     check_replaceable(targets + stale, headers)
     out.mkdir(parents=True, exist_ok=True)
     for path in stale:  # an earlier comparison's file that this one does not write: ours, and out of date

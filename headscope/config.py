@@ -37,6 +37,8 @@ class ScanConfig:
     effects: str | None = None  # None = pattern scores only; else a mode of headscope.effects.MODES
     ablation: str = "mean"  # how an ablated head is replaced: "mean" or "zero"
     effects_sequences: int = 16  # effects are measured on the first N sequences of each probe
+    bootstrap: int = 1000  # resamples of the sequences for intervals and label stability (0: none)
+    ci: float = 0.95  # the intervals' coverage
 
     def validate(self) -> ScanConfig:
         """Every check that needs no model; returns ``self`` so calls chain."""
@@ -44,6 +46,9 @@ class ScanConfig:
         at_least("repeat_len", self.repeat_len)
         at_least("batch_size", self.batch_size)
         at_least("seq_len", self.seq_len)
+        from headscope.uncertainty import check as check_bootstrap
+
+        check_bootstrap(self.bootstrap, self.ci)
         from headscope.engines import AUTO, get_engine
 
         if self.engine != AUTO:

@@ -34,6 +34,10 @@ class MetricScores:
     total: Float[Tensor, "layer head"]  # sum of f over qualifying (sequence, query) pairs, float64
     count: float  # how many pairs qualified
     chance_total: float  # the same sum for a uniform head
+    #: The same sums and counts per sequence of the probe (in the probe's order): what a bootstrap
+    #: over sequences resamples (:mod:`headscope.uncertainty`). None when not kept.
+    seq_total: Float[Tensor, "sequence layer head"] | None = None
+    seq_count: Float[Tensor, " sequence"] | None = None
 
     @property
     def score(self) -> Float[Tensor, "layer head"]:
@@ -48,8 +52,11 @@ class MetricScores:
         if other.metric.name != self.metric.name or other.total.shape != self.total.shape:
             raise ValueError(f"Cannot pool {self.metric.name} {tuple(self.total.shape)} with "
                              f"{other.metric.name} {tuple(other.total.shape)}.")
+        both = self.seq_total is not None and other.seq_total is not None
         return MetricScores(self.metric, self.total + other.total, self.count + other.count,
-                            self.chance_total + other.chance_total)
+                            self.chance_total + other.chance_total,
+                            torch.cat([self.seq_total, other.seq_total]) if both else None,
+                            torch.cat([self.seq_count, other.seq_count]) if both else None)
 
     def __radd__(self, other) -> MetricScores:
         """``sum(shards)`` starts from 0."""
@@ -109,10 +116,14 @@ def score_probe(
     totals = {m.name: torch.zeros(model.n_layers, model.n_heads, dtype=torch.float64) for m in metrics}
     counts = dict.fromkeys(totals, 0.0)
     chance = dict.fromkeys(totals, 0.0)
+    # per sequence, in the probe's order (kept beside the pooled sums, which stay summed as before)
+    seq_totals = {m.name: torch.zeros(len(probe), model.n_layers, model.n_heads, dtype=torch.float64) for m in metrics}
+    seq_counts = {m.name: torch.zeros(len(probe), dtype=torch.float64) for m in metrics}
     punct = PunctuationTable(model)
     # Similar lengths together: less padding. Sums are order-free, so scores do not change.
     order = sorted(range(len(probe)), key=lambda i: (len(probe.sequences[i]), i))
     for start in range(0, len(order), batch_size):
+        index = torch.tensor(order[start : start + batch_size])  # [b]: each row's place in the probe
         chunk = [probe.sequences[i] for i in order[start : start + batch_size]]
         tokens, mask, lengths = pad_batch(chunk, model.pad_id)  # [b, n], [b, n], [b]
         batch = pattern_batch(model, probe, tokens, mask, lengths, punct)
@@ -120,12 +131,14 @@ def score_probe(
         n = tokens.shape[1]
         seen: set[int] = set()
 
-        def on_rows(layer: int, rows: Rows, q_start: int = 0, ctx=on_device, n=n, seen=seen) -> None:
+        def on_rows(layer: int, rows: Rows, q_start: int = 0, ctx=on_device, n=n, seen=seen, index=index) -> None:
             # a block of query rows whose key axis may stop early (causal blocks)
             block = ctx if q_start == 0 and rows.shape[-1] == n else _block(ctx, q_start, rows.shape[-1])
             seen.add(layer)
             for m in metrics:
-                totals[m.name][layer] += m(rows, block).total.sum(0).cpu()  # [head]
+                per_seq = m(rows, block).total.cpu()  # [b, head]
+                totals[m.name][layer] += per_seq.sum(0)  # [head]
+                seq_totals[m.name][index, layer] += per_seq
 
         extra = {"interventions": interventions} if interventions else {}  # engines written before them still run
         eng.run(model, tokens, mask, on_device, on_rows, **extra)
@@ -133,13 +146,15 @@ def score_probe(
             missed = sorted(set(range(model.n_layers)) - seen)
             raise HeadscopeError(f"The {eng.name} engine never saw layer(s) {', '.join(map(str, missed))} of "
                                  f"{model.name}: its attention did not reach headscope; use --engine hooks.")
-        _add_chance(metrics, batch, counts, chance)
+        _add_chance(metrics, batch, counts, chance, seq_counts, index)
         if on_batch is not None:
             on_batch(len(chunk))
-    return {m.name: MetricScores(m, totals[m.name], counts[m.name], chance[m.name]) for m in metrics}
+    return {m.name: MetricScores(m, totals[m.name], counts[m.name], chance[m.name], seq_totals[m.name],
+                                 seq_counts[m.name]) for m in metrics}
 
 
-def _add_chance(metrics: Sequence[Metric], batch: PatternBatch, counts: dict, chance: dict) -> None:
+def _add_chance(metrics: Sequence[Metric], batch: PatternBatch, counts: dict, chance: dict,
+                seq_counts: dict | None = None, index: Tensor | None = None) -> None:
     """Counts and chance sums of one batch: each metric on a uniform head, in query blocks (O(n) memory)."""
     b, n = len(batch.lengths), int(batch.lengths.max())
     rows = max(16, (16 * 2**20) // (4 * b * n))
@@ -150,6 +165,8 @@ def _add_chance(metrics: Sequence[Metric], batch: PatternBatch, counts: dict, ch
             pooled = m(uniform, block)
             counts[m.name] += float(pooled.count.sum())
             chance[m.name] += float(pooled.total.sum())
+            if seq_counts is not None:
+                seq_counts[m.name][index] += pooled.count.cpu()  # [b]
 
 
 def auto_batch_size(model, seq_len: int, budget_bytes: int | None = None) -> int:

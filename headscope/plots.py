@@ -15,11 +15,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 from headscope.catalog import describe, is_below
 from headscope.metrics import REGISTRY
 from headscope.outputs import save_figure
 from headscope.result import matrix
+from headscope.uncertainty import STABLE
 
 
 def is_effect(metric: str) -> bool:
@@ -56,6 +58,10 @@ def draw_heatmap(ax, scores: pd.DataFrame, metric: str, annotate: bool = True, t
     ax.tick_params(labelsize=7 if max(n_layers, n_heads) > 16 else 9)
     if annotate and n_layers * n_heads <= 400:
         labelled = _labelled(scores, metric)  # [layer, head]
+        shaky = _unstable(scores, metric) & labelled  # [layer, head]: labels that depend on the draw
+        for (layer, head) in zip(*np.nonzero(shaky), strict=True):
+            ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, hatch="////", edgecolor="white",
+                                   linewidth=0))
         for (layer, head), v in np.ndenumerate(values):
             if np.isfinite(v) and labelled[layer, head]:
                 dark = abs(v) / (vmax + 1e-9) > 0.6 if is_effect(metric) else (v - vmin) / (vmax - vmin + 1e-9) <= 0.6
@@ -69,6 +75,15 @@ def draw_heatmap(ax, scores: pd.DataFrame, metric: str, annotate: bool = True, t
     if title is not None:
         ax.set_title(title, fontsize=10)
     return im
+
+
+def _unstable(scores: pd.DataFrame, metric: str) -> np.ndarray:
+    """``[layer, head]``: labels whose bootstrap stability is under ``STABLE`` (hatched)."""
+    sub = scores[scores["metric"] == metric]
+    if "stability" not in sub.columns:
+        return np.zeros((sub["layer"].nunique(), sub["head"].nunique()), dtype=bool)
+    st = sub.pivot(index="layer", columns="head", values="stability").to_numpy(dtype=float)
+    return np.nan_to_num(st, nan=1.0) < STABLE
 
 
 def _labelled(scores: pd.DataFrame, metric: str) -> np.ndarray:
@@ -96,7 +111,9 @@ def heatmap(scores: pd.DataFrame, metric: str, n_sequences: int | None = None) -
     seqs = f"{n_sequences} seqs, " if n_sequences and pattern else ""
     unit = " (nats)" if metric == "entropy" else f" ({info.unit})" if getattr(info, "unit", "") else ""
     what = "target tokens" if is_effect(metric) else "queries" if pattern else "positions"
-    im = draw_heatmap(ax, scores, metric, title=f"{model}: {metric}{unit}\n{seqs}n = {n_pairs} {what}")
+    shaky = "stability" in sub and bool(((sub["stability"] < STABLE) & (sub["label"] != "")).any())
+    note = f"; hatched: label stability < {STABLE}" if shaky else ""
+    im = draw_heatmap(ax, scores, metric, title=f"{model}: {metric}{unit}\n{seqs}n = {n_pairs} {what}{note}")
     fig.colorbar(im, ax=ax, shrink=0.8)
     return fig
 

@@ -14,24 +14,33 @@ import pandas as pd
 
 from headscope.catalog import check_score_name, describe, is_below
 from headscope.result import COLUMNS, fmt, head_name
+from headscope.uncertainty import STABLE
 
 #: The extra column of a run with causal effects: which estimator gave each effect row.
 ESTIMATOR = "estimator"
+#: The extra columns of a run with a bootstrap (:mod:`headscope.uncertainty`).
+INTERVAL = ["ci_low", "ci_high", "stability"]
 
 
-def to_frame(model_name: str, n_layers: int, n_heads: int, results: Sequence, thresholds: dict) -> pd.DataFrame:
+
+def to_frame(model_name: str, n_layers: int, n_heads: int, results: Sequence, thresholds: dict,
+             intervals: dict | None = None) -> pd.DataFrame:
     """Long table from per-score results (``MetricScores`` of :mod:`headscope.extract`, and the
     effect and circuit scores of :mod:`headscope.effects` / :mod:`headscope.circuits`).
 
     A result with an ``estimator`` (a ``[layer, head]`` array) adds the ``estimator`` column:
-    "exact" or "attribution" on effect rows, empty elsewhere."""
+    "exact" or "attribution" on effect rows, empty elsewhere. ``intervals`` (score name ->
+    :class:`~headscope.uncertainty.Bootstrap`) adds ``ci_low``, ``ci_high`` and ``stability``
+    (NaN for scores without one)."""
     rows = []
     with_estimator = any(getattr(res, "estimator", None) is not None for res in results)
+    nan = float("nan")
     for res in results:
         m = res.metric
         t = thresholds.get(m.name, m.threshold)
         score = res.score
         est = getattr(res, "estimator", None)
+        boot = (intervals or {}).get(m.name)
         for layer in range(n_layers):
             for head in range(n_heads):
                 s = float(score[layer, head])
@@ -41,10 +50,16 @@ def to_frame(model_name: str, n_layers: int, n_heads: int, results: Sequence, th
                     "chance": res.chance, "n": int(res.count),
                     "label": m.label if m.passes(s, t) else "",
                 }
+                if intervals is not None:
+                    row["ci_low"] = float(boot.ci_low[layer, head]) if boot is not None else nan
+                    row["ci_high"] = float(boot.ci_high[layer, head]) if boot is not None else nan
+                    stab = boot.stability if boot is not None else None
+                    row["stability"] = float(stab[layer, head]) if stab is not None else nan
                 if with_estimator:
                     row[ESTIMATOR] = str(est[layer, head]) if est is not None else ""
                 rows.append(row)
-    return pd.DataFrame(rows, columns=COLUMNS + ([ESTIMATOR] if with_estimator else []))
+    extra = (INTERVAL if intervals is not None else []) + ([ESTIMATOR] if with_estimator else [])
+    return pd.DataFrame(rows, columns=COLUMNS + extra)
 
 
 def top_heads(scores: pd.DataFrame, metric: str, k: int = 5) -> pd.DataFrame:
@@ -54,12 +69,17 @@ def top_heads(scores: pd.DataFrame, metric: str, k: int = 5) -> pd.DataFrame:
 
 
 def relabel(scores: pd.DataFrame, thresholds: dict[str, float]) -> pd.DataFrame:
-    """A copy of ``scores`` with labels recomputed under new thresholds (by metric name)."""
+    """A copy of ``scores`` with labels recomputed under new thresholds (by metric name).
+
+    A ``stability`` column, measured at the run's own thresholds, becomes NaN for the relabelled
+    metrics (rerun the scan with ``--threshold`` to measure it at the new one)."""
     out = scores.copy()
     for name, t in thresholds.items():
         m = check_score_name(name)
         sel = out["metric"] == name
         out.loc[sel, "label"] = [m.label if m.passes(s, t) else "" for s in out.loc[sel, "score"]]
+        if "stability" in out:
+            out.loc[sel, "stability"] = float("nan")  # measured at the run's threshold, not this one
     return out
 
 
@@ -112,13 +132,17 @@ def summary_markdown(result) -> str:
     kind = "causal decoder" if md.get("causal", True) else "bidirectional encoder"
     lines += [f"{shape}, {kind}. Source: {md.get('source', {}).get('source', '?')}.", ""]
     lines += ["## Headline findings", ""] + [f"- {s}" for s in headline(scores)] + [""]
-    lines += ["## Top heads per behaviour", "", "| metric | chance | top heads |", "| --- | --- | --- |"]
+    with_ci = "ci_low" in scores
+    level = md.get("bootstrap", {}).get("level")
+    what = f" (score [{level:.0%} interval])" if with_ci and level else ""
+    lines += ["## Top heads per behaviour", "", f"| metric | chance | top heads{what} |", "| --- | --- | --- |"]
     for metric in scores["metric"].unique():
         sub = scores[scores["metric"] == metric]
         top = top_heads(scores, metric, 5)
-        tops = ", ".join(f"{r.head_name} {r.score:.3f}" for r in top.itertuples()) or "NaN"
+        tops = ", ".join(f"{r.head_name} {r.score:.3f}" + _ci(r) for r in top.itertuples()) or "NaN"
         lines.append(f"| {metric} | {fmt(float(sub['chance'].iloc[0]))} | {tops} |")
     lines += ["", "## Labelled heads", ""]
+    unstable_seen = False
     for metric in scores["metric"].unique():
         m = describe(metric)
         if m is not None and not m.label:
@@ -126,8 +150,18 @@ def summary_markdown(result) -> str:
         sub = scores[(scores["metric"] == metric) & (scores["label"] != "")]
         t = result.thresholds.get(metric, m.threshold if m else float("nan"))
         rule = ("<=" if m and m.below else ">=") + f" {t:g}"
-        names = ", ".join(sub["head_name"]) if not sub.empty else "none"
-        lines.append(f"- **{m.label if m else metric}** ({metric} {rule}): {names}")
+        names = []
+        for r in sub.itertuples():
+            stab = getattr(r, "stability", float("nan"))
+            shaky = stab == stab and stab < STABLE
+            unstable_seen |= shaky
+            names.append(f"{r.head_name}" + (f" (stability {stab:.2f} †)" if shaky else ""))
+        lines.append(f"- **{m.label if m else metric}** ({metric} {rule}): {', '.join(names) or 'none'}")
+    if unstable_seen:
+        boot = md.get("bootstrap", {})
+        lines += ["", f"† label stability under {STABLE}: the head passes the threshold in fewer than "
+                      f"{STABLE:.0%} of {boot.get('resamples', '?')} bootstrap resamples of the sequences, so the label "
+                      "depends on which sequences were drawn."]
     nan_metrics = [m for m in scores["metric"].unique() if scores[scores["metric"] == m]["score"].isna().all()]
     if nan_metrics:
         lines += ["", "## Not measurable on this model", ""]
@@ -140,6 +174,11 @@ def summary_markdown(result) -> str:
               "that spreads attention evenly over the keys it can see. Token ids of every scored "
               "sequence are in `tokens.jsonl`.", ""]
     return "\n".join(lines)
+
+
+def _ci(row) -> str:
+    lo, hi = getattr(row, "ci_low", float("nan")), getattr(row, "ci_high", float("nan"))
+    return f" [{lo:.3f}, {hi:.3f}]" if lo == lo and hi == hi else ""
 
 
 def effects_markdown(scores: pd.DataFrame, md: dict, k: int = 10) -> list[str]:

@@ -81,6 +81,9 @@ class ScanResult:
     probes: list[Probe]
     metadata: dict = field(default_factory=dict)
     thresholds: dict[str, float] = field(default_factory=dict)
+    #: Per-sequence sums and counts of each score (what its bootstrap resampled): name ->
+    #: ``{"probe": str, "total": array [sequence, layer, head], "count": array [sequence]}``.
+    per_sequence: dict = field(default_factory=dict)
 
 
 def head_name(layer: int, head: int) -> str:

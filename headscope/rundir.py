@@ -35,7 +35,8 @@ from headscope.errors import HeadscopeError
 from headscope.result import COLUMNS, FLOAT_FORMAT, METRIC_NAME, RUN_FORMAT, Probe, ScanResult
 
 #: What every run directory holds besides one ``<metric>.png`` per metric.
-RUN_FILES = ("scores.csv", "scores.parquet", "metadata.json", "tokens.jsonl", "summary.md", "summary.png")
+RUN_FILES = ("scores.csv", "scores.parquet", "metadata.json", "tokens.jsonl", "summary.md", "summary.png",
+             "per_sequence.npz", "thresholds.png")
 
 
 # ------------------------------------------------------------------------------ signals
@@ -303,6 +304,15 @@ def _write(result: ScanResult, tmp: Path, figures: bool) -> None:
                 if probe.repeat_len is not None:
                     rec["repeat_len"] = probe.repeat_len
                 f.write(json.dumps(rec) + "\n")
+    if result.per_sequence:  # what the bootstrap resampled: intervals can be recomputed without the model
+        import numpy as np
+
+        arrays = {}
+        for name, rec in result.per_sequence.items():
+            arrays[f"{name}.total"] = np.asarray(rec["total"], dtype=np.float64)
+            arrays[f"{name}.count"] = np.asarray(rec["count"], dtype=np.float64)
+            arrays[f"{name}.probe"] = np.asarray(rec["probe"])
+        np.savez_compressed(tmp / "per_sequence.npz", **arrays)
     (tmp / "summary.md").write_text(summary_markdown(result))
     if figures:
         from headscope.plots import save_figures
@@ -381,7 +391,7 @@ def load_run(path: str | Path) -> ScanResult:
         raise HeadscopeError(f"'{path}' {what}; give a directory written by `headscope scan`."
                              + did_you_mean(path.name, runs))
     try:
-        na = {"score": ["NaN", "nan", ""], "chance": ["NaN", "nan", ""]}
+        na = {c: ["NaN", "nan", ""] for c in ("score", "chance", "ci_low", "ci_high", "stability")}
         scores = pd.read_csv(table, keep_default_na=False, na_values=na, dtype={"label": str})
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
         raise HeadscopeError(f"'{table}' cannot be read as a table ({str(exc).splitlines()[0]}); "
@@ -402,5 +412,13 @@ def load_run(path: str | Path) -> ScanResult:
             rec = json.loads(line)
             p = probes.setdefault(rec["probe"], Probe(rec["probe"], [], repeat_len=rec.get("repeat_len")))
             p.sequences.append(rec["token_ids"])
+    per_sequence = {}
+    if (path / "per_sequence.npz").is_file():
+        import numpy as np
+
+        with np.load(path / "per_sequence.npz") as z:
+            for key in z.files:
+                name, _, part = key.rpartition(".")
+                per_sequence.setdefault(name, {})[part] = str(z[key]) if part == "probe" else z[key]
     return ScanResult(model_name=str(scores["model"].iloc[0]), scores=scores, probes=list(probes.values()),
-                      metadata=meta, thresholds=meta.get("thresholds", {}))
+                      metadata=meta, thresholds=meta.get("thresholds", {}), per_sequence=per_sequence)

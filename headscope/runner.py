@@ -35,6 +35,9 @@ from headscope.report import to_frame
 from headscope.result import Probe, ScanResult, model_slug
 from headscope.rundir import check_out_dir, interruptible, save_run
 from headscope.sources import check_dtype, resolve
+from headscope.uncertainty import LEVEL, RESAMPLES, passes_fn
+from headscope.uncertainty import bootstrap as run_bootstrap
+from headscope.uncertainty import check as check_bootstrap
 
 __all__ = ["ScanResult", "default_out", "default_probes", "scan", "scan_to_dir"]
 
@@ -78,6 +81,9 @@ def scan(
     effects: EffectSettings | None = None,
     say=None,
     interventions: Sequence = (),
+    bootstrap: int = RESAMPLES,
+    ci: float = LEVEL,
+    bootstrap_seed: int = 0,
 ) -> ScanResult:
     """Score every head of ``model`` for every metric; return a :class:`ScanResult`.
 
@@ -91,6 +97,9 @@ def scan(
     decoders with an unembedding, ``value_sink``: :mod:`headscope.circuits`). ``say`` gets
     progress lines. ``interventions`` (:mod:`headscope.attention`, e.g. ``ReplaceHeadOutput``)
     are applied in every forward of the pattern scan: where heads look with another head ablated.
+
+    ``bootstrap`` resamples of the sequences (0: none) give every score a ``ci`` interval and every
+    label its stability (:mod:`headscope.uncertainty`), seeded with ``bootstrap_seed``.
     """
     probes = list(probes) if probes is not None else default_probes(model)
     if metrics is not None and not len(metrics):
@@ -102,6 +111,7 @@ def scan(
     if effects is not None:
         effects.validate()
         check_model(model, effects.mode)  # before any work
+    check_bootstrap(bootstrap, ci)
     eng = resolve_engine(model, engine, chosen, interventions=bool(interventions))
     if interventions and effects is not None:
         raise HeadscopeError("Effects are measured on the model as it is; scan with interventions, or with effects, "
@@ -128,7 +138,21 @@ def scan(
                                "exact_heads": {r.metric.name: int((r.estimator == "exact").sum())
                                                for r in effect_results if r.metric.name.startswith("effect_")}}
         timings["effects_s"] = round(time.perf_counter() - t0, 3)
-    frame = to_frame(model.name, model.n_layers, model.n_heads, ordered, thresholds)
+    intervals, per_sequence = None, {}
+    if bootstrap:
+        intervals = {}
+        for r in ordered:
+            if getattr(r, "seq_total", None) is None:
+                continue
+            t = thresholds.get(r.metric.name)
+            intervals[r.metric.name] = run_bootstrap(r.seq_total, r.seq_count, passes_fn(r.metric, t),
+                                                     bootstrap, ci, bootstrap_seed)
+            per_sequence[r.metric.name] = {"probe": r.metric.probe, "total": r.seq_total.numpy(),
+                                           "count": r.seq_count.numpy()}
+        metadata["bootstrap"] = {"resamples": bootstrap, "level": ci, "seed": bootstrap_seed,
+                                 "method": "percentile interval of the pooled score over sequences resampled "
+                                           "with replacement; stability = share of resamples passing the label"}
+    frame = to_frame(model.name, model.n_layers, model.n_heads, ordered, thresholds, intervals)
     return ScanResult(
         model_name=model.name,
         scores=frame,
@@ -136,6 +160,7 @@ def scan(
         metadata=metadata,
         thresholds={r.metric.name: thresholds.get(r.metric.name, r.metric.threshold) for r in ordered
                     if getattr(r.metric, "label", "")},
+        per_sequence=per_sequence,
     )
 
 
@@ -213,7 +238,8 @@ def scan_to_dir(
             engine = resolve_engine(model, config.engine, chosen)
             say(f"scanning {model.n_layers} layers x {model.n_heads} heads on {model.device} ({engine.name} engine)")
             result = scan(model, probes, chosen, batch_size=config.batch_size, thresholds=dict(config.thresholds),
-                          progress=progress, engine=engine.name, effects=config.effect_settings(), say=say)
+                          progress=progress, engine=engine.name, effects=config.effect_settings(), say=say,
+                          bootstrap=config.bootstrap, ci=config.ci, bootstrap_seed=config.seed)
             result.metadata = run_metadata(model, result, config, t_load)
             save_run(result, out, force=force, figures=figures, started=t_start)
         finally:
@@ -246,7 +272,7 @@ def run_metadata(model, result: ScanResult, config: ScanConfig, t_load: float) -
         "settings": config.record(),
         "token_type_ids": "all zero (sequences are fed as token ids alone)",
         "engine": result.metadata.get("engine"),
-        **({"effects": result.metadata["effects"]} if "effects" in result.metadata else {}),
+        **({k: result.metadata[k] for k in ("effects", "bootstrap") if k in result.metadata}),
         "batch_size": result.metadata.get("batch_size"),
         "device": str(model.device),
         "threads": torch.get_num_threads(),

@@ -122,7 +122,8 @@ def test_write_comparison_two_runs(run_dirs, tmp_path):
     back = pd.read_csv(paths[0], keep_default_na=False, na_values=["NaN"])
     pd.testing.assert_frame_equal(back, summary(runs), check_dtype=False, check_exact=False, rtol=1e-7)
     diffs = pd.read_csv(paths[2])
-    assert list(diffs.columns) == ["metric", "layer", "head", "head_name", "gpt2-s0", "gpt2-s1", "diff", "abs_diff"]
+    assert list(diffs.columns) == ["metric", "layer", "head", "head_name", "gpt2-s0", "gpt2-s1", "diff", "abs_diff",
+                                   "beyond_ci"]  # the runs carry bootstrap intervals
 
 
 def test_distribution_figure_plots_every_head(run_dirs):

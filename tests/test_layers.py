@@ -11,7 +11,7 @@ import headscope
 ROOT = Path(headscope.__file__).parent
 LAYERS = [  # top to bottom, as the package docstring draws them
     ["errors"],
-    ["result", "outputs", "timing"],
+    ["result", "outputs", "timing", "uncertainty"],
     ["sources", "attention", "metrics", "probes"],
     ["models", "kernels"],
     ["engines"],

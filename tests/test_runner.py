@@ -74,9 +74,11 @@ def test_scan_to_dir_writes_a_complete_run(tmp_path, tiny_gpt2_dir):
     assert meta["files"] == sorted(p.name for p in (tmp_path / "run").iterdir())
     assert any("fused engine" in line for line in lines)
     want = scan(headscope.load_model(str(tiny_gpt2_dir)), result.probes, batch_size=2).scores
-    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "run" / "scores.csv", keep_default_na=False,
-                                              na_values={"score": ["NaN"], "chance": ["NaN"]}),
-                                  want.fillna({"label": ""}), check_exact=False, rtol=1e-7)
+    saved = headscope.load_run(tmp_path / "run").scores
+    pd.testing.assert_frame_equal(saved, want.fillna({"label": ""}), check_exact=False, rtol=1e-7)
+    fin = saved["score"].notna()
+    assert fin.sum() > 0 and (saved.loc[fin, "ci_low"] <= saved.loc[fin, "ci_high"]).all()
+    assert saved.loc[~fin, "ci_low"].isna().all()  # no interval where there is no score (next_token, causal)
 
 
 def test_scan_to_dir_takes_an_in_memory_model(tmp_path):

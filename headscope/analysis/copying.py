@@ -41,6 +41,7 @@ from headscope.circuits.copying import (  # noqa: F401 - the on-real-inputs half
     COPYING_THRESHOLD,
     HeadWeights,
     attention_inputs,
+    copying_ranks,
     expand_kv_heads,
     head_weights,
     ov_copying,

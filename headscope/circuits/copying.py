@@ -143,6 +143,39 @@ def own_token_ranks(
     return torch.cat(ranks)
 
 
+def copying_ranks(
+    model,
+    probe,
+    heads: Sequence[tuple[int, int]] | None = None,
+    weights: HeadWeights | None = None,
+    batch_size: int = 4,
+) -> tuple[dict[tuple[int, int], Tensor], int]:
+    """Own-token ranks through each head's OV circuit at every first-copy position of a repeat
+    ``probe``: ``({(layer, head): ranks [sequence, L]}, vocabulary size)``, sequences in the
+    probe's order (0 = the highest logit)."""
+    if probe.repeat_len is None:
+        raise HeadscopeError("ov_copying needs a repeat probe (headscope.repeat_probe).")
+    w = head_weights(model) if weights is None else weights
+    heads = [(la, h) for la in range(w.n_layers) for h in range(w.n_heads)] if heads is None else list(heads)
+    L = probe.repeat_len
+    layers = sorted({layer for layer, _ in heads})
+    xs: dict[int, list[Tensor]] = {layer: [] for layer in layers}
+    cols = []
+    for start in range(0, len(probe), batch_size):
+        tokens = torch.tensor(probe.sequences[start:start + batch_size], dtype=torch.long)  # [batch, pos]
+        got = attention_inputs(model, tokens, layers)
+        for layer in layers:
+            xs[layer].append(got[layer][:, 1:L + 1].reshape(-1, got[layer].shape[-1]))  # [batch*L, d_model]
+        cols.append(w.columns(tokens[:, 1:L + 1].reshape(-1)))
+    columns = torch.cat(cols)  # [sequence * L]
+    ranks = {}
+    for layer, head in heads:
+        x = torch.cat(xs[layer])  # [sequence * L, d_model]
+        r = own_token_ranks(x, columns, w.W_V[layer, head], w.W_O[layer, head], w.unembed)
+        ranks[(layer, head)] = r.reshape(len(probe), L)  # [sequence, L]
+    return ranks, len(w.token_ids)
+
+
 def ov_copying(
     model,
     probe,
@@ -158,31 +191,14 @@ def ov_copying(
     highest of the ordinary vocabulary), ``median_rank`` (0 = highest), ``n`` positions and
     ``chance`` = ``k / vocab``. Cost: about ``2 * n * d_model * vocab`` flops per head.
     """
-    if probe.repeat_len is None:
-        raise HeadscopeError("ov_copying needs a repeat probe (headscope.repeat_probe).")
-    w = head_weights(model) if weights is None else weights
-    heads = [(la, h) for la in range(w.n_layers) for h in range(w.n_heads)] if heads is None else list(heads)
-    L = probe.repeat_len
-    layers = sorted({layer for layer, _ in heads})
-    xs: dict[int, list[Tensor]] = {layer: [] for layer in layers}
-    cols = []
-    for start in range(0, len(probe), batch_size):
-        tokens = torch.tensor(probe.sequences[start:start + batch_size], dtype=torch.long)  # [batch, pos]
-        got = attention_inputs(model, tokens, layers)
-        for layer in layers:
-            xs[layer].append(got[layer][:, 1:L + 1].reshape(-1, got[layer].shape[-1]))  # [batch*L, d_model]
-        cols.append(w.columns(tokens[:, 1:L + 1].reshape(-1)))
-    columns = torch.cat(cols)  # [n]
+    ranks, vocab = copying_ranks(model, probe, heads, weights, batch_size)
     rows = []
-    for layer, head in heads:
-        x = torch.cat(xs[layer])  # [n, d_model]
-        ranks = own_token_ranks(x, columns, w.W_V[layer, head], w.W_O[layer, head], w.unembed)
+    for (layer, head), r in ranks.items():
+        r = r.flatten()
         rows.append({"model": model.name, "layer": layer, "head": head, "head_name": head_name(layer, head),
-                     "copying": float((ranks < k).float().mean()), "median_rank": float(ranks.float().median()),
-                     "n": len(ranks), "k": k, "chance": k / len(w.token_ids)})
+                     "copying": float((r < k).float().mean()), "median_rank": float(r.float().median()),
+                     "n": len(r), "k": k, "chance": k / vocab})
     return pd.DataFrame(rows)
-
-
 
 
 COPYING = ScoreInfo(
@@ -201,11 +217,18 @@ class CopyingScores:
     count: float
     chance: float
     estimator: np.ndarray | None = None
+    seq_total: Float[Tensor, "sequence layer head"] | None = None  # hits per sequence
+    seq_count: Float[Tensor, " sequence"] | None = None  # positions per sequence
 
 
 def copying_scores(model, probe: Probe, k: int = COPYING_K, max_sequences: int = 16) -> CopyingScores:
     """copying@k for every head on the first ``max_sequences`` sequences of a repeat ``probe``."""
     small = Probe(probe.name, probe.sequences[:max_sequences], probe.repeat_len, probe.settings)
-    table = ov_copying(model, small, k=k)
-    score = torch.tensor(table.pivot(index="layer", columns="head", values="copying").to_numpy(), dtype=torch.float64)
-    return CopyingScores(COPYING, score, float(table["n"].iloc[0]), float(table["chance"].iloc[0]))
+    ranks, vocab = copying_ranks(model, small)
+    n, L = len(small), small.repeat_len
+    hits = torch.zeros(n, model.n_layers, model.n_heads, dtype=torch.float64)  # [sequence, layer, head]
+    for (layer, head), r in ranks.items():
+        hits[:, layer, head] = (r < k).double().sum(1)
+    counts = torch.full((n,), float(L), dtype=torch.float64)
+    return CopyingScores(COPYING, hits.sum(0) / counts.sum(), float(counts.sum()), k / vocab,
+                         seq_total=hits, seq_count=counts)

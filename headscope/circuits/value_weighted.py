@@ -51,6 +51,8 @@ class ValueSinkScores:
     count: float
     chance: float = float("nan")
     estimator: np.ndarray | None = None
+    seq_total: Float[Tensor, "sequence layer head"] | None = None
+    seq_count: Float[Tensor, " sequence"] | None = None
 
 
 def value_norms(value: Float[Tensor, "batch kv_head key dim"], W_O: Float[Tensor, "head dim d_model"]
@@ -74,12 +76,12 @@ def value_weighted_share(block: Float[Tensor, "batch head query key"], norms: Fl
 def value_sink_scores(model, probe: Probe, batch_size: int = 8) -> ValueSinkScores:
     """The value-weighted sink share of every head on the text ``probe`` (see the module docstring)."""
     W_O = model.output_weights()  # [layer, head, dim, d_model]
-    total = torch.zeros(model.n_layers, model.n_heads, dtype=torch.float64)
-    count = 0.0
-    for tokens, mask, lengths in batches(model, probe, batch_size):
+    seq_total = torch.zeros(len(probe), model.n_layers, model.n_heads, dtype=torch.float64)
+    seq_count = torch.zeros(len(probe), dtype=torch.float64)
+    for tokens, mask, lengths, index in batches(model, probe, batch_size, with_index=True):
         n = tokens.shape[1]
 
-        def share(call: AttentionCall, lengths=lengths, n=n) -> Tensor:
+        def share(call: AttentionCall, lengths=lengths, n=n, index=index) -> Tensor:
             if call.extras:
                 raise HeadscopeError(f"This model's attention uses {', '.join(call.extras)}; value_sink recomputes "
                                      "softmax(q k^T) and does not model it.")
@@ -90,9 +92,11 @@ def value_sink_scores(model, probe: Probe, batch_size: int = 8) -> ValueSinkScor
                 q = torch.arange(qs, qs + block.shape[-2], device=block.device)  # [query]
                 keep = ((q[None, :] >= 1) & (q[None, :] < lengths.to(block.device)[:, None])).double()  # [b, query]
                 s = value_weighted_share(block, norms)  # [batch, head, query]
-                total[call.layer] += (s * keep[:, None, :]).sum((0, 2)).cpu()  # [head]
+                seq_total[index, call.layer] += (s * keep[:, None, :]).sum(2).cpu()  # [batch, head]
             return call.output()
 
         model.run(tokens, mask, handler=share)
-        count += float((lengths - 1).clamp(min=0).sum())
-    return ValueSinkScores(VALUE_SINK, total / count if count else torch.full_like(total, torch.nan), count)
+        seq_count[index] = (lengths - 1).clamp(min=0).double()
+    total, count = seq_total.sum(0), float(seq_count.sum())
+    return ValueSinkScores(VALUE_SINK, total / count if count else torch.full_like(total, torch.nan), count,
+                           seq_total=seq_total, seq_count=seq_count)

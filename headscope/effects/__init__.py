@@ -79,6 +79,9 @@ class EffectScores:
     count: float
     estimator: np.ndarray = field(repr=False)  # [layer, head] of "exact" / "attribution" / ""
     chance_total: float = 0.0  # no effect
+    #: the same per sequence (what a bootstrap over sequences resamples); NaN where not computed
+    seq_total: Float[Tensor, "sequence layer head"] | None = field(default=None, repr=False)
+    seq_count: Float[Tensor, " sequence"] | None = field(default=None, repr=False)
 
     @property
     def score(self) -> Float[Tensor, "layer head"]:
@@ -132,11 +135,11 @@ def head_effects(
             continue
         batch_size = settings.batch_size or batch_size_for(model, probe)
         all_heads = [(la, h) for la in range(model.n_layers) for h in range(model.n_heads)]
-        attribution, count, values = None, 0.0, (None if settings.ablation == "mean" else 0.0)
+        attribution, counts, values = None, None, (None if settings.ablation == "mean" else 0.0)
         if settings.mode in ("auto", "attribution", "both") and target.output == "logits":
             say(f"effects: attribution for {len(all_heads)} heads on {target.name}")
             t0 = time.perf_counter()
-            attribution, count, means = attribution_effects(model, probe, target, values, batch_size)
+            attribution, counts, means = attribution_effects(model, probe, target, values, batch_size)
             values = means if values is None else values  # the same pass gave the means
             timings[f"attribution_{target.name}_s"] = round(time.perf_counter() - t0, 3)
         if values is None:
@@ -146,7 +149,7 @@ def head_effects(
         if settings.mode in ("exact", "both") or attribution is None:
             exact_heads = all_heads
         elif settings.mode == "auto":
-            exact_heads = choose_heads(attribution, pattern_scores, target.probe)
+            exact_heads = choose_heads(attribution.sum(0), pattern_scores, target.probe)
         else:
             exact_heads = []
         exact = {}
@@ -155,7 +158,7 @@ def head_effects(
             t0 = time.perf_counter()
             exact = exact_effects(model, probe, target, exact_heads, values, batch_size)
             timings[f"exact_{target.name}_s"] = round(time.perf_counter() - t0, 3)
-        results.extend(_tables(model, target, attribution, count, exact))
+        results.extend(_tables(model, target, attribution, counts, exact))
     return results
 
 
@@ -181,23 +184,27 @@ def choose_heads(attribution: Tensor, pattern_scores: pd.DataFrame | None, probe
     return sorted(chosen)
 
 
-def _tables(model, target: Target, attribution: Tensor | None, count: float, exact: dict) -> list[EffectScores]:
+def _tables(model, target: Target, attribution: Tensor | None, counts: Tensor | None, exact: dict
+            ) -> list[EffectScores]:
     """``effect_<target>`` (exact where computed, else the attribution estimate) and, when both
-    estimators ran, ``attribution_<target>`` for every head."""
+    estimators ran, ``attribution_<target>`` for every head; per sequence and pooled."""
     shape = (model.n_layers, model.n_heads)
-    count = next((c for _, c in exact.values()), count)
-    total = torch.full(shape, torch.nan, dtype=torch.float64)
+    if exact:
+        counts = next(iter(exact.values()))[1]  # [sequence]: the same target tokens for every head
+    n = len(counts)
+    seq = torch.full((n, *shape), torch.nan, dtype=torch.float64)  # [sequence, layer, head]
     estimator = np.full(shape, "", dtype=object)
     if attribution is not None:
-        total = attribution * count  # pooled estimates, as sums over the same count
+        seq = attribution.clone()
         estimator[:] = "attribution"
     for (layer, head), (s, _) in exact.items():
-        total[layer, head] = s
+        seq[:, layer, head] = s
         estimator[layer, head] = "exact"
-    out = [EffectScores(target.info(), total, count, estimator)]
+    count = float(counts.sum())
+    out = [EffectScores(target.info(), seq.sum(0), count, estimator, seq_total=seq, seq_count=counts)]
     if attribution is not None and exact:
-        out.append(EffectScores(target.attribution_info(), attribution * count, count,
-                                np.full(shape, "attribution", dtype=object)))
+        out.append(EffectScores(target.attribution_info(), attribution.sum(0), count,
+                                np.full(shape, "attribution", dtype=object), seq_total=attribution, seq_count=counts))
     return out
 
 

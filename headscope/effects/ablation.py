@@ -32,11 +32,14 @@ from headscope.result import Probe
 ABLATIONS = ("mean", "zero")
 
 
-def batches(model, probe: Probe, batch_size: int):
-    """``(tokens, mask, lengths)`` for each batch of ``probe``, similar lengths together."""
+def batches(model, probe: Probe, batch_size: int, with_index: bool = False):
+    """``(tokens, mask, lengths)`` for each batch of ``probe``, similar lengths together; with
+    ``with_index``, also each row's place in the probe (``[batch]``)."""
     order = sorted(range(len(probe)), key=lambda i: (len(probe.sequences[i]), i))
     for start in range(0, len(order), batch_size):
-        yield pad_batch([probe.sequences[i] for i in order[start:start + batch_size]], model.pad_id)
+        index = order[start:start + batch_size]
+        padded = pad_batch([probe.sequences[i] for i in index], model.pad_id)
+        yield (*padded, torch.tensor(index)) if with_index else padded
 
 
 def head_means(model, probe: Probe, batch_size: int) -> Float[Tensor, "layer head dim"]:
@@ -67,8 +70,9 @@ def exact_effects(
     batch_size: int,
     rows_per_forward: int | None = None,
     on_progress: Callable[[int], None] | None = None,
-) -> dict[tuple[int, int], tuple[float, float]]:
-    """``{(layer, head): (effect sum, count)}`` for ``heads``, ablated one at a time (exactly).
+) -> dict[tuple[int, int], tuple[Tensor, Tensor]]:
+    """``{(layer, head): (effect sums, counts)}`` for ``heads``, ablated one at a time (exactly), per
+    sequence of ``probe`` (``[sequence]`` each, float64): the pooled effect is ``sums.sum() / counts.sum()``.
 
     ``values`` is the ablation value of every head (``head_means`` for mean ablation) or 0.0.
     ``rows_per_forward`` caps sequences per ablated forward (the batch repeated once per head;
@@ -77,8 +81,10 @@ def exact_effects(
     by_layer: dict[int, list[int]] = {}
     for layer, head in heads:
         by_layer.setdefault(layer, []).append(head)
-    sums = {(layer, h): [0.0, 0.0] for layer, hs in by_layer.items() for h in hs}
-    for tokens, mask, lengths in batches(model, probe, batch_size):
+    n = len(probe)
+    sums = {(layer, h): (torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64))
+            for layer, hs in by_layer.items() for h in hs}
+    for tokens, mask, lengths, index in batches(model, probe, batch_size, with_index=True):
         b = len(tokens)
         kept: dict[int, Tensor] = {}
         first = logits_from(target, tokens, probe.repeat_len) if target.output == "logits" else 0
@@ -99,9 +105,9 @@ def exact_effects(
                 for j, h in enumerate(chunk):
                     part = slice(j * b, (j + 1) * b)
                     abl = (ablated[0][part], ablated[1][part]) if isinstance(ablated, tuple) else ablated[part]
-                    s, c = effect_sums(target, clean, abl)
-                    sums[(layer, h)][0] += float(s.sum())
-                    sums[(layer, h)][1] += float(c.sum())
+                    s, c = effect_sums(target, clean, abl)  # [batch] each
+                    sums[(layer, h)][0][index] += s.double().cpu()
+                    sums[(layer, h)][1][index] += c.double().cpu()
                 if on_progress is not None:
                     on_progress(k * b)
-    return {key: (v[0], v[1]) for key, v in sums.items()}
+    return sums

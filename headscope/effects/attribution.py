@@ -35,9 +35,11 @@ def attribution_effects(
     target: Target,
     values: Float[Tensor, "layer head dim"] | float | None,
     batch_size: int,
-) -> tuple[Float[Tensor, "layer head"], float, Float[Tensor, "layer head dim"]]:
-    """First-order estimate of every head's pooled effect on ``target`` (same units as the exact
-    effect), the count of target tokens it pools over, and every head's mean output.
+) -> tuple[Float[Tensor, "sequence layer head"], Float[Tensor, " sequence"], Float[Tensor, "layer head dim"]]:
+    """First-order estimate of every head's effect on ``target``, per sequence of ``probe`` (its
+    part of the pooled effect, times the probe's target count: ``est.sum(0) / counts.sum()`` is the
+    pooled estimate, in the exact effect's units), the target count of each sequence, and every
+    head's mean output.
 
     ``values``: the ablation value of every head, 0.0 for zero ablation, or None for mean ablation
     with the means taken from this same pass: ``sum (m - z) . g = m . sum g - sum z . g``, so the
@@ -49,12 +51,14 @@ def attribution_effects(
     total_count = 0.0
     for tokens, _, lengths in batches(model, probe, batch_size):
         total_count += float(target_positions(lengths, tokens.shape[1], target.probe, probe.repeat_len).sum())
+    n = len(probe)
     shape = (model.n_layers, model.n_heads, model.d_head)
-    grad_sum = torch.zeros(shape, dtype=torch.float64)  # sum over real positions of d target / d z
-    zg = torch.zeros(shape[:2], dtype=torch.float64)  # sum over real positions of z . d target / d z
+    grad_sum = torch.zeros(n, *shape, dtype=torch.float64)  # per sequence: sum over real positions of d/dz
+    zg = torch.zeros(n, *shape[:2], dtype=torch.float64)  # per sequence: sum over real positions of z . d/dz
     z_sum = torch.zeros(shape, dtype=torch.float64)  # for the means
+    counts = torch.zeros(n, dtype=torch.float64)
     n_real = 0.0
-    for tokens, mask, lengths in batches(model, probe, batch_size):
+    for tokens, mask, lengths, index in batches(model, probe, batch_size, with_index=True):
         outs: dict[int, Tensor] = {}
         deltas: dict[int, Tensor] = {}
 
@@ -67,18 +71,21 @@ def attribution_effects(
         first = logits_from(target, tokens, probe.repeat_len)
         logits = model.run(tokens, mask, handler=seam, output="logits", grad=True, logits_from=first)
         targets = target_positions(lengths, tokens.shape[1], target.probe, probe.repeat_len)
-        loss_sum, _ = token_losses(logits, tokens, targets, first=first)
+        loss_sum, count = token_losses(logits, tokens, targets, first=first)
+        counts[index] = count.double().cpu()
         layers = sorted(deltas)
         grads = torch.autograd.grad(loss_sum.sum() / total_count, [deltas[la] for la in layers])
         real = mask.to(logits.device)[:, :, None, None].to(torch.float64)  # [batch, pos, 1, 1]
         for layer, g in zip(layers, grads, strict=True):
             z, g = outs[layer].double() * real, g.double() * real  # [batch, pos, head, dim], padding zeroed
-            grad_sum[layer] += g.sum((0, 1)).cpu()  # [head, dim]
-            zg[layer] += (z * g).sum((0, 1, 3)).cpu()  # [head]
+            grad_sum[index, layer] = g.sum(1).cpu()  # [batch, head, dim]
+            zg[index, layer] = (z * g).sum((1, 3)).cpu()  # [batch, head]
             z_sum[layer] += z.sum((0, 1)).cpu()  # [head, dim]
         n_real += float(mask.sum())
         del logits, loss_sum, grads
     means = z_sum / n_real
     m = means if values is None else values.double() if isinstance(values, Tensor) else float(values)
-    estimate = (m * grad_sum).sum(-1) - zg if isinstance(m, Tensor) else m * grad_sum.sum(-1) - zg  # [layer, head]
-    return estimate, total_count, means
+    # sum over positions of (m - z) . g = m . sum g - sum z . g, per sequence; times total_count:
+    # each sequence's share of the pooled estimate, in the units of an effect sum
+    est = ((m * grad_sum).sum(-1) if isinstance(m, Tensor) else m * grad_sum.sum(-1)) - zg  # [sequence, layer, head]
+    return est * total_count, counts, means

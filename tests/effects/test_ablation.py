@@ -26,8 +26,9 @@ def _check(model, probe, target_name, heads, ablation, atol):
             value = ref_means[layer, head] if ablation == "mean" else torch.zeros(model.d_head)
             want = oracle.ablated_effect(hf, probe.sequences, target_name, layer, head, model.d_head, value,
                                          probe.repeat_len)
-            s, c = got[(layer, head)]
-            assert s / c == pytest.approx(want, abs=atol), (layer, head)
+            s, c = got[(layer, head)]  # per sequence
+            assert s.shape == c.shape == (len(probe),)
+            assert float(s.sum() / c.sum()) == pytest.approx(want, abs=atol), (layer, head)
     finally:
         hf.set_attn_implementation("headscope")
 
@@ -54,7 +55,8 @@ def test_reusing_the_prefix_and_sharing_forwards_change_nothing(tiny_gpt2):
     shared = exact_effects(tiny_gpt2, repeat, target, heads, means, batch_size=2, rows_per_forward=64)
     alone = exact_effects(tiny_gpt2, repeat, target, heads, means, batch_size=1, rows_per_forward=1)
     for key in heads:
-        assert shared[key][0] / shared[key][1] == pytest.approx(alone[key][0] / alone[key][1], abs=1e-6)
+        torch.testing.assert_close(shared[key][0], alone[key][0], atol=1e-6, rtol=0)  # sequence by sequence
+        assert torch.equal(shared[key][1], alone[key][1])
 
 
 @pytest.mark.real

@@ -1,0 +1,108 @@
+"""How sure is a score? A seeded bootstrap over sequences: intervals, and how stable each label is.
+
+A score pools every (sequence, qualifying query) pair of a probe: ``sum(total_s) / sum(count_s)``
+over sequences ``s``. Sequences are the unit that was sampled (a different seed, another corpus
+draw), so the bootstrap resamples *sequences* with replacement, ``resamples`` times, and recomputes
+the pooled score from their kept per-sequence sums and counts (no model needed):
+
+* ``ci_low``/``ci_high``: the percentile interval at ``level`` (95% by default) of the resampled
+  scores;
+* ``stability``: the share of resamples in which the head passes its label's threshold; a label
+  whose stability is under 0.9 depends on which sequences happened to be drawn.
+
+The generator is seeded, so the same per-sequence sums and settings give the same intervals.
+When every sequence gives the same score the interval is that point.
+
+>>> seq_total = torch.tensor([[[1.0]], [[1.0]], [[1.0]]], dtype=torch.float64)  # [sequence, layer, head]
+>>> seq_count = torch.tensor([2.0, 2.0, 2.0], dtype=torch.float64)           # every sequence scores 0.5
+>>> b = bootstrap(seq_total, seq_count, lambda s: s >= 0.4)
+>>> b.ci_low.item(), b.ci_high.item(), b.stability.item()
+(0.5, 0.5, 1.0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from headscope.errors import HeadscopeError, setting
+
+RESAMPLES = 1000
+LEVEL = 0.95
+#: A label whose stability is under this depends on which sequences were drawn (marked in reports).
+STABLE = 0.9
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """One score's interval and label stability, ``[layer, head]`` each."""
+
+    ci_low: Float[Tensor, "layer head"]
+    ci_high: Float[Tensor, "layer head"]
+    stability: Float[Tensor, "layer head"] | None  # None for scores without a label
+
+
+def check(resamples: int, level: float) -> None:
+    """Refuse settings that make no interval (one line)."""
+    if resamples < 0:
+        raise HeadscopeError(f"{setting('bootstrap')} must be 0 (off) or more, got {resamples}.")
+    if not 0 < level < 1:
+        raise HeadscopeError(f"{setting('ci')} is a coverage level between 0 and 1 (e.g. 0.95), got {level}.")
+
+
+def bootstrap(
+    seq_total: Float[Tensor, "sequence layer head"],
+    seq_count: Float[Tensor, " sequence"],
+    passes: Callable[[Tensor], Tensor] | None = None,
+    resamples: int = RESAMPLES,
+    level: float = LEVEL,
+    seed: int = 0,
+) -> Bootstrap:
+    """Percentile interval of the pooled score, and label stability, by resampling sequences.
+
+    ``passes(scores) -> bool tensor`` says which scores earn the label (None: no stability).
+    Sequences whose count is NaN (a head that was not measured on them) are kept out.
+    """
+    check(resamples, level)
+    n = seq_total.shape[0]
+    flat = seq_total.reshape(n, -1).double()  # [sequence, layer * head]
+    gen = torch.Generator().manual_seed(int(seed))
+    draws = torch.randint(n, (resamples, n), generator=gen)  # [resample, sequence]: indices drawn
+    weights = torch.zeros(resamples, n, dtype=torch.float64).scatter_add_(
+        1, draws, torch.ones(resamples, n, dtype=torch.float64))  # [resample, sequence]: times drawn
+    totals = weights @ torch.nan_to_num(flat)  # [resample, layer * head]
+    counts = weights @ seq_count.double()  # [resample]
+    scores = totals / counts[:, None]  # NaN where a resample has no qualifying query
+    nan_heads = torch.isnan(flat).all(0)  # [layer * head]: never measured
+    scores[:, nan_heads] = torch.nan
+    alpha = (1 - level) / 2
+    q = torch.tensor([alpha, 1 - alpha], dtype=torch.float64)
+    lo, hi = torch.nanquantile(scores, q, dim=0)  # [layer * head] each
+    shape = seq_total.shape[1:]
+    stability = None
+    if passes is not None:
+        ok = passes(scores) & ~torch.isnan(scores)  # [resample, layer * head]
+        stability = ok.double().mean(0).reshape(shape)
+        stability[nan_heads.reshape(shape)] = torch.nan
+    return Bootstrap(lo.reshape(shape), hi.reshape(shape), stability)
+
+
+def passes_fn(info, threshold: float | None = None) -> Callable[[Tensor], Tensor] | None:
+    """``passes(scores)`` for a score's label (``info``: a Metric or ScoreInfo), or None if unlabelled."""
+    if info is None or not getattr(info, "label", ""):
+        return None
+    t = info.threshold if threshold is None else threshold
+    return (lambda s: s <= t) if info.below else (lambda s: s >= t)
+
+
+def differ(a_low: float, a_high: float, b_low: float, b_high: float) -> bool:
+    """Whether two intervals do not overlap (two runs differ beyond their intervals).
+
+    >>> differ(0.1, 0.2, 0.3, 0.4), differ(0.1, 0.35, 0.3, 0.4)
+    (True, False)
+    """
+    return bool(a_high < b_low or b_high < a_low)
