@@ -175,10 +175,39 @@ def effect_scatter(scores: pd.DataFrame, metric: str, effect: str) -> Figure:
     return fig
 
 
+def threshold_sweep(scores: pd.DataFrame, thresholds: dict[str, float] | None = None) -> Figure:
+    """Labelled heads against the threshold, one panel per labelled behaviour, the run's threshold
+    marked: how much a label count depends on where the cut falls."""
+    thresholds = thresholds or {}
+    metrics = [m for m in scores["metric"].unique()
+               if getattr(describe(m), "label", "") and scores.loc[scores["metric"] == m, "score"].notna().any()]
+    cols = min(4, max(1, len(metrics)))
+    rows = max(1, math.ceil(len(metrics) / cols))
+    fig = Figure(figsize=(3.4 * cols, 2.8 * rows), layout="constrained")
+    for i, metric in enumerate(metrics):
+        info = describe(metric)
+        values = scores.loc[scores["metric"] == metric, "score"].dropna().to_numpy(dtype=float)
+        lo, hi = _range(metric, values) if not is_effect(metric) else (min(0.0, values.min()), values.max())
+        grid = np.linspace(lo, hi, 101)
+        counts = [(values <= t).sum() if info.below else (values >= t).sum() for t in grid]
+        ax = fig.add_subplot(rows, cols, i + 1)
+        ax.plot(grid, counts, color="C0")
+        t = thresholds.get(metric, info.threshold)
+        ax.axvline(t, color="C3", linestyle="--", linewidth=1)
+        n = int((values <= t).sum() if info.below else (values >= t).sum())
+        ax.set_title(f"{metric}: {n} at {'<=' if info.below else '>='} {t:g}", fontsize=9)
+        ax.set_xlabel("threshold", fontsize=8)
+        ax.set_ylabel("heads labelled", fontsize=8)
+        ax.tick_params(labelsize=7)
+    fig.suptitle(f"{scores['model'].iloc[0]}: labelled heads against the threshold")
+    return fig
+
+
 def save_figures(scores: pd.DataFrame, out: str | Path, n_sequences: dict[str, int] | None = None,
-                 dpi: int = 110) -> list[Path]:
-    """Write ``<metric>.png`` for every metric, ``summary.png`` and, with effects, one
-    ``<metric>_vs_<effect>.png`` scatter per behaviour; return the paths."""
+                 dpi: int = 110, thresholds: dict[str, float] | None = None) -> list[Path]:
+    """Write ``<metric>.png`` for every metric, ``summary.png``, ``thresholds.png`` (labelled heads
+    against the threshold) and, with effects, one ``<metric>_vs_<effect>.png`` scatter per
+    behaviour; return the paths."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -187,6 +216,7 @@ def save_figures(scores: pd.DataFrame, out: str | Path, n_sequences: dict[str, i
         fig = heatmap(scores, metric, (n_sequences or {}).get(probe))
         paths.append(save_figure(fig, out / f"{metric}.png", dpi))
     paths.append(save_figure(summary_figure(scores), out / "summary.png", dpi))
+    paths.append(save_figure(threshold_sweep(scores, thresholds), out / "thresholds.png", dpi))
     for metric, effect in effect_pairs(scores):
         paths.append(save_figure(effect_scatter(scores, metric, effect), out / f"{metric}_vs_{effect}.png", dpi))
     return paths
@@ -194,5 +224,5 @@ def save_figures(scores: pd.DataFrame, out: str | Path, n_sequences: dict[str, i
 
 def figure_names(scores: pd.DataFrame) -> list[str]:
     """The files :func:`save_figures` writes for ``scores``."""
-    return ([f"{m}.png" for m in scores["metric"].unique()] + ["summary.png"]
+    return ([f"{m}.png" for m in scores["metric"].unique()] + ["summary.png", "thresholds.png"]
             + [f"{m}_vs_{e}.png" for m, e in effect_pairs(scores)])

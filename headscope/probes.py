@@ -23,7 +23,7 @@ from headscope.errors import HeadscopeError, at_least, setting
 from headscope.result import Probe
 
 DEFAULT_PAIRS = "pairs.tsv"
-__all__ = ["Probe", "load_pairs", "text_probe", "repeat_probe", "packed_text_probe", "repeat_len_for",
+__all__ = ["Probe", "load_pairs", "text_probe", "repeat_probe", "null_probe", "packed_text_probe", "repeat_len_for",
            "is_punctuation", "PunctuationTable"]
 
 
@@ -110,6 +110,30 @@ def repeat_probe(model, repeat_len: int = 50, n_sequences: int = 16, seed: int =
         seqs.append(model.wrap(r + r))
     return Probe("repeat", seqs, repeat_len=repeat_len,
                  settings={"repeat_len": repeat_len, "n_sequences": n_sequences, "seed": seed})
+
+
+NULL_PROBE = "repeat_null"
+NULL_SEED_OFFSET = 1_000_003  # the null's draws never coincide with the repeat probe's own
+
+
+def null_probe(repeat: Probe, model) -> Probe:
+    """The positional null of a repeat probe: sequences of the same length with no repetition.
+
+    ``BOS + S`` (encoders ``[CLS] + S + [SEP]``), ``S`` = ``2L`` distinct ordinary tokens drawn by a
+    seeded generator. The repeat metrics read the same positions on it (``A[q, q-L+1]``,
+    ``A[q, q-L]``), so a head that attends at a fixed offset scores as high here as on the repeat
+    probe, and an induction head (which needs an earlier copy of the current token) does not.
+    """
+    L = repeat.repeat_len
+    vocab = model.ordinary_vocab()
+    if 2 * L > len(vocab):
+        raise HeadscopeError(f"The positional null needs 2 x {setting('repeat_len')} = {2 * L} distinct ordinary "
+                             f"tokens; the model has {len(vocab)}. Use at most {len(vocab) // 2}.")
+    seed = int(repeat.settings.get("seed", 0)) + NULL_SEED_OFFSET
+    gen = torch.Generator().manual_seed(seed)
+    seqs = [model.wrap(vocab[torch.randperm(len(vocab), generator=gen)[: 2 * L]].tolist()) for _ in range(len(repeat))]
+    return Probe(NULL_PROBE, seqs, repeat_len=L, settings={"repeat_len": L, "n_sequences": len(seqs), "seed": seed,
+                                                            "null_of": "repeat"})
 
 
 def packed_text_probe(model, pairs: list[tuple[str, str]] | None, seq_len: int, n_sequences: int = 1) -> Probe:

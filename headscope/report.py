@@ -24,14 +24,15 @@ INTERVAL = ["ci_low", "ci_high", "stability"]
 
 
 def to_frame(model_name: str, n_layers: int, n_heads: int, results: Sequence, thresholds: dict,
-             intervals: dict | None = None) -> pd.DataFrame:
+             intervals: dict | None = None, nulls: dict | None = None) -> pd.DataFrame:
     """Long table from per-score results (``MetricScores`` of :mod:`headscope.extract`, and the
     effect and circuit scores of :mod:`headscope.effects` / :mod:`headscope.circuits`).
 
     A result with an ``estimator`` (a ``[layer, head]`` array) adds the ``estimator`` column:
     "exact" or "attribution" on effect rows, empty elsewhere. ``intervals`` (score name ->
     :class:`~headscope.uncertainty.Bootstrap`) adds ``ci_low``, ``ci_high`` and ``stability``
-    (NaN for scores without one)."""
+    (NaN for scores without one). ``nulls`` (score name -> ``[layer, head]``) adds ``null``: the
+    score on the positional null probe (repeat metrics; NaN elsewhere)."""
     rows = []
     with_estimator = any(getattr(res, "estimator", None) is not None for res in results)
     nan = float("nan")
@@ -50,6 +51,8 @@ def to_frame(model_name: str, n_layers: int, n_heads: int, results: Sequence, th
                     "chance": res.chance, "n": int(res.count),
                     "label": m.label if m.passes(s, t) else "",
                 }
+                if nulls is not None:
+                    row["null"] = float(nulls[m.name][layer, head]) if m.name in nulls else nan
                 if intervals is not None:
                     row["ci_low"] = float(boot.ci_low[layer, head]) if boot is not None else nan
                     row["ci_high"] = float(boot.ci_high[layer, head]) if boot is not None else nan
@@ -58,7 +61,8 @@ def to_frame(model_name: str, n_layers: int, n_heads: int, results: Sequence, th
                 if with_estimator:
                     row[ESTIMATOR] = str(est[layer, head]) if est is not None else ""
                 rows.append(row)
-    extra = (INTERVAL if intervals is not None else []) + ([ESTIMATOR] if with_estimator else [])
+    extra = ((["null"] if nulls is not None else []) + (INTERVAL if intervals is not None else [])
+             + ([ESTIMATOR] if with_estimator else []))
     return pd.DataFrame(rows, columns=COLUMNS + extra)
 
 
@@ -116,6 +120,11 @@ def headline(scores: pd.DataFrame) -> list[str]:
             f"{metric}: {len(labelled)}/{n_heads_total} heads labelled '{m.label}'; {word} "
             f"{best.head_name} = {best.score:.3f} (chance {fmt(float(best.chance))})."
         )
+        if "null" in sub and sub["null"].notna().any() and len(labelled):
+            on_null = labelled[labelled["null"].apply(lambda v: bool(m.passes(v)))]
+            out.append(f"{metric}: {len(on_null)} of the {len(labelled)} labelled heads also pass on sequences with no "
+                       "repetition (a fixed positional offset, not a copy of the current token)"
+                       + (f": {', '.join(on_null['head_name'])}." if len(on_null) else "."))
     sink = scores[scores["metric"] == "sink"]
     if not sink.empty:
         rate = float((sink["score"] > 0.3).mean())
@@ -139,7 +148,7 @@ def summary_markdown(result) -> str:
     for metric in scores["metric"].unique():
         sub = scores[scores["metric"] == metric]
         top = top_heads(scores, metric, 5)
-        tops = ", ".join(f"{r.head_name} {r.score:.3f}" + _ci(r) for r in top.itertuples()) or "NaN"
+        tops = ", ".join(f"{r.head_name} {r.score:.3f}" + _ci(r) + _null(r) for r in top.itertuples()) or "NaN"
         lines.append(f"| {metric} | {fmt(float(sub['chance'].iloc[0]))} | {tops} |")
     lines += ["", "## Labelled heads", ""]
     unstable_seen = False
@@ -171,9 +180,15 @@ def summary_markdown(result) -> str:
             lines.append(f"- `{metric}` is NaN: {reason or 'no qualifying queries'}.")
     lines += effects_markdown(scores, md)
     lines += ["", "Scores pool over every (sequence, qualifying query) pair; `chance` is the score of a head "
-              "that spreads attention evenly over the keys it can see. Token ids of every scored "
+              "that spreads attention evenly over the keys it can see; `null` (repeat metrics) is the same "
+              "head's score at the same positions of sequences with no repetition. Token ids of every scored "
               "sequence are in `tokens.jsonl`.", ""]
     return "\n".join(lines)
+
+
+def _null(row) -> str:
+    v = getattr(row, "null", float("nan"))
+    return f" (null {v:.3f})" if v == v else ""
 
 
 def _ci(row) -> str:

@@ -36,7 +36,7 @@ from headscope.result import COLUMNS, FLOAT_FORMAT, METRIC_NAME, RUN_FORMAT, Pro
 
 #: What every run directory holds besides one ``<metric>.png`` per metric.
 RUN_FILES = ("scores.csv", "scores.parquet", "metadata.json", "tokens.jsonl", "summary.md", "summary.png",
-             "per_sequence.npz", "thresholds.png")
+             "per_sequence.npz", "thresholds.png", "controls.jsonl")
 
 
 # ------------------------------------------------------------------------------ signals
@@ -297,13 +297,21 @@ def _write(result: ScanResult, tmp: Path, figures: bool) -> None:
         result.scores.to_parquet(tmp / "scores.parquet", index=False)
     except ImportError:
         pass
-    with open(tmp / "tokens.jsonl", "w") as f:
-        for probe in result.probes:
-            for i, ids in enumerate(probe.sequences):
-                rec = {"probe": probe.name, "index": i, "token_ids": [int(t) for t in ids]}
-                if probe.repeat_len is not None:
-                    rec["repeat_len"] = probe.repeat_len
-                f.write(json.dumps(rec) + "\n")
+    # tokens.jsonl: the probes' sequences; controls.jsonl: the controls' (the positional null), apart
+    controls = [p for p in result.probes if p.settings.get("null_of")]
+    for name, probes in (("tokens.jsonl", [p for p in result.probes if p not in controls]),
+                         ("controls.jsonl", controls)):
+        if not probes and name == "controls.jsonl":
+            continue
+        with open(tmp / name, "w") as f:
+            for probe in probes:
+                for i, ids in enumerate(probe.sequences):
+                    rec = {"probe": probe.name, "index": i, "token_ids": [int(t) for t in ids]}
+                    if probe.repeat_len is not None:
+                        rec["repeat_len"] = probe.repeat_len
+                    if probe.settings.get("null_of"):
+                        rec["null_of"] = probe.settings["null_of"]
+                    f.write(json.dumps(rec) + "\n")
     if result.per_sequence:  # what the bootstrap resampled: intervals can be recomputed without the model
         import numpy as np
 
@@ -317,7 +325,8 @@ def _write(result: ScanResult, tmp: Path, figures: bool) -> None:
     if figures:
         from headscope.plots import save_figures
 
-        save_figures(result.scores, tmp, n_sequences={p.name: len(p) for p in result.probes})
+        save_figures(result.scores, tmp, n_sequences={p.name: len(p) for p in result.probes},
+                     thresholds=result.thresholds)
 
 
 def _publish(tmp: Path, out: Path, force: bool) -> None:
@@ -368,7 +377,7 @@ def redraw(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
     # n per probe, for the titles: tokens.jsonl when the run has it, else metadata.json.
     n_sequences = {p.name: len(p) for p in run.probes} or {
         name: s.get("n_sequences") for name, s in run.metadata.get("probes", {}).items()}
-    return save_figures(run.scores, target, n_sequences=n_sequences)
+    return save_figures(run.scores, target, n_sequences=n_sequences, thresholds=run.thresholds)
 
 
 # ------------------------------------------------------------------------------ loading
@@ -391,7 +400,7 @@ def load_run(path: str | Path) -> ScanResult:
         raise HeadscopeError(f"'{path}' {what}; give a directory written by `headscope scan`."
                              + did_you_mean(path.name, runs))
     try:
-        na = {c: ["NaN", "nan", ""] for c in ("score", "chance", "ci_low", "ci_high", "stability")}
+        na = {c: ["NaN", "nan", ""] for c in ("score", "chance", "null", "ci_low", "ci_high", "stability")}
         scores = pd.read_csv(table, keep_default_na=False, na_values=na, dtype={"label": str})
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
         raise HeadscopeError(f"'{table}' cannot be read as a table ({str(exc).splitlines()[0]}); "
@@ -407,10 +416,14 @@ def load_run(path: str | Path) -> ScanResult:
     scores["label"] = scores["label"].fillna("")
     meta = read_metadata(path) or {}
     probes: dict[str, Probe] = {}
-    if (path / "tokens.jsonl").is_file():
-        for line in (path / "tokens.jsonl").read_text().splitlines():
+    for name in ("tokens.jsonl", "controls.jsonl"):
+        if not (path / name).is_file():
+            continue
+        for line in (path / name).read_text().splitlines():
             rec = json.loads(line)
-            p = probes.setdefault(rec["probe"], Probe(rec["probe"], [], repeat_len=rec.get("repeat_len")))
+            settings = {"null_of": rec["null_of"]} if "null_of" in rec else {}
+            p = probes.setdefault(rec["probe"], Probe(rec["probe"], [], repeat_len=rec.get("repeat_len"),
+                                                      settings=settings))
             p.sequences.append(rec["token_ids"])
     per_sequence = {}
     if (path / "per_sequence.npz").is_file():

@@ -16,6 +16,7 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -30,7 +31,15 @@ from headscope.errors import HeadscopeError, at_least
 from headscope.extract import MetricScores, score_probe
 from headscope.metrics import REGISTRY, Metric, get_metric
 from headscope.models import load_model
-from headscope.probes import load_pairs, packed_text_probe, repeat_len_for, repeat_probe, text_probe
+from headscope.probes import (
+    NULL_PROBE,
+    load_pairs,
+    null_probe,
+    packed_text_probe,
+    repeat_len_for,
+    repeat_probe,
+    text_probe,
+)
 from headscope.report import to_frame
 from headscope.result import Probe, ScanResult, model_slug
 from headscope.rundir import check_out_dir, interruptible, save_run
@@ -84,6 +93,7 @@ def scan(
     bootstrap: int = RESAMPLES,
     ci: float = LEVEL,
     bootstrap_seed: int = 0,
+    null: bool = True,
 ) -> ScanResult:
     """Score every head of ``model`` for every metric; return a :class:`ScanResult`.
 
@@ -99,7 +109,9 @@ def scan(
     are applied in every forward of the pattern scan: where heads look with another head ablated.
 
     ``bootstrap`` resamples of the sequences (0: none) give every score a ``ci`` interval and every
-    label its stability (:mod:`headscope.uncertainty`), seeded with ``bootstrap_seed``.
+    label its stability (:mod:`headscope.uncertainty`), seeded with ``bootstrap_seed``. ``null``
+    scores the repeat metrics again on sequences of the same length with no repetition
+    (:func:`~headscope.probes.null_probe`): the ``null`` column, a control beside ``chance``.
     """
     probes = list(probes) if probes is not None else default_probes(model)
     if metrics is not None and not len(metrics):
@@ -128,6 +140,17 @@ def scan(
         timings[f"scan_{probe.name}_s"] = round(time.perf_counter() - t0, 3)
     ordered = [results[m.name] for m in chosen if m.name in results]
     metadata = {"timings": timings, "causal": model.causal, "batch_size": batch_size or "auto", "engine": eng.name}
+    nulls = {}
+    repeat = next((p for p in probes if p.name == "repeat"), None)
+    repeat_metrics = [m for m in chosen if m.probe == "repeat"]
+    if null and repeat is not None and repeat_metrics and not any(p.name == NULL_PROBE for p in probes):
+        t0 = time.perf_counter()
+        control = null_probe(repeat, model)
+        scored = score_probe(model, replace(control, name="repeat"), repeat_metrics, batch_size, engine=eng.name,
+                             interventions=interventions)  # the repeat metrics, read at the same positions
+        nulls = {name: r.score for name, r in scored.items()}
+        probes = [*probes, control]
+        timings["scan_repeat_null_s"] = round(time.perf_counter() - t0, 3)
     if effects is not None:
         t0 = time.perf_counter()
         pattern = to_frame(model.name, model.n_layers, model.n_heads, ordered, thresholds)
@@ -152,7 +175,7 @@ def scan(
         metadata["bootstrap"] = {"resamples": bootstrap, "level": ci, "seed": bootstrap_seed,
                                  "method": "percentile interval of the pooled score over sequences resampled "
                                            "with replacement; stability = share of resamples passing the label"}
-    frame = to_frame(model.name, model.n_layers, model.n_heads, ordered, thresholds, intervals)
+    frame = to_frame(model.name, model.n_layers, model.n_heads, ordered, thresholds, intervals, nulls or None)
     return ScanResult(
         model_name=model.name,
         scores=frame,

@@ -113,7 +113,7 @@ def test_show_bad_out_fails_before_loading(cli, no_model, tmp_path):
 def test_plot_redraws_the_run_figures(cli, runs, tmp_path, no_model):
     run = runs["gpt2"]
     original = sorted(p.name for p in run.glob("*.png"))
-    assert len(original) == 9  # 8 metrics + summary
+    assert len(original) == 10  # 8 metrics + summary + thresholds
     result = invoke(cli, "plot", run, "--out", tmp_path / "again")
     assert result.exit_code == 0, result.output
     written = [Path(line) for line in result.stdout.splitlines()]
@@ -130,7 +130,7 @@ def test_plot_into_the_run_directory(cli, runs, no_model):
     result = invoke(cli, "plot", run)
     assert result.exit_code == 0, result.output
     assert sorted(Path(p).name for p in result.stdout.splitlines()) == sorted(p.name for p in run.glob("*.png"))
-    assert len(list(run.glob("*.png"))) == 9
+    assert len(list(run.glob("*.png"))) == 10
 
 
 def test_plot_missing_run(cli, tmp_path):

@@ -167,7 +167,7 @@ def test_summary_figure_grid_is_at_most_four_wide(scores):
 
 def test_save_figures_writes_one_png_per_metric_and_a_summary(scores, tmp_path):
     paths = save_figures(scores, tmp_path, dpi=40)
-    assert paths == [tmp_path / f"{m}.png" for m in SCORES] + [tmp_path / "summary.png"]
+    assert paths == [tmp_path / f"{m}.png" for m in SCORES] + [tmp_path / "summary.png", tmp_path / "thresholds.png"]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in paths)
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -190,3 +190,17 @@ def test_save_figures_titles_get_n_sequences_per_probe(scores, tmp_path, monkeyp
     seen.clear()
     save_figures(scores, tmp_path, dpi=20)
     assert seen == [(m, None) for m in SCORES]
+
+
+
+def test_threshold_sweep_counts_labelled_heads_at_every_cut(scores):
+    fig = plots.threshold_sweep(scores, {"induction": 0.25})
+    panels = {ax.get_title().split(":")[0]: ax for ax in fig.axes}
+    assert set(panels) == {"previous_token", "entropy", "induction"}  # next_token is all NaN: no panel
+    ax = panels["induction"]
+    assert ax.get_title() == "induction: 3 at >= 0.25"  # 0.3, 0.6, 0.99 of the six heads
+    grid, counts = ax.lines[0].get_xdata(), ax.lines[0].get_ydata()
+    assert counts[0] == 6 and counts[-1] == 0 and (np.diff(counts) <= 0).all()  # fewer heads as the cut rises
+    assert ax.lines[1].get_xdata()[0] == 0.25  # the run's threshold, marked
+    entropy = panels["entropy"]
+    assert entropy.get_title() == "entropy: 2 at <= 0.3" and (np.diff(entropy.lines[0].get_ydata()) >= 0).all()

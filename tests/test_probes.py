@@ -332,3 +332,46 @@ def test_punctuation_table_on_a_real_tokenizer(tiny_gpt2, tiny_bert):
         flags = PunctuationTable(m)(torch.tensor([ids]))[0].tolist()
         assert flags == [is_punctuation(m.decode_one(i)) for i in ids]
         assert [m.decode_one(i).strip() for i, f in zip(ids, flags, strict=True) if f] == [".", "?"]
+
+
+# ------------------------------------------------------------------------------ the positional null
+
+
+def _hand_built_patterns(seqs, rule):
+    """A [batch, 1, n, n] pattern from a rule (tokens, q) -> the key the head attends to."""
+    n = len(seqs[0])
+    A = torch.zeros(len(seqs), 1, n, n)
+    for b, ids in enumerate(seqs):
+        for q in range(n):
+            A[b, 0, q, rule(ids, q)] = 1.0
+    return A
+
+
+def _fixed_offset(L):
+    return lambda ids, q: q - L + 1 if q - L + 1 >= 0 else 0
+
+
+def _induction(ids, q):
+    """Attend to the token after the earlier copy of the current token; BOS when there is none."""
+    earlier = [j for j in range(q) if ids[j] == ids[q]]
+    return earlier[-1] + 1 if earlier else 0
+
+
+def test_the_null_tells_a_fixed_offset_head_from_an_induction_head(tiny_gpt2):
+    from headscope.probes import null_probe
+    from headscope.scoring import score_pattern
+
+    L = 6
+    repeat = repeat_probe(tiny_gpt2, repeat_len=L, n_sequences=3, seed=4)
+    null = null_probe(repeat, tiny_gpt2)
+    assert [len(s) for s in null.sequences] == [len(s) for s in repeat.sequences]
+    assert all(len(set(s[1:])) == 2 * L for s in null.sequences)  # no repetition at all
+    assert null.settings["null_of"] == "repeat" and null.repeat_len == L
+    scores = {}
+    for name, rule in (("fixed offset", _fixed_offset(L)), ("induction", _induction)):
+        for probe in (repeat, null):
+            A = _hand_built_patterns(probe.sequences, rule)
+            scores[name, probe.name] = float(score_pattern(A, "induction", causal=True, repeat_len=L, pooled=True))
+    assert scores["fixed offset", "repeat"] == scores["induction", "repeat"] == 1.0  # the same on the probe
+    assert scores["fixed offset", "repeat_null"] == 1.0  # the null gives the fixed-offset head away
+    assert scores["induction", "repeat_null"] == 0.0

@@ -29,8 +29,11 @@ def test_default_probes_builds_only_what_is_asked(tiny_gpt2):
 def test_scan_reports_its_engine_timings_and_thresholds(tiny_gpt2):
     probes = default_probes(tiny_gpt2, n_prompts=3, repeat_len=5)
     result = scan(tiny_gpt2, probes, metrics=["sink", "induction"], thresholds={"sink": 0.0}, engine="blocked")
-    assert result.metadata["engine"] == "blocked" and set(result.metadata["timings"]) == {"scan_text_s",
-                                                                                          "scan_repeat_s"}
+    assert result.metadata["engine"] == "blocked" and set(result.metadata["timings"]) == {
+        "scan_text_s", "scan_repeat_s", "scan_repeat_null_s"}
+    assert [p.name for p in result.probes] == ["text", "repeat", "repeat_null"]
+    null = result.scores[result.scores.metric == "induction"]["null"]
+    assert null.notna().all() and result.scores.loc[result.scores.metric == "sink", "null"].isna().all()
     assert result.thresholds == {"sink": 0.0, "induction": 0.4}
     sink = result.scores[result.scores.metric == "sink"]
     assert (sink.label == "sink head").all() and len(sink) == tiny_gpt2.n_layers * tiny_gpt2.n_heads
@@ -73,7 +76,8 @@ def test_scan_to_dir_writes_a_complete_run(tmp_path, tiny_gpt2_dir):
     assert set(meta["versions"]) == {"headscope", "torch", "transformers", "transformer-lens", "python"}
     assert meta["files"] == sorted(p.name for p in (tmp_path / "run").iterdir())
     assert any("fused engine" in line for line in lines)
-    want = scan(headscope.load_model(str(tiny_gpt2_dir)), result.probes, batch_size=2).scores
+    assert [p.name for p in result.probes] == ["text", "repeat", "repeat_null"]
+    want = scan(headscope.load_model(str(tiny_gpt2_dir)), result.probes[:2], batch_size=2).scores
     saved = headscope.load_run(tmp_path / "run").scores
     pd.testing.assert_frame_equal(saved, want.fillna({"label": ""}), check_exact=False, rtol=1e-7)
     fin = saved["score"].notna()
