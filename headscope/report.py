@@ -121,7 +121,7 @@ def headline(scores: pd.DataFrame) -> list[str]:
             f"{best.head_name} = {best.score:.3f} (chance {fmt(float(best.chance))})."
         )
         if "null" in sub and sub["null"].notna().any() and len(labelled):
-            on_null = labelled[labelled["null"].apply(lambda v: bool(m.passes(v)))]
+            on_null = labelled[[bool(m.passes(v)) for v in labelled["null"]]]
             out.append(f"{metric}: {len(on_null)} of the {len(labelled)} labelled heads also pass on sequences with no "
                        "repetition (a fixed positional offset, not a copy of the current token)"
                        + (f": {', '.join(on_null['head_name'])}." if len(on_null) else "."))

@@ -199,7 +199,7 @@ def test_threshold_sweep_counts_labelled_heads_at_every_cut(scores):
     assert set(panels) == {"previous_token", "entropy", "induction"}  # next_token is all NaN: no panel
     ax = panels["induction"]
     assert ax.get_title() == "induction: 3 at >= 0.25"  # 0.3, 0.6, 0.99 of the six heads
-    grid, counts = ax.lines[0].get_xdata(), ax.lines[0].get_ydata()
+    counts = ax.lines[0].get_ydata()
     assert counts[0] == 6 and counts[-1] == 0 and (np.diff(counts) <= 0).all()  # fewer heads as the cut rises
     assert ax.lines[1].get_xdata()[0] == 0.25  # the run's threshold, marked
     entropy = panels["entropy"]
