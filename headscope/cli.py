@@ -72,6 +72,11 @@ def main() -> None:
                    "run (see `headscope engines`).")
 @click.option("--prompts", type=click.Path(dir_okay=False), default=DEFAULTS.prompts,
               help="Segment pairs, one 'A<TAB>B' a line (UTF-8). [default: the built-in corpus]")
+@click.option("--text-join", default=DEFAULTS.text_join, show_default=True,
+              help="How a text pair becomes one sequence: plain (encoders [CLS] A [SEP] B [SEP], decoders BOS A SEP B) "
+                   "or chat (an instruct model's chat template: A the user turn, B the assistant's).")
+@click.option("--token-types", is_flag=True, default=DEFAULTS.token_types,
+              help="Feed encoder pairs their segment ids (0 for [CLS] A [SEP], 1 for B [SEP]). [default: all zero]")
 @click.option("--metrics", "metric_names", default=None,
               help="Comma-separated metrics to compute. [default: all]")
 @click.option("--threshold", "thresholds", multiple=True, metavar="METRIC=VALUE",
@@ -94,7 +99,8 @@ def main() -> None:
 @click.option("--force", is_flag=True, help="Replace an existing run directory (never any other folder).")
 @click.option("--no-figures", is_flag=True, help="Skip the PNG heatmaps.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
-def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, seq_len, engine, prompts, metric_names,
+def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, seq_len, engine, prompts, text_join, token_types,
+         metric_names,
          thresholds, effects, ablation, effects_sequences, bootstrap, ci, device, dtype, threads, force, no_figures,
          quiet) -> None:
     """Score every head of MODEL and write a run directory.
@@ -108,7 +114,7 @@ def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, seq_len, engi
 
     config = ScanConfig(
         n_prompts=n_prompts, repeat_len=repeat_len, seed=seed, seq_len=seq_len, prompts=prompts,
-        metrics=tuple(metric_names.split(",")) if metric_names is not None else None,
+        text_join=text_join, token_types=token_types, metrics=tuple(metric_names.split(",")) if metric_names is not None else None,
         thresholds=parse_thresholds(thresholds), batch_size=batch_size, engine=engine, effects=effects,
         ablation=ablation, effects_sequences=effects_sequences, bootstrap=bootstrap, ci=ci,
     )

@@ -30,6 +30,8 @@ class ScanConfig:
     seed: int = 0  # seed of the repeat probe's generator
     seq_len: int | None = None  # every sequence this many tokens (text packed, R as long as fits)
     prompts: str | None = None  # segment pairs file; None = the built-in corpus
+    text_join: str = "plain"  # how a pair becomes one sequence: "plain" or "chat" (an instruct model's turns)
+    token_types: bool = False  # feed encoder pairs their segment ids (default: all zero, as before)
     metrics: tuple[str, ...] | None = None  # None = every registered metric
     thresholds: Mapping[str, float] = field(default_factory=dict)  # label thresholds by metric
     batch_size: int | None = None  # None = from the length and free memory
@@ -49,6 +51,16 @@ class ScanConfig:
         from headscope.uncertainty import check as check_bootstrap
 
         check_bootstrap(self.bootstrap, self.ci)
+        from headscope.probes import JOINS
+
+        if self.text_join not in JOINS:
+            from headscope.errors import did_you_mean
+
+            raise HeadscopeError(f"Unknown {setting('text_join')} '{self.text_join}'."
+                                 f"{did_you_mean(self.text_join, JOINS)} Use one of {', '.join(JOINS)}.")
+        if self.seq_len is not None and (self.text_join != "plain" or self.token_types):
+            raise HeadscopeError(f"{setting('text_join')} chat and {setting('token_types')} shape the pair probe; "
+                                 f"{setting('seq_len')} packs text instead. Use one or the other.")
         from headscope.engines import AUTO, get_engine
 
         if self.engine != AUTO:

@@ -141,6 +141,8 @@ def score_probe(
                 seq_totals[m.name][index, layer] += per_seq
 
         extra = {"interventions": interventions} if interventions else {}  # engines written before them still run
+        if probe.token_types is not None:
+            extra["token_types"] = pad_batch([probe.token_types[i] for i in index.tolist()], 0)[0]  # [b, n]
         eng.run(model, tokens, mask, on_device, on_rows, **extra)
         if len(seen) != model.n_layers:  # a layer the engine never reached would score 0, silently
             missed = sorted(set(range(model.n_layers)) - seen)

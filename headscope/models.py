@@ -175,6 +175,22 @@ class Model:
             return [self.bos_id, *self.encode(a), self.sep_id, *self.encode(b)]
         return list(self.tokenizer(a, b, add_special_tokens=True)["input_ids"])
 
+    def chat_pair(self, a: str, b: str) -> list[int]:
+        """A segment pair as the chat template of an instruct model joins two turns: ``a`` from the
+        user, ``b`` from the assistant (with whatever the template adds, e.g. a default system turn)."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise HeadscopeError(f"{self.name}'s tokenizer has no chat template; use the plain join (--text-join plain).")
+        ids = self.tokenizer.apply_chat_template([{"role": "user", "content": a}, {"role": "assistant", "content": b}],
+                                                 tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    def pair_token_types(self, a: str, b: str) -> list[int]:
+        """The segment ids (token types) of ``join_pair(a, b)`` for a BERT-style encoder: 0 for
+        ``[CLS] a [SEP]``, 1 for ``b [SEP]``."""
+        if self.causal:
+            raise HeadscopeError("Token types are segment ids of encoder pairs; this model is a decoder.")
+        return list(self.tokenizer(a, b, add_special_tokens=True, return_token_type_ids=True)["token_type_ids"])
+
     def wrap(self, ids: list[int]) -> list[int]:
         """``BOS + ids`` for decoders, ``[CLS] + ids + [SEP]`` for encoders."""
         return [self.bos_id, *ids] + ([] if self.eos_id is None else [self.eos_id])
@@ -208,6 +224,7 @@ class Model:
         resume: tuple[int, Tensor] | None = None,
         grad: bool = False,
         logits_from: int = 0,
+        token_types: Int[Tensor, "batch pos"] | None = None,
     ) -> Tensor | None:
         """One forward of the Hugging Face model with its attention calls routed through ``handler``.
 
@@ -224,7 +241,8 @@ class Model:
 
         ``logits_from``: logits only for positions ``logits_from ..`` (``[batch, pos - logits_from,
         vocab]``): the unembedding is a large share of a small model's forward, and a loss often
-        needs only the last positions.
+        needs only the last positions. ``token_types``: segment ids for encoder pairs (default: none
+        passed, i.e. all zero).
 
         Eval mode, under ``torch.inference_mode()`` unless ``grad`` (then autograd records the pass,
         for attribution). The handler is active only during this call.
@@ -237,6 +255,8 @@ class Model:
         mask = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask
         kwargs = {"input_ids": tokens.to(self.device), "attention_mask": mask.to(self.device).long(),
                   "use_cache": False}
+        if token_types is not None:
+            kwargs["token_type_ids"] = token_types.to(self.device)
         autograd = torch.enable_grad() if grad else torch.inference_mode()
         with (self._lock, autograd, _eval_mode(self.hf), self._our_attention(), self._blocks(keep_blocks, resume),
               attention.intercept(handler, interventions), contextlib.suppress(StopForward)):
@@ -322,6 +342,7 @@ class Model:
         mask: Bool[Tensor, "batch pos"],
         on_pattern: Callable[[int, Float[Tensor, "batch head query key"]], None],
         layers: Sequence[int] | None = None,
+        token_types: Int[Tensor, "batch pos"] | None = None,
     ) -> None:
         """One bridge forward; ``on_pattern(layer, pattern)`` gets each wanted layer's pattern.
 
@@ -346,16 +367,19 @@ class Model:
                 raise StopForward
 
         try:
-            self._run_bridge(tokens, mask, [(f"blocks.{layer}.attn.hook_pattern", hook) for layer in layers])
+            self._run_bridge(tokens, mask, [(f"blocks.{layer}.attn.hook_pattern", hook) for layer in layers],
+                             token_types)
         finally:
             for attn in attns:
                 if hasattr(attn, "_pattern"):
                     attn._pattern = None
 
-    def _run_bridge(self, tokens: Tensor, mask: Tensor | None, hooks: list) -> None:
+    def _run_bridge(self, tokens: Tensor, mask: Tensor | None, hooks: list, token_types: Tensor | None = None) -> None:
         """The bridge's forward with ``hooks`` (name, fn) scoped to it; StopForward ends it early."""
         bridge = self.bridge
         kwargs = {} if mask is None else {"attention_mask": mask.to(self.device).long()}
+        if token_types is not None:
+            kwargs["token_type_ids"] = token_types.to(self.device)
         with self._lock, torch.inference_mode(), _eval_mode(bridge), contextlib.suppress(StopForward):
             bridge.run_with_hooks(tokens.to(self.device), fwd_hooks=hooks, return_type=None, **kwargs)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from headscope.errors import HeadscopeError, at_least, setting
+from headscope.errors import HeadscopeError, at_least, did_you_mean, setting
 from headscope.result import Probe
 
 DEFAULT_PAIRS = "pairs.tsv"
@@ -71,8 +71,27 @@ def load_pairs(path: str | Path | None = None) -> list[tuple[str, str]]:
 # ------------------------------------------------------------------------------ probes
 
 
-def text_probe(model, pairs: list[tuple[str, str]] | None = None, n_prompts: int | None = None) -> Probe:
-    """Join the first ``n_prompts`` pairs the model's way (all pairs when ``n_prompts`` is None)."""
+JOINS = ("plain", "chat")
+
+
+def text_probe(model, pairs: list[tuple[str, str]] | None = None, n_prompts: int | None = None,
+               join: str = "plain", token_types: bool = False) -> Probe:
+    """Join the first ``n_prompts`` pairs the model's way (all pairs when ``n_prompts`` is None).
+
+    ``join="plain"`` (the default): encoders ``[CLS] a [SEP] b [SEP]``, decoders ``BOS a SEP b``.
+    ``join="chat"``: instruct decoders get the two segments as a user turn and an assistant turn
+    of their chat template (what they saw in training; SmolLM2's ``<|im_end|>`` between plain
+    segments is not). ``token_types``: encoders are fed the pair's segment ids (0 for
+    ``[CLS] a [SEP]``, 1 for ``b [SEP]``) instead of all zeros.
+    """
+    if join not in JOINS:
+        raise HeadscopeError(f"Unknown {setting('text_join')} '{join}'.{did_you_mean(join, JOINS)} Use one of "
+                             f"{', '.join(JOINS)}.")
+    if join == "chat" and not model.causal:
+        raise HeadscopeError(f"{setting('text_join')} chat joins turns of an instruct decoder; {model.name} is an "
+                             "encoder (use --token-types for its segment ids).")
+    if token_types and model.causal:
+        raise HeadscopeError(f"{setting('token_types')} gives encoder pairs their segment ids; {model.name} is a decoder.")
     pairs = load_pairs() if pairs is None else pairs
     if not pairs:
         raise HeadscopeError("The text probe needs at least one segment pair; the list given is empty.")
@@ -82,11 +101,15 @@ def text_probe(model, pairs: list[tuple[str, str]] | None = None, n_prompts: int
     if n > len(pairs):
         raise HeadscopeError(f"{setting('n_prompts')} {n} asks for more pairs than the corpus holds "
                              f"({len(pairs)}); use at most {len(pairs)}.")
-    seqs = [model.join_pair(a, b) for a, b in pairs[:n]]
+    joiner = model.chat_pair if join == "chat" else model.join_pair
+    seqs = [joiner(a, b) for a, b in pairs[:n]]
     for i, s in enumerate(seqs):
         if len(s) > model.n_ctx:
             raise HeadscopeError(f"Text pair {i + 1} is {len(s)} tokens, longer than the model's context ({model.n_ctx}).")
-    return Probe("text", seqs, settings={"n_prompts": n, "join": "encoder" if not model.causal else "decoder"})
+    types = [model.pair_token_types(a, b) for a, b in pairs[:n]] if token_types else None
+    how = "chat" if join == "chat" else "encoder" if not model.causal else "decoder"
+    settings = {"n_prompts": n, "join": how} | ({"token_types": True} if token_types else {})
+    return Probe("text", seqs, settings=settings, token_types=types)
 
 
 def repeat_probe(model, repeat_len: int = 50, n_sequences: int = 16, seed: int = 0) -> Probe:

@@ -67,6 +67,7 @@ class Probe:
     sequences: list[list[int]]
     repeat_len: int | None = None  # L of BOS + R + R
     settings: dict = field(default_factory=dict)
+    token_types: list[list[int]] | None = None  # segment ids of encoder pairs, when fed (else all zero)
 
     def __len__(self) -> int:
         return len(self.sequences)

@@ -307,6 +307,8 @@ def _write(result: ScanResult, tmp: Path, figures: bool) -> None:
             for probe in probes:
                 for i, ids in enumerate(probe.sequences):
                     rec = {"probe": probe.name, "index": i, "token_ids": [int(t) for t in ids]}
+                    if probe.token_types is not None:
+                        rec["token_type_ids"] = [int(t) for t in probe.token_types[i]]
                     if probe.repeat_len is not None:
                         rec["repeat_len"] = probe.repeat_len
                     if probe.settings.get("null_of"):
@@ -425,6 +427,8 @@ def load_run(path: str | Path) -> ScanResult:
             p = probes.setdefault(rec["probe"], Probe(rec["probe"], [], repeat_len=rec.get("repeat_len"),
                                                       settings=settings))
             p.sequences.append(rec["token_ids"])
+            if "token_type_ids" in rec:
+                p.token_types = (p.token_types or []) + [rec["token_type_ids"]]
     per_sequence = {}
     if (path / "per_sequence.npz").is_file():
         import numpy as np

@@ -61,9 +61,11 @@ def default_probes(
     prompts: str | None = None,
     seq_len: int | None = None,
     probes: Sequence[str] = ("text", "repeat"),
+    text_join: str = _DEFAULT.text_join,
+    token_types: bool = _DEFAULT.token_types,
 ) -> list[Probe]:
     """The text probe (first ``n_prompts`` pairs) and ``n_prompts`` repeat sequences (or only the
-    ``probes`` named).
+    ``probes`` named). ``text_join`` and ``token_types``: see :func:`~headscope.probes.text_probe`.
 
     With ``seq_len``, every sequence is ``seq_len`` tokens long: text segments are packed until
     full, and the repeat probe uses the longest ``R`` that fits (``repeat_len`` is then ignored).
@@ -71,7 +73,7 @@ def default_probes(
     out = []
     if "text" in probes:
         pairs = load_pairs(prompts)
-        out.append(text_probe(model, pairs, n_prompts) if seq_len is None
+        out.append(text_probe(model, pairs, n_prompts, join=text_join, token_types=token_types) if seq_len is None
                    else packed_text_probe(model, pairs, seq_len, n_prompts))
     if "repeat" in probes:
         L = repeat_len if seq_len is None else repeat_len_for(model, seq_len)
@@ -257,7 +259,8 @@ def scan_to_dir(
             t_load = time.perf_counter() - t0
             chosen = config.metric_objects()
             probes = default_probes(model, config.n_prompts, config.repeat_len, config.seed, config.prompts,
-                                    config.seq_len, probes=config.probe_names())
+                                    config.seq_len, probes=config.probe_names(), text_join=config.text_join,
+                                    token_types=config.token_types)
             engine = resolve_engine(model, config.engine, chosen)
             say(f"scanning {model.n_layers} layers x {model.n_heads} heads on {model.device} ({engine.name} engine)")
             result = scan(model, probes, chosen, batch_size=config.batch_size, thresholds=dict(config.thresholds),
@@ -293,7 +296,8 @@ def run_metadata(model, result: ScanResult, config: ScanConfig, t_load: float) -
         "seed": config.seed,
         "prompts": str(Path(config.prompts).resolve()) if config.prompts else "builtin:headscope/data/pairs.tsv",
         "settings": config.record(),
-        "token_type_ids": "all zero (sequences are fed as token ids alone)",
+        "token_type_ids": ("segment ids of each pair, saved in tokens.jsonl" if config.token_types
+                           else "all zero (sequences are fed as token ids alone)"),
         "engine": result.metadata.get("engine"),
         **({k: result.metadata[k] for k in ("effects", "bootstrap") if k in result.metadata}),
         "batch_size": result.metadata.get("batch_size"),

@@ -1,7 +1,8 @@
 """Independent cross-check of a headscope run directory.
 
 Recomputes every (metric, layer, head) score, its chance value and its n from ``tokens.jsonl`` alone,
-with plain Hugging Face eager attention (one sequence at a time, no padding, no token_type_ids), from
+with plain Hugging Face eager attention (one sequence at a time, no padding; token_type_ids only
+where the run saved them, i.e. a scan with ``--token-types``), from
 the definitions in ``docs/design.md`` section 4, and compares with ``scores.csv``.
 
     python scripts/recompute_scores.py RUN_DIR [--model-dir DIR] [--tol 1e-3]
@@ -115,13 +116,14 @@ class Acc:
         return score, (math.nan if nan_score else self.chance / self.n), self.n
 
 
-def attentions(model, ids: list[int], device: str) -> torch.Tensor:
-    """[layer, head, query, key] float64, one sequence, no padding, no token_type_ids."""
+def attentions(model, ids: list[int], device: str, token_types: list[int] | None = None) -> torch.Tensor:
+    """[layer, head, query, key] float64, one sequence, no padding; ``token_types`` fed when given."""
     x = torch.tensor([ids], dtype=torch.long, device=device)
+    extra = {} if token_types is None else {"token_type_ids": torch.tensor([token_types], device=device)}
     # The bare transformer of a *ForCausalLM: same attention, no unembedding (~20% of the time).
     body = getattr(model, "base_model", model) or model
     with torch.no_grad():
-        out = body(input_ids=x, output_attentions=True)
+        out = body(input_ids=x, output_attentions=True, **extra)
     att = out.attentions
     if att is None or any(a is None for a in att):
         raise RuntimeError("the model returned no attention weights (is attention eager?)")
@@ -207,7 +209,7 @@ def _recompute(run_dir: Path, model_dir, device: str, progress: bool) -> pd.Data
     accs = None
     for j, rec in enumerate(records):
         ids = [int(i) for i in rec["token_ids"]]
-        A = attentions(model, ids, device)
+        A = attentions(model, ids, device, rec.get("token_type_ids"))
         if accs is None:
             accs = {m: Acc(A.shape[0], A.shape[1]) for m in METRICS}
         if rec["probe"] == "text":

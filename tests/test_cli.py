@@ -97,6 +97,10 @@ def test_bad_inputs_fail_with_one_line_and_no_output(tmp_path, tiny_gpt2_dir):
     _bad(tmp_path, [m, "--device", "cuda:7"], "no CUDA GPU")
     _bad(tmp_path, [m, "--threads", "0"], "threads (--threads) must be at least 1, got 0")
     _bad(tmp_path, [m, "--seq-len", "500"], "seq_len (--seq-len) 500 is outside")
+    _bad(tmp_path, [m, "--text-join", "chta"], "Unknown text_join (--text-join) 'chta'. Did you mean: chat?")
+    _bad(tmp_path, [m, "--text-join", "chat"], "has no chat template; use the plain join (--text-join plain).")
+    _bad(tmp_path, [m, "--token-types"], "gives encoder pairs their segment ids; ")
+    _bad(tmp_path, [m, "--token-types", "--seq-len", "64"], "packs text instead")
 
 
 def test_own_prompts_file(tmp_path, tiny_gpt2_dir):

@@ -22,6 +22,10 @@ from headscope.metrics import REGISTRY
     ({"n_prompts": 1000}, r"^n_prompts \(--n-prompts\) 1000 asks for more pairs than the built-in corpus holds "
                           r"\(68\); use at most 68\.$"),
     ({"prompts": "/nonexistent/pairs.tsv"}, r"does not exist"),
+    ({"text_join": "chatml"}, r"^Unknown text_join \(--text-join\) 'chatml'\. Did you mean: chat\? Use one of plain, chat\.$"),
+    ({"text_join": "chat", "seq_len": 64}, r"^text_join \(--text-join\) chat and token_types \(--token-types\) shape "
+                                           r"the pair probe; seq_len \(--seq-len\) packs text instead\."),
+    ({"token_types": True, "seq_len": 64}, r"seq_len \(--seq-len\) packs text instead\. Use one or the other\.$"),
 ])
 def test_every_check_is_one_line(kwargs, message):
     with pytest.raises(HeadscopeError, match=message) as exc:
@@ -39,7 +43,7 @@ def test_what_passes_and_what_it_means():
     assert ScanConfig(metrics=("induction", "sink")).probe_names() == ["text", "repeat"]
     record = ScanConfig(metrics=("sink",), thresholds={"sink": 0.2}).record()
     assert record == {"n_prompts": 64, "repeat_len": 50, "seed": 0, "seq_len": None, "prompts": None,
-                      "metrics": ["sink"], "thresholds": {"sink": 0.2}, "batch_size": None, "engine": "auto",
+                      "text_join": "plain", "token_types": False, "metrics": ["sink"], "thresholds": {"sink": 0.2}, "batch_size": None, "engine": "auto",
                       "effects": None, "ablation": "mean", "effects_sequences": 16, "bootstrap": 1000, "ci": 0.95}
 
 

@@ -139,6 +139,52 @@ def test_text_probe_bad_counts_and_long_pairs(tiny_gpt2):
         text_probe(tiny_gpt2, long)
 
 
+CHAT = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}")
+
+
+def test_chat_join_uses_the_template_and_is_saved(tiny_gpt2, monkeypatch):
+    m = tiny_gpt2
+    monkeypatch.setattr(m.tokenizer, "chat_template", CHAT)
+    probe = text_probe(m, PAIRS, join="chat")
+    assert probe.settings == {"n_prompts": 2, "join": "chat"} and probe.token_types is None
+    for (a, b), seq in zip(PAIRS, probe.sequences, strict=True):
+        expected = m.tokenizer(f"<|user|>{a}{m.tokenizer.eos_token}<|assistant|>{b}{m.tokenizer.eos_token}",
+                               add_special_tokens=False)["input_ids"]
+        assert seq == expected and seq != m.join_pair(a, b)
+
+
+def test_chat_join_on_smollm2_has_its_turn_delimiters(smollm2):
+    seq = text_probe(smollm2, PAIRS[:1], join="chat").sequences[0]
+    text = smollm2.tokenizer.decode(seq)
+    assert text.endswith("<|im_start|>user\nThe cat sat.<|im_end|>\n<|im_start|>assistant\nThe dog slept.<|im_end|>\n")
+    assert text.startswith("<|im_start|>system\n")  # the template's default system turn
+    assert seq.count(smollm2.sep_id) == 3  # <|im_end|> closes each of the three turns
+
+
+def test_token_types_are_the_pair_segments(tiny_bert):
+    m = tiny_bert
+    probe = text_probe(m, PAIRS, token_types=True)
+    assert probe.settings == {"n_prompts": 2, "join": "encoder", "token_types": True}
+    assert probe.sequences == text_probe(m, PAIRS).sequences  # same ids, only the segments are fed
+    for (a, _), seq, types in zip(PAIRS, probe.sequences, probe.token_types, strict=True):
+        first = 2 + len(m.encode(a))  # [CLS] a [SEP]
+        assert types == [0] * first + [1] * (len(seq) - first)
+    assert text_probe(m, PAIRS).token_types is None
+
+
+def test_join_and_token_type_refusals(tiny_gpt2, tiny_bert):
+    with pytest.raises(HeadscopeError, match=r"^Unknown text_join \(--text-join\) 'chta'\. Did you mean: chat\? "
+                                             r"Use one of plain, chat\.$"):
+        text_probe(tiny_gpt2, PAIRS, join="chta")
+    with pytest.raises(HeadscopeError, match=r"has no chat template; use the plain join \(--text-join plain\)\.$"):
+        text_probe(tiny_gpt2, PAIRS, join="chat")
+    with pytest.raises(HeadscopeError, match=r"joins turns of an instruct decoder; .* is an encoder"):
+        text_probe(tiny_bert, PAIRS, join="chat")
+    with pytest.raises(HeadscopeError, match=r"^token_types \(--token-types\) gives encoder pairs their segment "
+                                             r"ids; .* is a decoder\.$"):
+        text_probe(tiny_gpt2, PAIRS, token_types=True)
+
+
 # ------------------------------------------------------------------------------ repeat probe
 
 

@@ -7,6 +7,8 @@ definitions in design.md section 4 (it imports nothing from headscope's metrics/
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -29,9 +31,9 @@ def _one_thread():
     torch.set_num_threads(old)
 
 
-def _scan(model: str, out) -> None:
+def _scan(model: str, out, *extra: str) -> None:
     args = ["scan", model, "--out", str(out), "--n-prompts", "6", "--repeat-len", "20",
-            "--batch-size", "4", "--quiet", "--no-figures"]
+            "--batch-size", "4", "--quiet", "--no-figures", *extra]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output + repr(result.exception)
 
@@ -63,6 +65,25 @@ def test_real_scan_matches_independent_recompute(model, tmp_path):
     next_scores = merged.loc[merged.metric == "next_token", "score_run"]
     assert next_scores.isna().all() == (model == "smollm2-135m")  # NaN exactly on causal models
     assert (merged.n_run > 0).all()
+
+
+@pytest.mark.real
+@pytest.mark.parametrize(("model", "option"), [("smollm2-135m", ("--text-join", "chat")),
+                                               ("all-minilm-l6-v2", ("--token-types",))])
+def test_inputs_as_in_training_match_independent_recompute(model, option, tmp_path):
+    """The chat template's turns and BERT segment ids: saved with the run, recomputable from it."""
+    out = tmp_path / "run"
+    _scan(model, out, *option)
+    _assert_agrees(out)
+    meta = json.loads((out / "metadata.json").read_text())
+    records = [json.loads(line) for line in (out / "tokens.jsonl").read_text().splitlines()]
+    if option[0] == "--text-join":
+        assert meta["settings"]["text_join"] == "chat" and meta["probes"]["text"]["join"] == "chat"
+        assert all(r["token_ids"].count(2) == 3 for r in records if r["probe"] == "text")  # <|im_end|> after each of three turns
+    else:
+        assert meta["settings"]["token_types"] is True and meta["probes"]["text"]["token_types"] is True
+        assert all(set(r["token_type_ids"]) == {0, 1} and len(r["token_type_ids"]) == len(r["token_ids"])
+                   for r in records if r["probe"] == "text")
 
 
 @pytest.mark.parametrize("folder", ["tiny_gpt2_dir", "tiny_bert_dir"])

@@ -47,6 +47,18 @@ def test_a_run_is_written_whole_with_complete_metadata(result, tmp_path):
     assert [p.sequences for p in back.probes] == [p.sequences for p in result.probes]
 
 
+def test_token_types_are_saved_and_read_back(tiny_bert, tmp_path):
+    probe = headscope.text_probe(tiny_bert, n_prompts=3, token_types=True)
+    out = save_run(headscope.scan(tiny_bert, [probe], bootstrap=0), tmp_path / "run", figures=False)
+    records = [json.loads(line) for line in (out / "tokens.jsonl").read_text().splitlines()]
+    assert [r["token_type_ids"] for r in records] == probe.token_types
+    back = load_run(out).probes[0]
+    assert back.sequences == probe.sequences and back.token_types == probe.token_types
+    plain = save_run(headscope.scan(tiny_bert, [headscope.text_probe(tiny_bert, n_prompts=3)], bootstrap=0),
+                     tmp_path / "plain", figures=False)
+    assert "token_type_ids" not in (plain / "tokens.jsonl").read_text() and load_run(plain).probes[0].token_types is None
+
+
 def test_force_replaces_a_run_or_an_empty_folder_and_nothing_else(result, tmp_path):
     run = save_run(result, tmp_path / "run", figures=False)
     with pytest.raises(HeadscopeError, match="already exists; pass --force"):

@@ -29,7 +29,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headscope.attention import AttentionCall
-from headscope.effects.ablation import batches
+from headscope.effects.ablation import batches, segment_ids
 from headscope.engines.blocked import block_rows, pattern_blocks
 from headscope.errors import HeadscopeError
 from headscope.result import Probe, ScoreInfo
@@ -95,7 +95,7 @@ def value_sink_scores(model, probe: Probe, batch_size: int = 8) -> ValueSinkScor
                 seq_total[index, call.layer] += (s * keep[:, None, :]).sum(2).cpu()  # [batch, head]
             return call.output()
 
-        model.run(tokens, mask, handler=share)
+        model.run(tokens, mask, handler=share, token_types=segment_ids(probe, index))
         seq_count[index] = (lengths - 1).clamp(min=0).double()
     total, count = seq_total.sum(0), float(seq_count.sum())
     return ValueSinkScores(VALUE_SINK, total / count if count else torch.full_like(total, torch.nan), count,

@@ -42,12 +42,20 @@ def batches(model, probe: Probe, batch_size: int, with_index: bool = False):
         yield (*padded, torch.tensor(index)) if with_index else padded
 
 
+def segment_ids(probe: Probe, index: Tensor) -> Tensor | None:
+    """The padded segment ids (``token_type_ids``) of the batch made of ``probe``'s rows ``index``
+    (None when the probe feeds none)."""
+    if probe.token_types is None:
+        return None
+    return pad_batch([probe.token_types[i] for i in index.tolist()], 0)[0]
+
+
 def head_means(model, probe: Probe, batch_size: int) -> Float[Tensor, "layer head dim"]:
     """Each head's mean output (``A v``) over every real position of every sequence of ``probe``."""
     sums: dict[int, Tensor] = {}
     count = 0.0
 
-    for tokens, mask, _ in batches(model, probe, batch_size):
+    for tokens, mask, _, index in batches(model, probe, batch_size, with_index=True):
         real = mask.to(model.device)[:, :, None, None].float()  # [batch, pos, 1, 1]
 
         def record(call: AttentionCall, real=real) -> Tensor:
@@ -56,7 +64,7 @@ def head_means(model, probe: Probe, batch_size: int) -> Float[Tensor, "layer hea
             sums[call.layer] = sums.get(call.layer, 0) + s
             return out
 
-        model.run(tokens, mask, handler=record)
+        model.run(tokens, mask, handler=record, token_types=segment_ids(probe, index))
         count += float(mask.sum())
     return torch.stack([sums[layer] for layer in range(model.n_layers)]) / count  # [layer, head, dim]
 
@@ -88,8 +96,9 @@ def exact_effects(
         b = len(tokens)
         kept: dict[int, Tensor] = {}
         first = logits_from(target, tokens, probe.repeat_len) if target.output == "logits" else 0
-        clean = measure(target, model.run(tokens, mask, output=target.output, keep_blocks=kept, logits_from=first),
-                        tokens, lengths, probe.repeat_len)
+        types = segment_ids(probe, index)
+        clean = measure(target, model.run(tokens, mask, output=target.output, keep_blocks=kept, logits_from=first,
+                                          token_types=types), tokens, lengths, probe.repeat_len)
         rows = rows_per_forward or max(b, 8192 // tokens.shape[1])
         per_forward = max(1, rows // b)  # heads per ablated forward
         for layer, layer_heads in sorted(by_layer.items()):
@@ -100,7 +109,8 @@ def exact_effects(
                 resume = (layer, kept[layer - 1].repeat(k, 1, 1)) if layer > 0 else None  # [k*b, pos, d_model]
                 val = values[layer] if isinstance(values, Tensor) else values
                 out = model.run(tokens.repeat(k, 1), mask.repeat(k, 1), interventions=[AblateHeads(layer, rep, val)],
-                                output=target.output, resume=resume, logits_from=first)
+                                output=target.output, resume=resume, logits_from=first,
+                                token_types=None if types is None else types.repeat(k, 1))
                 ablated = measure(target, out, tokens.repeat(k, 1), lengths.repeat(k), probe.repeat_len)
                 for j, h in enumerate(chunk):
                     part = slice(j * b, (j + 1) * b)

@@ -23,7 +23,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headscope.attention import AttentionCall
-from headscope.effects.ablation import batches
+from headscope.effects.ablation import batches, segment_ids
 from headscope.effects.targets import Target, logits_from, target_positions, token_losses
 from headscope.errors import HeadscopeError
 from headscope.result import Probe
@@ -69,7 +69,8 @@ def attribution_effects(
             return out + delta
 
         first = logits_from(target, tokens, probe.repeat_len)
-        logits = model.run(tokens, mask, handler=seam, output="logits", grad=True, logits_from=first)
+        logits = model.run(tokens, mask, handler=seam, output="logits", grad=True, logits_from=first,
+                           token_types=segment_ids(probe, index))
         targets = target_positions(lengths, tokens.shape[1], target.probe, probe.repeat_len)
         loss_sum, count = token_losses(logits, tokens, targets, first=first)
         counts[index] = count.double().cpu()

@@ -50,10 +50,11 @@ class Engine(ABC):
 
     @abstractmethod
     def run(self, model: Model, tokens: Tensor, mask: Tensor, batch: PatternBatch, on_rows: OnRows,
-            layers: Sequence[int] | None = None, interventions: Sequence = ()) -> None:
-        """One forward over ``tokens`` ``[batch, pos]`` (``mask`` True on real tokens), with
-        ``interventions`` applied; ``on_rows`` for every wanted layer (default: all). The forward
-        may stop after the last wanted layer."""
+            layers: Sequence[int] | None = None, interventions: Sequence = (), token_types: Tensor | None = None
+            ) -> None:
+        """One forward over ``tokens`` ``[batch, pos]`` (``mask`` True on real tokens, ``token_types``
+        the encoder segment ids when given), with ``interventions`` applied; ``on_rows`` for every
+        wanted layer (default: all). The forward may stop after the last wanted layer."""
 
     def __repr__(self) -> str:
         return f"<{self.name} engine>"

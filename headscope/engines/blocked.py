@@ -128,9 +128,10 @@ class BlockedEngine(Engine):
             return "its attention does not run through transformers' attention interface"
         return None
 
-    def run(self, model, tokens, mask, batch, on_rows, layers=None, interventions=()) -> None:
+    def run(self, model, tokens, mask, batch, on_rows, layers=None, interventions=(), token_types=None) -> None:
         layers = range(model.n_layers) if layers is None else layers
-        model.run(tokens, mask, handler=BlockHandler(on_rows, layers), interventions=interventions)
+        model.run(tokens, mask, handler=BlockHandler(on_rows, layers), interventions=interventions,
+                  token_types=token_types)
 
 
 ENGINE = BlockedEngine()

@@ -71,10 +71,10 @@ class FusedEngine(Engine):
             return kernels.unavailable_reason()
         return None
 
-    def run(self, model, tokens, mask, batch, on_rows, layers=None, interventions=()) -> None:
+    def run(self, model, tokens, mask, batch, on_rows, layers=None, interventions=(), token_types=None) -> None:
         layers = range(model.n_layers) if layers is None else layers
         handler = FusedHandler(on_rows, layers, fused_flags(batch, tokens.shape[1]))
-        model.run(tokens, mask, handler=handler, interventions=interventions)
+        model.run(tokens, mask, handler=handler, interventions=interventions, token_types=token_types)
 
 
 ENGINE = FusedEngine()

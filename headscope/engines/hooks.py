@@ -25,14 +25,14 @@ class HooksEngine(Engine):
             return "this model has no transformer-lens bridge"
         return None
 
-    def run(self, model, tokens, mask, batch, on_rows, layers=None, interventions=()) -> None:
+    def run(self, model, tokens, mask, batch, on_rows, layers=None, interventions=(), token_types=None) -> None:
         if interventions:
             raise HeadscopeError("The hooks engine runs transformer-lens' forward and cannot apply interventions; "
                                  "use --engine blocked.")
         def on_pattern(layer, pattern):  # [batch, head, query, key]; bf16/fp16 are scored in fp32
             on_rows(layer, DenseRows(pattern.float()), 0)
 
-        model.run_patterns(tokens, mask, on_pattern, layers)
+        model.run_patterns(tokens, mask, on_pattern, layers, token_types)
 
 
 ENGINE = HooksEngine()

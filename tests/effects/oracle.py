@@ -17,16 +17,22 @@ def output_projection(hf, layer: int):
     return hf.model.layers[layer].self_attn.o_proj  # Llama, Gemma, Qwen, ...
 
 
-def _forward(hf, ids, hidden: bool):
+def _forward(hf, ids, hidden: bool, types=None):
     tokens = torch.tensor([ids])
+    extra = {} if types is None else {"token_type_ids": torch.tensor([types])}
     with torch.no_grad():
         if hidden:
-            return hf.base_model(input_ids=tokens).last_hidden_state[0]  # [pos, d_model]
-        return hf(input_ids=tokens).logits[0]  # [pos, vocab]
+            return hf.base_model(input_ids=tokens, **extra).last_hidden_state[0]  # [pos, d_model]
+        return hf(input_ids=tokens, **extra).logits[0]  # [pos, vocab]
 
 
-def head_means(hf, sequences, n_layers, n_heads, d_head):
-    """Mean of each head's slice of the projection's input over every position of every sequence."""
+def _types(token_types, sequences):
+    return [None] * len(sequences) if token_types is None else token_types
+
+
+def head_means(hf, sequences, n_layers, n_heads, d_head, token_types=None):
+    """Mean of each head's slice of the projection's input over every position of every sequence
+    (``token_types``: each sequence's segment ids, fed when given)."""
     sums = torch.zeros(n_layers, n_heads, d_head, dtype=torch.float64)
     count = 0
     handles = []
@@ -35,8 +41,8 @@ def head_means(hf, sequences, n_layers, n_heads, d_head):
             sums[layer] += args[0][0].double().reshape(-1, n_heads, d_head).sum(0)
         handles.append(output_projection(hf, layer).register_forward_pre_hook(pre))
     try:
-        for ids in sequences:
-            _forward(hf, ids, hidden=False)
+        for ids, types in zip(sequences, _types(token_types, sequences), strict=True):
+            _forward(hf, ids, hidden=False, types=types)
             count += len(ids)
     finally:
         for h in handles:
@@ -44,14 +50,14 @@ def head_means(hf, sequences, n_layers, n_heads, d_head):
     return sums / count
 
 
-def target_sums(hf, sequences, target: str, repeat_len=None):
+def target_sums(hf, sequences, target: str, repeat_len=None, token_types=None):
     """Per sequence: (summed CE over the target tokens, count), or the sentence embedding."""
     out = []
-    for ids in sequences:
+    for ids, types in zip(sequences, _types(token_types, sequences), strict=True):
         if target == "embedding":
-            out.append(_forward(hf, ids, hidden=True).double().mean(0))
+            out.append(_forward(hf, ids, hidden=True, types=types).double().mean(0))
             continue
-        logits = _forward(hf, ids, hidden=False).double()
+        logits = _forward(hf, ids, hidden=False, types=types).double()
         n = len(ids)
         ts = range(repeat_len + 2, 2 * repeat_len + 1) if target == "repeat_loss" else range(1, n)
         ce = [F.cross_entropy(logits[t - 1], torch.tensor(ids[t])) for t in ts]
@@ -59,9 +65,9 @@ def target_sums(hf, sequences, target: str, repeat_len=None):
     return out
 
 
-def ablated_effect(hf, sequences, target, layer, head, d_head, value, repeat_len=None) -> float:
+def ablated_effect(hf, sequences, target, layer, head, d_head, value, repeat_len=None, token_types=None) -> float:
     """The pooled effect of replacing head ``head``'s slice by ``value`` at every position."""
-    clean = target_sums(hf, sequences, target, repeat_len)
+    clean = target_sums(hf, sequences, target, repeat_len, token_types)
 
     def pre(module, args):
         x = args[0].clone()
@@ -70,7 +76,7 @@ def ablated_effect(hf, sequences, target, layer, head, d_head, value, repeat_len
 
     handle = output_projection(hf, layer).register_forward_pre_hook(pre)
     try:
-        ablated = target_sums(hf, sequences, target, repeat_len)
+        ablated = target_sums(hf, sequences, target, repeat_len, token_types)
     finally:
         handle.remove()
     if target == "embedding":

@@ -20,12 +20,13 @@ def _check(model, probe, target_name, heads, ablation, atol):
     hf = model.hf
     hf.set_attn_implementation("eager")  # the oracle runs the model as transformers ships it
     try:
-        ref_means = oracle.head_means(hf, probe.sequences, model.n_layers, model.n_heads, model.d_head)
+        ref_means = oracle.head_means(hf, probe.sequences, model.n_layers, model.n_heads, model.d_head,
+                                      probe.token_types)
         torch.testing.assert_close(means, ref_means, atol=1e-5, rtol=0)
         for layer, head in heads:
             value = ref_means[layer, head] if ablation == "mean" else torch.zeros(model.d_head)
             want = oracle.ablated_effect(hf, probe.sequences, target_name, layer, head, model.d_head, value,
-                                         probe.repeat_len)
+                                         probe.repeat_len, probe.token_types)
             s, c = got[(layer, head)]  # per sequence
             assert s.shape == c.shape == (len(probe),)
             assert float(s.sum() / c.sum()) == pytest.approx(want, abs=atol), (layer, head)
@@ -44,6 +45,13 @@ def test_decoder_losses_match_plain_hooks(tiny_gpt2, ablation):
 def test_encoder_embedding_matches_plain_hooks(tiny_bert):
     text, _ = headscope.default_probes(tiny_bert, n_prompts=4, repeat_len=6)
     _check(tiny_bert, text, "embedding", [(0, 1), (1, 3)], "mean", 1e-6)
+
+
+def test_encoder_effects_with_token_types_match_plain_hooks(tiny_bert):
+    text = headscope.text_probe(tiny_bert, n_prompts=4, token_types=True)
+    assert any(1 in t for t in text.token_types)
+    _check(tiny_bert, text, "embedding", [(0, 1), (1, 3)], "mean", 1e-6)
+    _check(tiny_bert, text, "embedding", [(1, 0)], "zero", 1e-6)
 
 
 def test_reusing_the_prefix_and_sharing_forwards_change_nothing(tiny_gpt2):

@@ -10,10 +10,13 @@ from headscope.extract import score_probe
 from headscope.metrics import REGISTRY
 
 
-def assert_engines_agree(model, n_prompts, repeat_len, batch_size, engines=("fused", "blocked")):
-    """Each engine against hook_pattern, same probes: scores to 1e-5, identical counts and chance."""
+def assert_engines_agree(model, n_prompts, repeat_len, batch_size, engines=("fused", "blocked"), probes=None):
+    """Each engine against hook_pattern, same probes (default: the default probes): scores to
+    1e-5, identical counts and chance."""
     metrics = list(REGISTRY.values())
-    for probe in headscope.default_probes(model, n_prompts=n_prompts, repeat_len=repeat_len, seed=2):
+    if probes is None:
+        probes = headscope.default_probes(model, n_prompts=n_prompts, repeat_len=repeat_len, seed=2)
+    for probe in probes:
         b = score_probe(model, probe, metrics, batch_size=batch_size, engine="hooks")
         for engine in engines:
             a = score_probe(model, probe, metrics, batch_size=batch_size, engine=engine)

@@ -86,6 +86,18 @@ def test_blocked_engine_equals_hooks_engine(fixture, request):
     assert_engines_agree(model, n_prompts=5, repeat_len=7, batch_size=2, engines=("blocked",))
 
 
+def test_token_types_reach_every_engine(tiny_bert):
+    """Segment ids change the patterns, and every engine feeds them the same way (the recompute
+    test checks them against transformers' own eager attention)."""
+    typed = headscope.text_probe(tiny_bert, n_prompts=5, token_types=True)
+    assert_engines_agree(tiny_bert, None, None, batch_size=2, engines=("blocked", "fused"), probes=[typed])
+    metrics = [m for m in REGISTRY.values() if m.probe == "text"]
+    with_types = score_probe(tiny_bert, typed, metrics, batch_size=2, engine="blocked")
+    without = score_probe(tiny_bert, headscope.text_probe(tiny_bert, n_prompts=5), metrics, batch_size=2,
+                          engine="blocked")
+    assert (with_types["sink"].score - without["sink"].score).abs().max() > 1e-4
+
+
 def test_small_blocks_change_nothing(tiny_gpt2, monkeypatch):
     """Force many query blocks per layer (1-byte budget -> 16-row blocks) on a long sequence."""
     probe = packed_text_probe(tiny_gpt2, None, seq_len=100, n_sequences=2)
