@@ -32,7 +32,8 @@ def to_frame(model_name: str, n_layers: int, n_heads: int, results: Sequence, th
     "exact" or "attribution" on effect rows, empty elsewhere. ``intervals`` (score name ->
     :class:`~headscope.uncertainty.Bootstrap`) adds ``ci_low``, ``ci_high`` and ``stability``
     (NaN for scores without one). ``nulls`` (score name -> ``[layer, head]``) adds ``null``: the
-    score on the positional null probe (repeat metrics; NaN elsewhere)."""
+    score on the positional null probe (repeat metrics), or the control of a circuit score
+    (``copying``: another token of ``R``); NaN elsewhere."""
     rows = []
     with_estimator = any(getattr(res, "estimator", None) is not None for res in results)
     nan = float("nan")
@@ -122,8 +123,10 @@ def headline(scores: pd.DataFrame) -> list[str]:
         )
         if "null" in sub and sub["null"].notna().any() and len(labelled):
             on_null = labelled[[bool(m.passes(v)) for v in labelled["null"]]]
-            out.append(f"{metric}: {len(on_null)} of the {len(labelled)} labelled heads also pass on sequences with no "
-                       "repetition (a fixed positional offset, not a copy of the current token)"
+            control = ("for another token of R (they raise R's tokens in general, not the attended one)"
+                       if metric == "copying" else "on sequences with no repetition (a fixed positional offset, "
+                       "not a copy of the current token)")
+            out.append(f"{metric}: {len(on_null)} of the {len(labelled)} labelled heads also pass {control}"
                        + (f": {', '.join(on_null['head_name'])}." if len(on_null) else "."))
     sink = scores[scores["metric"] == "sink"]
     if not sink.empty:
@@ -181,7 +184,8 @@ def summary_markdown(result) -> str:
     lines += effects_markdown(scores, md)
     lines += ["", "Scores pool over every (sequence, qualifying query) pair; `chance` is the score of a head "
               "that spreads attention evenly over the keys it can see; `null` (repeat metrics) is the same "
-              "head's score at the same positions of sequences with no repetition. Token ids of every scored "
+              "head's score at the same positions of sequences with no repetition (for `copying`: the same "
+              "output read against another token of R). Token ids of every scored "
               "sequence are in `tokens.jsonl`.", ""]
     return "\n".join(lines)
 

@@ -113,7 +113,8 @@ def scan(
     ``bootstrap`` resamples of the sequences (0: none) give every score a ``ci`` interval and every
     label its stability (:mod:`headscope.uncertainty`), seeded with ``bootstrap_seed``. ``null``
     scores the repeat metrics again on sequences of the same length with no repetition
-    (:func:`~headscope.probes.null_probe`): the ``null`` column, a control beside ``chance``.
+    (:func:`~headscope.probes.null_probe`): the ``null`` column, a control beside ``chance``;
+    ``copying`` gets its own control there (another token of ``R``, :mod:`headscope.circuits.copying`).
     """
     probes = list(probes) if probes is not None else default_probes(model)
     if metrics is not None and not len(metrics):
@@ -157,6 +158,7 @@ def scan(
         t0 = time.perf_counter()
         pattern = to_frame(model.name, model.n_layers, model.n_heads, ordered, thresholds)
         extra = circuit_scores(model, [effects.subset(p) for p in probes], effects.batch_size or 8, say, timings)
+        nulls.update({r.metric.name: r.null for r in extra if getattr(r, "null", None) is not None})
         effect_results = head_effects(model, probes, effects, pattern, say, timings)
         ordered += extra + effect_results
         metadata["effects"] = {"mode": effects.mode, "ablation": effects.ablation, "n_sequences": effects.n_sequences,

@@ -14,6 +14,12 @@ ordinary tokens::
 
     copying@k = share of positions whose own-token logit is among the k highest     (chance k / vocab)
 
+Its control (the ``null`` column of a scan) asks the same of another token of ``R``: the logit of
+the token ``L // 2`` positions further along the first copy (cyclically), read from the same
+output. ``k / vocab`` is the rate of a head whose logits ignore its input; the null is the rate of
+a head that raises the tokens of ``R`` in general, or of the kind ``R`` is drawn from, without
+copying the one it attends to. A copying head scores far above both.
+
 Approximations, all standard for direct logit attribution: the head's output is read straight
 through to the logits, not through the later layers; the final norm's division by the RMS of the
 residual stream is dropped (one positive factor per position: it changes no rank); value and output
@@ -119,17 +125,20 @@ def attention_inputs(model, tokens: Int[Tensor, "batch pos"], layers: Sequence[i
 
 def own_token_ranks(
     x: Float[Tensor, "n d_model"],
-    columns: Int[Tensor, " n"],
+    columns: Int[Tensor, " n"] | Int[Tensor, "n c"],
     W_V: Float[Tensor, "d_model d_head"],
     W_O: Float[Tensor, "d_head d_model"],
     unembed: Float[Tensor, "d_model vocab"],
     chunk: int = 256,
-) -> Int[Tensor, " n"]:
+) -> Int[Tensor, " n"] | Int[Tensor, "n c"]:
     """Rank of each input's own logit under one head's OV circuit (0 = the highest logit).
 
     Row ``i`` of ``x`` is an attention input holding token ``columns[i]`` (a column of
-    ``unembed``); the head's output ``x_i W_V W_O`` is read through ``unembed``.
+    ``unembed``); the head's output ``x_i W_V W_O`` is read through ``unembed``. With ``columns``
+    ``[n, c]``, the ranks of ``c`` columns of each output (``[n, c]``).
     """
+    flat = columns.dim() == 1
+    columns = columns[:, None] if flat else columns  # [n, c]
     d_model, d_head = W_V.shape
     # Few inputs: read each through W_V W_O then unembed. Many: fold W_O into unembed once.
     fold = d_head * d_model + len(x) * d_head < len(x) * d_model
@@ -138,9 +147,20 @@ def own_token_ranks(
     for start in range(0, len(x), chunk):
         z = x[start:start + chunk] @ W_V  # [n_chunk, d_head]
         logits = z @ ov_u if fold else (z @ W_O) @ unembed  # [n_chunk, vocab]
-        own = logits.gather(1, columns[start:start + chunk, None])  # [n_chunk, 1]
-        ranks.append((logits > own).sum(1))  # how many tokens beat the attended one
-    return torch.cat(ranks)
+        own = logits.gather(1, columns[start:start + chunk])  # [n_chunk, c]
+        ranks.append((logits[:, None, :] > own[:, :, None]).sum(2))  # [n_chunk, c]: tokens beating each
+    out = torch.cat(ranks)
+    return out[:, 0] if flat else out
+
+
+def null_columns(columns: Int[Tensor, "sequence L"]) -> Int[Tensor, "sequence L"]:
+    """The control's token for each first-copy position: the one ``L // 2`` further along ``R``,
+    cyclically (another token of the same sequence; ``R``'s tokens are distinct).
+
+    >>> null_columns(torch.tensor([[10, 11, 12, 13]]))
+    tensor([[12, 13, 10, 11]])
+    """
+    return columns.roll(-(columns.shape[1] // 2), dims=1)
 
 
 def copying_ranks(
@@ -149,10 +169,12 @@ def copying_ranks(
     heads: Sequence[tuple[int, int]] | None = None,
     weights: HeadWeights | None = None,
     batch_size: int = 4,
+    null: bool = False,
 ) -> tuple[dict[tuple[int, int], Tensor], int]:
     """Own-token ranks through each head's OV circuit at every first-copy position of a repeat
     ``probe``: ``({(layer, head): ranks [sequence, L]}, vocabulary size)``, sequences in the
-    probe's order (0 = the highest logit)."""
+    probe's order (0 = the highest logit). With ``null``, ranks ``[sequence, L, 2]``: the own
+    token's, then the control token's (:func:`null_columns`)."""
     if probe.repeat_len is None:
         raise HeadscopeError("ov_copying needs a repeat probe (headscope.repeat_probe).")
     w = head_weights(model) if weights is None else weights
@@ -168,11 +190,13 @@ def copying_ranks(
             xs[layer].append(got[layer][:, 1:L + 1].reshape(-1, got[layer].shape[-1]))  # [batch*L, d_model]
         cols.append(w.columns(tokens[:, 1:L + 1].reshape(-1)))
     columns = torch.cat(cols)  # [sequence * L]
+    if null:
+        columns = torch.stack([columns, null_columns(columns.view(-1, L)).reshape(-1)], 1)  # [sequence * L, 2]
     ranks = {}
     for layer, head in heads:
         x = torch.cat(xs[layer])  # [sequence * L, d_model]
         r = own_token_ranks(x, columns, w.W_V[layer, head], w.W_O[layer, head], w.unembed)
-        ranks[(layer, head)] = r.reshape(len(probe), L)  # [sequence, L]
+        ranks[(layer, head)] = r.reshape(len(probe), L, *r.shape[1:])  # [sequence, L(, 2)]
     return ranks, len(w.token_ids)
 
 
@@ -188,16 +212,17 @@ def ov_copying(
 
     The attended positions are the first copy of ``R`` (positions ``1..L``). Returns one row per
     head: ``copying`` = copying@k (share of positions whose own-token logit is among the ``k``
-    highest of the ordinary vocabulary), ``median_rank`` (0 = highest), ``n`` positions and
-    ``chance`` = ``k / vocab``. Cost: about ``2 * n * d_model * vocab`` flops per head.
+    highest of the ordinary vocabulary), ``median_rank`` (0 = highest), ``null`` = copying@k of
+    another token of ``R`` read from the same output (the control, :func:`null_columns`), ``n``
+    positions and ``chance`` = ``k / vocab``. Cost: about ``2 * n * d_model * vocab`` flops per head.
     """
-    ranks, vocab = copying_ranks(model, probe, heads, weights, batch_size)
+    ranks, vocab = copying_ranks(model, probe, heads, weights, batch_size, null=True)
     rows = []
     for (layer, head), r in ranks.items():
-        r = r.flatten()
+        own, other = r[..., 0].flatten(), r[..., 1].flatten()
         rows.append({"model": model.name, "layer": layer, "head": head, "head_name": head_name(layer, head),
-                     "copying": float((r < k).float().mean()), "median_rank": float(r.float().median()),
-                     "n": len(r), "k": k, "chance": k / vocab})
+                     "copying": float((own < k).float().mean()), "median_rank": float(own.float().median()),
+                     "null": float((other < k).float().mean()), "n": len(own), "k": k, "chance": k / vocab})
     return pd.DataFrame(rows)
 
 
@@ -210,12 +235,14 @@ COPYING = ScoreInfo(
 
 @dataclass
 class CopyingScores:
-    """The ``copying`` rows of a scan: ``[layer, head]`` scores, chance ``k / vocab``, positions counted."""
+    """The ``copying`` rows of a scan: ``[layer, head]`` scores, chance ``k / vocab``, positions
+    counted, and the control (:func:`null_columns`) of every head."""
 
     metric: ScoreInfo
     score: Float[Tensor, "layer head"]
     count: float
     chance: float
+    null: Float[Tensor, "layer head"] | None = None
     estimator: np.ndarray | None = None
     seq_total: Float[Tensor, "sequence layer head"] | None = None  # hits per sequence
     seq_count: Float[Tensor, " sequence"] | None = None  # positions per sequence
@@ -224,11 +251,13 @@ class CopyingScores:
 def copying_scores(model, probe: Probe, k: int = COPYING_K, max_sequences: int = 16) -> CopyingScores:
     """copying@k for every head on the first ``max_sequences`` sequences of a repeat ``probe``."""
     small = Probe(probe.name, probe.sequences[:max_sequences], probe.repeat_len, probe.settings)
-    ranks, vocab = copying_ranks(model, small)
+    ranks, vocab = copying_ranks(model, small, null=True)
     n, L = len(small), small.repeat_len
     hits = torch.zeros(n, model.n_layers, model.n_heads, dtype=torch.float64)  # [sequence, layer, head]
+    null_hits = torch.zeros(model.n_layers, model.n_heads, dtype=torch.float64)
     for (layer, head), r in ranks.items():
-        hits[:, layer, head] = (r < k).double().sum(1)
+        hits[:, layer, head] = (r[..., 0] < k).double().sum(1)
+        null_hits[layer, head] = (r[..., 1] < k).double().sum()
     counts = torch.full((n,), float(L), dtype=torch.float64)
     return CopyingScores(COPYING, hits.sum(0) / counts.sum(), float(counts.sum()), k / vocab,
-                         seq_total=hits, seq_count=counts)
+                         null=null_hits / counts.sum(), seq_total=hits, seq_count=counts)

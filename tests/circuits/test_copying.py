@@ -5,7 +5,14 @@ from __future__ import annotations
 import torch
 
 import headscope
-from headscope.circuits.copying import COPYING, COPYING_K, copying_scores, ov_copying
+from headscope.circuits.copying import (
+    COPYING,
+    COPYING_K,
+    copying_scores,
+    null_columns,
+    ov_copying,
+    own_token_ranks,
+)
 
 
 def test_copying_scores_are_ov_copying_for_every_head(tiny_gpt2):
@@ -16,4 +23,40 @@ def test_copying_scores_are_ov_copying_for_every_head(tiny_gpt2):
     first3 = ov_copying(tiny_gpt2, type(probe)(probe.name, probe.sequences[:3], probe.repeat_len), k=COPYING_K)
     want = torch.tensor(first3.pivot(index="layer", columns="head", values="copying").to_numpy(), dtype=torch.float64)
     torch.testing.assert_close(got.score, want)
+    want_null = torch.tensor(first3.pivot(index="layer", columns="head", values="null").to_numpy(), dtype=torch.float64)
+    torch.testing.assert_close(got.null, want_null)
     assert got.chance == COPYING_K / (len(tiny_gpt2.ordinary_vocab())) and len(table) == 8
+
+
+# ------------------------------------------------------------------------------ the control
+
+
+def test_the_control_tells_a_copier_from_a_head_that_raises_every_token_of_r():
+    """Hand-built OV circuits on a 20-token vocabulary, R = tokens 0..7 (inputs one-hot):
+    a copier writes the attended token; a 'topic' head writes all of R's tokens equally."""
+    vocab, L = 20, 8
+    x = torch.eye(vocab)[:L]  # input k holds token k
+    own = torch.arange(L)[None, :]  # [1 sequence, L]
+    cols = torch.stack([own.flatten(), null_columns(own).flatten()], 1)  # [L, 2]
+    assert (cols[:, 0] != cols[:, 1]).all() and sorted(cols[:, 1].tolist()) == list(range(L))
+    eye = torch.eye(vocab)
+    copier = own_token_ranks(x, cols, eye, eye, eye)  # [L, 2]
+    topic_out = torch.zeros(vocab, vocab)
+    topic_out[:, :L] = 1.0  # every input raises tokens 0..7 alike
+    topic = own_token_ranks(x, cols, eye, topic_out, eye)
+    k = 1
+    assert (copier[:, 0] < k).float().mean() == 1 and (copier[:, 1] < k).float().mean() == 0  # copies, null 0
+    assert (topic[:, 0] < k).float().mean() == 1 and (topic[:, 1] < k).float().mean() == 1  # ties: null = score
+    assert torch.equal(copier[:, 0], own_token_ranks(x, cols[:, 0], eye, eye, eye))  # [n] columns: as before
+
+
+def test_copying_null_is_in_the_scan_table(tiny_gpt2):
+    from headscope.effects import EffectSettings
+
+    probes = headscope.default_probes(tiny_gpt2, n_prompts=3, repeat_len=6)
+    result = headscope.scan(tiny_gpt2, probes, metrics=["induction"], bootstrap=0,
+                            effects=EffectSettings(mode="exact", n_sequences=3))
+    rows = result.scores[result.scores.metric == "copying"]
+    direct = copying_scores(tiny_gpt2, probes[1], max_sequences=3)
+    assert rows["null"].notna().all()
+    torch.testing.assert_close(torch.tensor(rows["null"].to_numpy()).view(2, 4), direct.null)
