@@ -77,10 +77,11 @@ def metric_order(runs: dict[str, pd.DataFrame]) -> list[str]:
 
 
 def summary(runs: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """One row per (metric, run): heads, max, mean, labelled heads, chance, top head.
+    """One row per (metric, run): heads, max, mean, labelled heads, chance, top head and its score.
 
     ``max``/``mean`` are over the run's heads (NaN scores skipped); ``top_head`` is the highest
-    head, or the lowest for metrics whose label goes to low scores (entropy).
+    head, or the lowest for metrics whose label goes to low scores (entropy), and ``top_score``
+    its own score (for entropy the minimum, not ``max``).
     """
     rows = []
     for metric in metric_order(runs):
@@ -96,6 +97,7 @@ def summary(runs: dict[str, pd.DataFrame]) -> pd.DataFrame:
                 "heads": len(sub), "max": sub["score"].max(), "mean": sub["score"].mean(),
                 "labelled": int((sub["label"] != "").sum()), "chance": float(sub["chance"].iloc[0]),
                 "top_head": _head_name(top) if top is not None else "",
+                "top_score": float(top["score"]) if top is not None else float("nan"),
             })
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
@@ -155,8 +157,9 @@ def format_summary(table: pd.DataFrame) -> str:
     w = max([12, *(len(r) for r in table["run"])])
     lines = [f"{'metric':<16} {'run':<{w}} {'max':>7} {'mean':>7} {'labelled':>9} {'chance':>7}  top head"]
     for r in table.itertuples():
+        top = f"{r.top_head} {fmt(r.top_score)}" if r.top_head else ""
         lines.append(f"{r.metric:<16} {r.run:<{w}} {fmt(r.max):>7} {fmt(r.mean):>7} "
-                     f"{f'{r.labelled}/{r.heads}':>9} {fmt(r.chance):>7}  {r.top_head}")
+                     f"{f'{r.labelled}/{r.heads}':>9} {fmt(r.chance):>7}  {top}")
     return "\n".join(lines)
 
 
@@ -255,7 +258,8 @@ def difference_figure(runs: dict[str, pd.DataFrame]) -> Figure:
 # ------------------------------------------------------------------------------ writing
 
 
-SUMMARY_COLUMNS = ["metric", "run", "model", "heads", "max", "mean", "labelled", "chance", "top_head"]
+SUMMARY_COLUMNS = ["metric", "run", "model", "heads", "max", "mean", "labelled", "chance", "top_head", "top_score"]
+_OLD_SUMMARY_HEADER = "metric,run,model,heads,max,mean,labelled,chance,top_head"  # before top_score: still ours
 
 
 def check_folder(out: str | Path) -> Path:
@@ -283,7 +287,7 @@ def write_comparison(runs: dict[str, pd.DataFrame], out: str | Path, dpi: int = 
     targets = [out / n for n in names if n in tables or n in figures]
     stale = [out / n for n in names if n not in tables and n not in figures and (out / n).exists()]
     # head_diffs.csv's header names the runs: any runs' table of ours has this head and tail
-    headers = {"compare.csv": ",".join(SUMMARY_COLUMNS),
+    headers = {"compare.csv": lambda line: line in (",".join(SUMMARY_COLUMNS), _OLD_SUMMARY_HEADER),
                "head_diffs.csv": lambda line: line.startswith("metric,layer,head,head_name,")
                and line.endswith((",diff,abs_diff", ",diff,abs_diff,beyond_ci"))}
     check_replaceable(targets + stale, headers)

@@ -74,6 +74,7 @@ def test_summary_equals_pandas(run_dirs):
             if sub["score"].notna().any():
                 best = sub.loc[sub["score"].idxmin() if metric == "entropy" else sub["score"].idxmax()]
                 assert row["top_head"] == f"L{best['layer']}H{best['head']}"
+                assert row["top_score"] == best["score"]  # the top head's own score (entropy: the minimum)
     causal_next = table[(table["metric"] == "next_token") & (table["run"] != list(runs)[2])]
     assert causal_next["max"].isna().all() and "NaN" in format_summary(table)
 
@@ -124,6 +125,19 @@ def test_write_comparison_two_runs(run_dirs, tmp_path):
     diffs = pd.read_csv(paths[2])
     assert list(diffs.columns) == ["metric", "layer", "head", "head_name", "gpt2-s0", "gpt2-s1", "diff", "abs_diff",
                                    "beyond_ci"]  # the runs carry bootstrap intervals
+
+
+def test_a_comparison_written_before_top_score_is_replaced(run_dirs, tmp_path):
+    runs = load_runs([run_dirs["gpt2-s0"], run_dirs["gpt2-s1"]])
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (out / "compare.csv").write_text("metric,run,model,heads,max,mean,labelled,chance,top_head\ninduction,a,m,8,1,1,1,0,L0H0\n")
+    write_comparison(runs, out)
+    assert pd.read_csv(out / "compare.csv").columns[-1] == "top_score"
+    (out / "compare.csv").write_text("metric,run,my own column\n")  # not ours: refused, left as it was
+    with pytest.raises(HeadscopeError):
+        write_comparison(runs, out)
+    assert (out / "compare.csv").read_text() == "metric,run,my own column\n"
 
 
 def test_distribution_figure_plots_every_head(run_dirs):
@@ -201,7 +215,7 @@ def test_summary_of_hand_built_runs():
         ["next_token", "a"], ["sink", "b"]]  # metrics in first-seen order; a run without one is skipped
     row = table.set_index(["metric", "run"])
     assert row.loc[("induction", "a"), ["max", "mean", "labelled", "top_head"]].tolist() == [0.8, 0.45, 1, "L0H1"]
-    assert row.loc[("entropy", "b"), "top_head"] == "L0H1"  # lowest for a below metric
+    assert row.loc[("entropy", "b"), ["top_head", "top_score"]].tolist() == ["L0H1", 0.1]  # lowest, its own score
     assert row.loc[("entropy", "b"), "labelled"] == 1
     assert np.isnan(row.loc[("next_token", "a"), "max"]) and row.loc[("next_token", "a"), "top_head"] == ""
 
@@ -209,12 +223,12 @@ def test_summary_of_hand_built_runs():
 def test_format_summary_lines():
     assert format_summary(summary(HAND)).splitlines() == [
         "metric           run              max    mean  labelled  chance  top head",
-        "induction        a              0.800   0.450       1/2   0.250  L0H1",
-        "induction        b              0.500   0.350       1/2   0.250  L0H0",
-        "entropy          a              1.400   0.800       1/2   0.250  L0H0",
-        "entropy          b              0.900   0.500       1/2   0.250  L0H1",
+        "induction        a              0.800   0.450       1/2   0.250  L0H1 0.800",
+        "induction        b              0.500   0.350       1/2   0.250  L0H0 0.500",
+        "entropy          a              1.400   0.800       1/2   0.250  L0H0 0.200",
+        "entropy          b              0.900   0.500       1/2   0.250  L0H1 0.100",
         "next_token       a                NaN     NaN       0/2   0.250  ",
-        "sink             b              0.700   0.400       1/2   0.250  L0H0",
+        "sink             b              0.700   0.400       1/2   0.250  L0H0 0.700",
     ]
 
 
