@@ -3,8 +3,13 @@
 The ``sink`` metric of a scan is each head's mean attention to position 0 (queries ``1..n-1``).
 Gu et al. (2024, "When Attention Sink Emerges in Language Models") summarise a model by its
 **sink rate**: the share of heads whose average attention to the first token exceeds
-``epsilon = 0.3``. (They average over every query; the ``sink`` metric leaves out query 0, which in
-a causal model can only see itself. On 30-token prompts the two differ by at most 1/30.)
+``epsilon = 0.3``. :func:`sink_rate` applies that threshold to the ``sink`` scores of a scan, which
+differ from Gu's recipe in three ways: the ``sink`` metric leaves out query 0 (which in a causal
+model can only see itself), pools every sequence before the threshold, and runs on the probe's
+prompts (~28 tokens). :func:`gu_probe` and :func:`gu_sink_rate` follow Gu's recipe exactly
+(``eval_sink_open_source.py`` of their code): running text cut to ``T = 64`` tokens as the tokenizer
+encodes it, every query counted, ``A[0, 0] = 1`` included, the threshold applied per sequence and
+the indicator averaged over sequences, layers and heads.
 
 To ask whether the sink is the BOS *token* or the first *position*, :func:`without_first_token`
 drops position 0 from every sequence of a probe, so an ordinary word sits at position 0, and the
@@ -122,3 +127,63 @@ def first_word_attention(model, probe, threshold: float = SINK_EPSILON, batch_si
              f"heads > {threshold:g}": int((t["score"] > threshold).sum()), "heads": len(t)}
             for label, t in tables.items()]
     return pd.DataFrame(rows).set_index("position 0 / key")
+
+
+# ------------------------------------------------------------------------------ Gu et al.'s recipe
+
+
+def gu_probe(model, pairs: list[tuple[str, str]] | None = None, n_sequences: int = 64, length: int = 64):
+    """Running text as Gu et al. (2024) feed it: sequence ``i`` is the corpus text from pair ``i`` on
+    (pairs joined by spaces, wrapping around), tokenized with the tokenizer's own special tokens
+    (a BOS only if the tokenizer adds one) and cut to exactly ``length`` tokens."""
+    from headscope.errors import at_least
+    from headscope.probes import Probe, load_pairs
+
+    if not model.causal:
+        raise HeadscopeError("Gu et al.'s sink rate is defined for causal language models; this model is an encoder.")
+    at_least("n_sequences", n_sequences)
+    at_least("length", length, 2)
+    if length > model.n_ctx:
+        raise HeadscopeError(f"length {length} is longer than the model's context ({model.n_ctx}).")
+    pairs = load_pairs() if pairs is None else pairs
+    texts = [f"{a} {b}" for a, b in pairs]
+    if not texts or not any(t.strip() for t in texts):
+        raise HeadscopeError("Gu et al.'s probe needs text; the pairs given are empty.")
+    seqs = []
+    for i in range(n_sequences):
+        parts, j, ids = [], i, []
+        while len(ids) < length:
+            if j - i > len(texts) * (length + 1):  # text that never grows: refuse, do not loop
+                raise HeadscopeError("The pairs tokenize to too few tokens to fill a sequence.")
+            parts.append(texts[j % len(texts)])
+            j += 1
+            ids = list(model.tokenizer(" ".join(parts), add_special_tokens=True)["input_ids"])
+        seqs.append(ids[:length])
+    return Probe("text", seqs, settings={"n_prompts": n_sequences, "seq_len": length, "recipe": "gu2024"})
+
+
+def gu_sink_rate(model, probe, epsilon: float = SINK_EPSILON, batch_size: int = 8, per_layer: bool = False):
+    """Gu et al.'s sink rate on ``probe`` (sequences of one length ``T``, e.g. :func:`gu_probe`).
+
+    Per sequence and head, ``alpha = (1/T) sum over queries t = 0..T-1 of A[t, 0]`` (with
+    ``A[0, 0] = 1``); the rate is the share of (sequence, layer, head) triples with
+    ``alpha > epsilon``. ``per_layer``: a Series of the rate by layer.
+    """
+    from headscope.extract import score_probe
+    from headscope.metrics import get_metric
+
+    if not model.causal:
+        raise HeadscopeError("Gu et al.'s sink rate is defined for causal language models; this model is an encoder.")
+    lengths = {len(s) for s in probe.sequences}
+    if len(lengths) != 1:
+        raise HeadscopeError(f"Gu et al.'s recipe needs sequences of one length; this probe has {len(lengths)} "
+                             "lengths (use gu_probe).")
+    T = lengths.pop()
+    sink = score_probe(model, probe, [get_metric("sink")], batch_size)["sink"]
+    # seq_total sums A[q, 0] over queries 1..T-1; query 0 adds its A[0, 0] = 1
+    alpha = (sink.seq_total + 1.0) / T  # [sequence, layer, head]
+    above = (alpha > epsilon).double()
+    if per_layer:
+        return pd.Series(above.mean((0, 2)).numpy(), index=pd.RangeIndex(model.n_layers, name="layer"),
+                         name="sink_rate")
+    return float(above.mean())

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+import torch
 
 import headscope
+from headscope.analysis import sinks
 from headscope.analysis.sinks import (
     attention_to_position,
     first_word_attention,
@@ -79,3 +81,56 @@ def test_first_word_attention_rows(tiny_gpt2):
     sink = headscope.scan(tiny_gpt2, [probe], metrics=["sink"]).scores["score"]
     assert table["mean"].iloc[0] == pytest.approx(sink.mean(), abs=1e-6)
     assert table["heads > 0.3"].dtype.kind == "i"
+
+
+# ------------------------------------------------------------------------------ Gu et al.'s recipe
+
+
+def _gu_oracle(hf, sequences):
+    """Gu et al.'s eval_sink_open_source.py, restated: eager attentions of each sequence,
+    importance = sum over queries of A[q, k] / (T - k); returns importance of key 0 [sequence, layer, head]."""
+    out = []
+    with torch.no_grad():
+        for ids in sequences:
+            att = hf(input_ids=torch.tensor([ids]), output_attentions=True).attentions  # per layer [1, h, T, T]
+            A = torch.cat(att).double()  # [layer, head, T, T]
+            T = A.shape[-1]
+            out.append((A / torch.arange(T, 0, -1, dtype=torch.float64)).sum(-2)[..., 0])
+    return torch.stack(out)
+
+
+def test_gu_sink_rate_is_their_recipe(tiny_gpt2):
+    probe = sinks.gu_probe(tiny_gpt2, n_sequences=5, length=40)
+    assert {len(s) for s in probe.sequences} == {40} and len({tuple(s) for s in probe.sequences}) == 5
+    hf = tiny_gpt2.hf
+    hf.set_attn_implementation("eager")
+    try:
+        alpha = _gu_oracle(hf, probe.sequences)
+    finally:
+        hf.set_attn_implementation("headscope")
+    # thresholds between the values: every triple's side of epsilon must agree
+    values = alpha.flatten().sort().values
+    cuts = [(values[i] + values[i + 1]).item() / 2 for i in (len(values) // 10, len(values) // 2, 9 * len(values) // 10)]
+    for epsilon in [*cuts, 0.3]:
+        want = (alpha > epsilon).double().mean().item()
+        assert sinks.gu_sink_rate(tiny_gpt2, probe, epsilon, batch_size=2) == pytest.approx(want, abs=1e-12), epsilon
+
+
+def test_gu_probe_is_running_text_cut_to_length(tiny_gpt2):
+    pairs = [("one two three", "four five"), ("six seven", "eight nine ten")]
+    probe = sinks.gu_probe(tiny_gpt2, pairs, n_sequences=3, length=12)
+    text = " ".join(f"{a} {b}" for a, b in pairs * 8)
+    assert probe.sequences[0] == tiny_gpt2.tokenizer(text)["input_ids"][:12]
+    assert probe.sequences[1] == tiny_gpt2.tokenizer(" ".join(f"{a} {b}" for a, b in (pairs[1:] + pairs) * 8))[
+        "input_ids"][:12]
+    per_layer = sinks.gu_sink_rate(tiny_gpt2, probe, 0.1, per_layer=True)
+    assert list(per_layer.index) == [0, 1] and per_layer.mean() == pytest.approx(sinks.gu_sink_rate(tiny_gpt2, probe, 0.1))
+
+
+def test_gu_recipe_refusals(tiny_gpt2, tiny_bert):
+    with pytest.raises(HeadscopeError, match="causal language models"):
+        sinks.gu_probe(tiny_bert)
+    with pytest.raises(HeadscopeError, match="one length"):
+        sinks.gu_sink_rate(tiny_gpt2, headscope.text_probe(tiny_gpt2, n_prompts=4))
+    with pytest.raises(HeadscopeError, match="longer than the model's context"):
+        sinks.gu_probe(tiny_gpt2, length=1000)
