@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 
 from headscope.errors import HeadscopeError
 from headscope.metrics import REGISTRY
+from headscope.uncertainty import STABLE
 
 CLARK_METRICS = ("sink", "separator", "punctuation")
 
@@ -103,11 +104,16 @@ def side_by_side(runs: Mapping[str, pd.DataFrame], metric: str | Mapping[str, st
 def labelled_heads(scores: pd.DataFrame, max_names: int | None = 12) -> pd.DataFrame:
     """One row per label: the metric, how many heads carry it, and their names (strongest first).
 
-    At most ``max_names`` names are listed (``None``: all), then how many more there are.
+    At most ``max_names`` names are listed (``None``: all), then how many more there are. With a
+    ``stability`` column (a bootstrapped scan), ``stable`` counts the labelled heads that pass the
+    threshold in at least 90% of resamples, and ``borderline`` names every head, labelled or not,
+    that passes in between 10% and 90% of them: the heads a label count hinges on.
     """
     rows = []
+    with_stability = "stability" in scores.columns
     for metric in scores["metric"].unique():
-        sub = scores[(scores["metric"] == metric) & (scores["label"] != "")]
+        every = scores[scores["metric"] == metric]
+        sub = every[every["label"] != ""]
         if sub.empty:
             continue
         below = REGISTRY[metric].below if metric in REGISTRY else False
@@ -115,6 +121,13 @@ def labelled_heads(scores: pd.DataFrame, max_names: int | None = 12) -> pd.DataF
         names = list(sub["head_name"])
         shown = names if max_names is None else names[:max_names]
         more = f", ... ({len(names) - len(shown)} more)" if len(shown) < len(names) else ""
-        rows.append({"model": sub["model"].iloc[0], "label": sub["label"].iloc[0], "metric": metric,
-                     "heads": len(sub), "names": ", ".join(shown) + more})
-    return pd.DataFrame(rows, columns=["model", "label", "metric", "heads", "names"])
+        row = {"model": sub["model"].iloc[0], "label": sub["label"].iloc[0], "metric": metric,
+               "heads": len(sub), "names": ", ".join(shown) + more}
+        if with_stability:
+            row["stable"] = int((sub["stability"] >= STABLE).sum())
+            edge = every[(every["stability"] > 1 - STABLE) & (every["stability"] < STABLE)]
+            edge = edge.sort_values("score", ascending=below)
+            row["borderline"] = ", ".join(f"{h} ({s:.2f})" for h, s in zip(edge["head_name"], edge["stability"], strict=True))
+        rows.append(row)
+    columns = ["model", "label", "metric", "heads", "names"] + (["stable", "borderline"] if with_stability else [])
+    return pd.DataFrame(rows, columns=columns)

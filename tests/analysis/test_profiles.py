@@ -63,6 +63,18 @@ def test_labelled_heads_strongest_first():
     assert out.loc["sink", "names"] == "L2H1, L2H0, L1H1, L1H0"
     assert out.loc["entropy", "names"] == "L0H0, L1H0, L2H0"  # lowest entropy first
     assert labelled_heads(_scores(), max_names=2).set_index("metric").loc["sink", "names"] == "L2H1, L2H0, ... (2 more)"
+    assert "stable" not in out.columns  # no bootstrap, no stability
+
+
+def test_labelled_heads_count_stable_labels_and_name_borderline_heads():
+    scores = _scores()
+    stability = {"L2H1": 1.0, "L2H0": 0.95, "L1H1": 0.6, "L1H0": 0.9, "L0H1": 0.3, "L0H0": 0.05}
+    sink = scores["metric"] == "sink"
+    scores["stability"] = np.where(sink, scores["head_name"].map(stability), np.nan)
+    out = labelled_heads(scores).set_index("metric")
+    assert out.loc["sink", "heads"] == 4 and out.loc["sink", "stable"] == 3  # L1H1 passes in only 60%
+    assert out.loc["sink", "borderline"] == "L1H1 (0.60), L0H1 (0.30)"  # an unlabelled head near the cut too
+    assert out.loc["entropy", "stable"] == 0 and out.loc["entropy", "borderline"] == ""  # NaN stability
 
 
 def _grid(n_layers, n_heads, base):
