@@ -121,7 +121,7 @@ def induction_copying_heads(
         raise HeadscopeError("The scores table has no 'induction' rows; scan a repeat probe first.")
     if column not in copying.columns:
         raise HeadscopeError(f"The copying table has no column '{column}'; it has {', '.join(copying.columns)}.")
-    keep = ["model", "layer", "head", "head_name", column] + [c for c in ("median_rank",) if c in copying.columns]
+    keep = ["model", "layer", "head", "head_name", column] + [c for c in ("median_rank", "null") if c in copying.columns]
     out = copying[keep].merge(ind.rename(columns={"score": "induction"}), on=["layer", "head"], how="inner")
     out["prefix_matching"] = out["induction"] >= t
     out["copies"] = out[column] >= copying_threshold

@@ -132,6 +132,9 @@ def test_induction_copying_heads_needs_both_halves():
     assert out["head_name"].tolist()[0] == "L1H0"
     assert out.set_index("head_name").loc["L0H0", "prefix_matching"]
     assert not out.set_index("head_name").loc["L0H0", "copies"]
+    assert "null" not in out.columns
+    with_null = induction_copying_heads(scores, cop.assign(null=[0.0, 0.05, 0.1]))
+    assert with_null.set_index("head_name").loc["L0H1", "null"] == 0.05  # the control travels with its head
     with pytest.raises(HeadscopeError, match="no 'induction' rows"):
         induction_copying_heads(scores.assign(metric="sink"), cop)
 
