@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 from matplotlib.figure import Figure
 
-from headscope.timing import best_time
+from headscope.timing import best_time, fit_quadratic
 
 # ---------------------------------------------------------------------------- counted
 
@@ -148,6 +148,53 @@ def with_fit(table: pd.DataFrame, fit: dict[str, float]) -> pd.DataFrame:
     t["quadratic_seconds"] = fit["c"] * n**2
     t["quadratic_share"] = t["quadratic_seconds"] / t["fit_seconds"]
     return t
+
+
+def growth(table: pd.DataFrame) -> pd.DataFrame:
+    """How time grows with ``n``, read off the measurements without a model of the cost.
+
+    Per row (from the second on): ``n_ratio`` and ``time_ratio`` against the previous row, and the
+    local exponent ``slope = log(time_ratio) / log(n_ratio)`` (1: linear, 2: quadratic).
+
+    >>> growth(pd.DataFrame({"n": [10, 20, 40], "seconds": [1.0, 2.0, 8.0]}))["slope"].tolist()
+    [nan, 1.0, 2.0]
+    """
+    t = table[["n", "seconds"]].astype(float).reset_index(drop=True)
+    out = table.reset_index(drop=True).copy()
+    out["n_ratio"] = t["n"] / t["n"].shift()
+    out["time_ratio"] = t["seconds"] / t["seconds"].shift()
+    out["slope"] = np.log(out["time_ratio"]) / np.log(out["n_ratio"])
+    return out
+
+
+def fit_spread(n: Sequence[float], seconds: Sequence[float]) -> dict[str, float]:
+    """How far to trust the ``a + b n + c n^2`` split of measured times.
+
+    Fits all points (:func:`~headscope.timing.fit_quadratic`), then again leaving each point out in
+    turn, and reports at the largest ``n``: the quadratic term's share of the fitted time (``share``)
+    and its range over the leave-one-out fits (``share_min``, ``share_max``), plus the full fit's
+    largest relative residual ``max_residual = max |fit / measured - 1|``. Needs 4 points or more.
+
+    >>> n = [100, 200, 400, 800]
+    >>> f = fit_spread(n, [1 + 0.01 * x + 1e-5 * x * x for x in n])      # exactly quadratic
+    >>> round(f["share"], 4), round(f["share_min"], 4), round(f["share_max"], 4), round(f["max_residual"], 6)
+    (0.4156, 0.4156, 0.4156, 0.0)
+    """
+    x = np.asarray(n, dtype=np.float64)  # [point]
+    y = np.asarray(seconds, dtype=np.float64)  # [point]
+    if len(x) < 4:
+        raise ValueError(f"fit_spread needs at least 4 points (3 coefficients and one to leave out); got {len(x)}.")
+    top = x.max()
+
+    def share(fit):
+        total = fit["a"] + fit["b"] * top + fit["c"] * top**2
+        return float(fit["c"] * top**2 / total) if total > 0 else math.nan
+
+    full = fit_quadratic(x, y)
+    pred = full["a"] + full["b"] * x + full["c"] * x**2  # [point]
+    loo = [share(fit_quadratic(np.delete(x, i), np.delete(y, i))) for i in range(len(x))]
+    return {"share": share(full), "share_min": float(np.min(loo)), "share_max": float(np.max(loo)),
+            "max_residual": float(np.max(np.abs(pred / y - 1))), "n": float(top)}
 
 
 def timing_figure(panels: Sequence[tuple[str, pd.DataFrame, dict[str, float]]], title: str) -> Figure:

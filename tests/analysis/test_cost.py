@@ -8,7 +8,9 @@ import pytest
 
 from headscope.analysis.cost import (
     cost_table,
+    fit_spread,
     format_bytes,
+    growth,
     time_one_layer,
     time_scan,
     timing_figure,
@@ -104,3 +106,27 @@ def test_timing_helpers_smollm2(smollm2):
     assert t["n"].tolist() == [9, 17] and (t["seconds"] > 0).all()
     t = time_one_layer(smollm2, [16, 32], repeats=1)
     assert t["n"].tolist() == [16, 32] and (t["seconds"] > 0).all()
+
+
+def test_growth_reads_exponents_off_the_measurements():
+    table = pd.DataFrame({"n": [100, 200, 400, 800], "seconds": [1.0, 2.0, 8.0, 16.0]})
+    g = growth(table)
+    assert np.isnan(g["slope"].iloc[0])
+    np.testing.assert_allclose(g["slope"].iloc[1:], [1.0, 2.0, 1.0])
+    np.testing.assert_allclose(g["time_ratio"].iloc[1:], [2.0, 4.0, 2.0])
+    assert list(g["n"]) == [100, 200, 400, 800]  # the input's columns are kept
+
+
+def test_fit_spread_is_tight_on_a_clean_quadratic_and_wide_on_noise():
+    n = np.array([65, 129, 257, 513, 1025, 1537, 2047], dtype=float)
+    clean = 0.1 + 3e-3 * n + 2e-6 * n**2
+    f = fit_spread(n, clean)
+    share = 2e-6 * 2047**2 / (0.1 + 3e-3 * 2047 + 2e-6 * 2047**2)
+    assert f["share"] == pytest.approx(share, rel=1e-6)
+    assert f["share_max"] - f["share_min"] < 1e-6 and f["max_residual"] < 1e-9
+    noisy = clean * np.array([1.0, 1.0, 1.0, 1.0, 1.25, 1.0, 0.9])  # one slow and one fast run
+    g = fit_spread(n, noisy)
+    assert g["max_residual"] > 0.05
+    assert g["share_max"] - g["share_min"] > 0.05  # leaving a point out moves the split
+    with pytest.raises(ValueError, match="at least 4 points"):
+        fit_spread(n[:3], clean[:3])
