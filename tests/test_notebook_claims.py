@@ -1,0 +1,88 @@
+"""The saved report notebooks: executed in full, without errors, and saying only what their outputs show.
+
+Reads the committed ``analyses/*.ipynb`` as JSON (no kernel, no model): the outputs are those of
+the full run the prose was written from. The checker itself (``tests/notebook_claims.py``) is tested
+on hand-built notebooks first, so that a test of the real notebooks passing means something.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.notebook_claims import outputs_text, unsupported_claims
+
+ANALYSES = Path(__file__).resolve().parent.parent / "analyses"
+NOTEBOOKS = sorted(ANALYSES.glob("*.ipynb"))
+
+
+def _nb(markdown: str, printed: str) -> dict:
+    return {"cells": [
+        {"cell_type": "code", "source": "print(...)",
+         "outputs": [{"output_type": "stream", "name": "stdout", "text": printed}]},
+        {"cell_type": "markdown", "source": markdown},
+    ]}
+
+
+def test_a_number_no_output_shows_is_reported():
+    problems = unsupported_claims(_nb("Layer 0 puts 0.096 on [SEP].", "layer 0: 0.0731\n"))
+    assert problems == ["cell 1: 0.096 matches no number in any output"]
+
+
+def test_a_number_is_matched_at_the_decimals_the_prose_gives():
+    assert unsupported_claims(_nb("L18H6 scores 0.88 and 0.880.", "L18H6  0.87951\n")) == []
+    assert unsupported_claims(_nb("It scores 0.87.", "0.87951\n")) == ["cell 1: 0.87 matches no number in any output"]
+
+
+def test_signs_thousands_and_html_tables_count_as_outputs():
+    nb = _nb("A loss of −10.9 nats; 49,152.0 tokens; 0.25 in a table.", "loss -10.86 over 49,152.0\n")
+    nb["cells"][0]["outputs"].append({"output_type": "execute_result", "data": {"text/html": "<td>0.250</td>"}})
+    assert unsupported_claims(nb) == []
+
+
+def test_a_head_name_no_output_shows_is_reported():
+    assert unsupported_claims(_nb("Top heads: L18H6 and L3H2.", "L18H6 0.880\n")) == ["cell 1: L3H2 appears in no output"]
+
+
+def test_a_percentage_matches_a_printed_share_or_percentage():
+    assert unsupported_claims(_nb("12.5% of heads", "share 0.125\n")) == []
+    assert unsupported_claims(_nb("12.5% of heads", "12.5%\n")) == []
+    assert unsupported_claims(_nb("13.5% of heads", "share 0.125\n")) == ["cell 1: 13.5 matches no number in any output"]
+
+
+def test_latex_and_integers_are_not_claims():
+    assert unsupported_claims(_nb("With $\\sqrt{d_k} = 11.3$ and 64 sequences of 128 tokens.", "nothing\n")) == []
+
+
+def test_the_source_of_a_code_cell_is_not_an_output():
+    nb = _nb("The threshold 0.35.", "done\n")
+    nb["cells"][0]["source"] = "THRESHOLD = 0.35"
+    assert unsupported_claims(nb) == ["cell 1: 0.35 matches no number in any output"]
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS, f"no notebooks in {ANALYSES}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_saved_notebook_is_a_full_run_without_errors(path: Path):
+    nb = json.loads(path.read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert all(c.get("outputs") is not None for c in code)
+    unexecuted = [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and c.get("execution_count") is None]
+    assert not unexecuted, f"{path.name}: code cells {unexecuted} were not executed"
+    counts = [c["execution_count"] for c in code]
+    assert counts == list(range(1, len(code) + 1)), f"{path.name}: not executed top to bottom in one kernel: {counts}"
+    errors = [o for c in code for o in c["outputs"] if o["output_type"] == "error"]
+    assert not errors, f"{path.name}: saved with an error output: {errors[0].get('ename')}"
+    shown = outputs_text(nb)
+    assert "full run" in shown or "FAST=False" in shown, f"{path.name}: outputs do not say they are a full run"
+    assert "fast mode" not in shown and "FAST=True" not in shown, f"{path.name}: saved from a fast-mode run"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_saved_notebook_prose_quotes_only_its_outputs(path: Path):
+    problems = unsupported_claims(json.loads(path.read_text()))
+    assert not problems, f"{path.name}:\n" + "\n".join(problems)
