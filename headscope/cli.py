@@ -58,7 +58,7 @@ def main() -> None:
 @click.argument("model_name", metavar="MODEL")
 @click.option("--out", "out", type=click.Path(file_okay=True, dir_okay=True), default=None,
               help="Run directory to write. [default: runs/<model>]")
-@click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True, help="Seed of the repeat probe.")
+@click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True, help="Seed of the repeat probe, its positional null and the bootstrap.")
 @click.option("--batch-size", type=int, default=DEFAULTS.batch_size,
               help="Sequences per forward pass. [default: auto, from the length and free memory]")
 @click.option("--n-prompts", type=int, default=DEFAULTS.n_prompts, show_default=True,

@@ -60,8 +60,9 @@ def plot(run_dir, out) -> None:
 def compare(run_dirs, out, top) -> None:
     """Put saved runs (different models, or seeds) side by side.
 
-    Prints, per metric and run, the max and mean head score, the labelled heads and chance, and,
-    when every run has the same layers x heads, the heads that differ most. Writes compare.csv,
+    Prints, per metric and run, the top head and its own score, the max and mean head score, the
+    labelled heads and chance, and, when every run has the same layers x heads, the heads that
+    differ most (* marks a difference beyond the runs' bootstrap intervals). Writes compare.csv,
     distributions.png and, for runs of one shape, head_diffs.csv (+ difference.png for two runs).
     """
     from headscope.compare import compare_dirs

@@ -27,7 +27,7 @@ class ScanConfig:
 
     n_prompts: int = 64  # sequences per probe: text pairs from the corpus, and repeat sequences
     repeat_len: int = 50  # L of the repeat probe BOS + R + R
-    seed: int = 0  # seed of the repeat probe's generator
+    seed: int = 0  # seeds the repeat probe, its positional null and the bootstrap
     seq_len: int | None = None  # every sequence this many tokens (text packed, R as long as fits)
     prompts: str | None = None  # segment pairs file; None = the built-in corpus
     text_join: str = "plain"  # how a pair becomes one sequence: "plain" or "chat" (an instruct model's turns)

@@ -97,12 +97,3 @@ def passes_fn(info, threshold: float | None = None) -> Callable[[Tensor], Tensor
         return None
     t = info.threshold if threshold is None else threshold
     return (lambda s: s <= t) if info.below else (lambda s: s >= t)
-
-
-def differ(a_low: float, a_high: float, b_low: float, b_high: float) -> bool:
-    """Whether two intervals do not overlap (two runs differ beyond their intervals).
-
-    >>> differ(0.1, 0.2, 0.3, 0.4), differ(0.1, 0.35, 0.3, 0.4)
-    (True, False)
-    """
-    return bool(a_high < b_low or b_high < a_low)
