@@ -9,10 +9,12 @@ passes its threshold, else empty. Wide ``layer x head`` matrices are a ``pivot``
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pandas as pd
 
 from headscope.catalog import check_score_name, describe, is_below
+from headscope.probes import NULL_PROBE
 from headscope.result import COLUMNS, fmt, head_name
 from headscope.uncertainty import STABLE
 
@@ -246,18 +248,29 @@ def effects_markdown(scores: pd.DataFrame, md: dict, k: int = 10) -> list[str]:
     return lines
 
 
+def written_names(out) -> list[str]:
+    """The files of a run directory, in a line: tables and records by name, figures as ``*.png``."""
+    names = sorted(p.name for p in Path(out).iterdir() if p.is_file()) if Path(out).is_dir() else []
+    order = ["scores.csv", "metadata.json", "tokens.jsonl", "controls.jsonl", "summary.md"]
+    first = [n for n in order if n in names]
+    rest = [n for n in names if n not in order and not n.endswith(".png")]
+    return first + rest + (["*.png"] if any(n.endswith(".png") for n in names) else [])
+
+
 def console_summary(result, out=None, figures: bool = True) -> str:
     """What ``headscope scan`` prints on stdout: the model's shape, the summary table, why a metric
     is NaN, and what was written."""
     meta, scores = result.metadata, result.scores
+    scored = sum(len(p) for p in result.probes if p.name != NULL_PROBE)
+    controls = sum(len(p) for p in result.probes if p.name == NULL_PROBE)
     lines = [f"{meta.get('model', result.model_name)}: {meta.get('n_layers', '?')} layers x "
              f"{meta.get('n_heads', '?')} heads ({'causal' if meta.get('causal', True) else 'bidirectional'}), "
-             f"{sum(len(p) for p in result.probes)} sequences",
+             f"{scored} sequences" + (f" (+ {controls} positional-null controls)" if controls else ""),
              summary_table(scores)]
     for name in scores["metric"].unique():
         m = describe(name)
         if m is not None and m.nan_reason and scores.loc[scores.metric == name, "score"].isna().all():
             lines.append(f"{name} is NaN: {m.nan_reason}")
     if out is not None:
-        lines.append(f"wrote {out}/ (scores.csv, metadata.json, tokens.jsonl, summary.md{', *.png' if figures else ''})")
+        lines.append(f"wrote {out}/ ({', '.join(written_names(out))})")
     return "\n".join(lines)

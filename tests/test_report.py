@@ -207,3 +207,22 @@ def test_summary_markdown_nan_without_a_registered_reason():
     lines = summary_markdown(r).splitlines()
     assert "- `separator` is NaN: no qualifying queries." in lines
     assert "| separator | NaN | NaN |" in lines
+
+
+def test_console_summary_counts_scored_sequences_apart_from_controls_and_lists_what_was_written(tmp_path):
+    from headscope.probes import NULL_PROBE
+    from headscope.report import console_summary
+    from headscope.result import Probe
+
+    r = result()
+    r.probes = [Probe("text", [[1, 2, 3]] * 4), Probe("repeat", [[1, 2, 1, 2]] * 3, repeat_len=2),
+                Probe(NULL_PROBE, [[1, 2, 3, 4]] * 3, repeat_len=2)]
+    for name in ["scores.csv", "metadata.json", "tokens.jsonl", "controls.jsonl", "summary.md", "per_sequence.npz",
+                 "sink.png", "summary.png"]:
+        (tmp_path / name).write_text("x")
+    text = console_summary(r, tmp_path)
+    assert "7 sequences (+ 3 positional-null controls)" in text.splitlines()[0]
+    assert text.splitlines()[-1] == (f"wrote {tmp_path}/ (scores.csv, metadata.json, tokens.jsonl, controls.jsonl, "
+                                      "summary.md, per_sequence.npz, *.png)")
+    r.probes = r.probes[:2]
+    assert console_summary(r).splitlines()[0].endswith(", 7 sequences")
