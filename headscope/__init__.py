@@ -28,7 +28,7 @@ imports inside functions; ``../shared/tools/import_cycles.py`` checks)::
     circuits/                           copying through the OV circuit, value-weighted sinks
     catalog                             every score name a table may hold, and what it means
     config                              a scan's settings and their checks
-    report, plots                       tables, labels, summaries; figures (never the model)
+    report, plots, html_report          tables, labels, summaries; figures; report.html (never the model)
     rundir                              the run directory: atomic, --force rules, signals, load
     runner, compare, views, scoring     a whole scan; runs side by side; one head; your own pattern tensors
     analysis/                           the report notebooks' helpers
@@ -87,6 +87,25 @@ def __getattr__(name: str):
         globals()[name] = value
         return value
     raise AttributeError(f"module 'headscope' has no attribute '{name}'")
+
+
+def _scan_result_html(result) -> str:
+    return import_module("headscope.html_report").summary_html(result)
+
+
+def _register_notebook_display() -> None:
+    """In a running IPython (a notebook), show a ScanResult as an HTML summary, not a dataclass dump."""
+    import sys
+
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    if shell is not None and hasattr(shell, "display_formatter"):
+        html = shell.display_formatter.formatters.get("text/html")
+        if html is not None:
+            html.for_type_by_name("headscope.result", "ScanResult", _scan_result_html)
+
+
+_register_notebook_display()
 
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -176,10 +176,11 @@ def engines() -> None:
         click.echo(f"{name:<8} {get_engine(name).summary}")
 
 
-from headscope.cli_views import compare, plot, show  # noqa: E402 - registered after the group exists
+from headscope.cli_views import compare, plot, report, show  # noqa: E402 - registered after the group exists
 
 main.add_command(show)
 main.add_command(plot)
+main.add_command(report)
 main.add_command(compare)
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,5 +1,5 @@
-"""``headscope show``, ``plot`` and ``compare``: wiring only (the work and every check are in
-views.py, rundir.py and compare.py).
+"""``headscope show``, ``plot``, ``report`` and ``compare``: wiring only (the work and every check
+are in views.py, rundir.py, html_report.py and compare.py).
 
 Standalone click commands, registered on the main group with ``main.add_command(...)``; the group
 turns :class:`~headscope.errors.HeadscopeError` into one line on stderr and exit code 2. Paths
@@ -49,6 +49,18 @@ def plot(run_dir, out) -> None:
 
     for path in redraw(run_dir, out):
         click.echo(str(path))
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path())
+@click.option("--out", type=click.Path(), default=None, help="The page to write. [default: RUN_DIR/report.html]")
+@click.option("--figures/--no-figures", default=None,
+              help="Draw the heatmaps into the page. [default: as the run has them]")
+def report(run_dir, out, figures) -> None:
+    """Rebuild a saved run's report.html, one self-contained page (no model is loaded)."""
+    from headscope.rundir import rebuild_report
+
+    click.echo(str(rebuild_report(run_dir, out, figures)))
 
 
 @click.command()

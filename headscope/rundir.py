@@ -247,10 +247,11 @@ def save_run(result: ScanResult, out: str | Path, force: bool = False, figures: 
                     timings = dict(result.metadata.get("timings", {}), write_s=round(time.perf_counter() - t0, 3))
                     if started is not None:
                         timings["total_s"] = round(time.perf_counter() - started, 3)
-                    files = sorted([p.name for p in tmp.iterdir()] + ["metadata.json"])
+                    files = sorted([p.name for p in tmp.iterdir()] + ["metadata.json", REPORT])
                     meta = result.metadata | {"run_format": RUN_FORMAT, "thresholds": result.thresholds,
                                               "timings": timings, "files": files}
                     (tmp / "metadata.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+                    _write_report(tmp, tmp / REPORT, figures)  # from the files as saved: a rebuild is the same page
                     os.chmod(tmp, 0o755)  # mkdtemp makes it private; a run directory is an ordinary folder
                 _publish(tmp, out, force)
                 tmp, published = None, True
@@ -329,6 +330,43 @@ def _write(result: ScanResult, tmp: Path, figures: bool) -> None:
 
         save_figures(result.scores, tmp, n_sequences={p.name: len(p) for p in result.probes},
                      thresholds=result.thresholds)
+
+
+REPORT = "report.html"
+
+
+def _write_report(run_dir: Path, path: Path, figures: bool) -> None:
+    from headscope.html_report import report_html
+
+    path.write_text(report_html(load_run(run_dir), figures=figures), encoding="utf-8")
+
+
+def rebuild_report(run_dir: str | Path, out: str | Path | None = None, figures: bool | None = None) -> Path:
+    """``headscope report``: write a saved run's ``report.html`` again from its files, without the model.
+
+    ``out`` defaults to ``RUN_DIR/report.html``; elsewhere, a file of that name is replaced only if
+    headscope wrote it (:mod:`headscope.outputs`). ``figures`` defaults to what the run has (its
+    PNGs), so the page is the one the scan wrote."""
+    from headscope.html_report import report_html
+    from headscope.outputs import check_replaceable, write_atomic
+
+    run = load_run(run_dir)  # one line when run_dir is not a run
+    target = Path(out) if out is not None else Path(run_dir) / REPORT
+    if target.suffix.lower() not in (".html", ".htm"):
+        raise HeadscopeError(f"--out '{target}' must name an .html file, e.g. {target.with_suffix('.html')}.")
+    if target.is_dir():
+        raise HeadscopeError(f"--out '{target}' is a directory; name the page to write, e.g. {target / REPORT}.")
+    if not target.parent.is_dir():
+        raise HeadscopeError(f"--out '{target}': folder '{target.parent}' does not exist; create it or choose another --out.")
+    if target.resolve() != (Path(run_dir) / REPORT).resolve():
+        check_replaceable([target])
+    if figures is None:
+        figures = any(name.endswith(".png") for name in run.metadata.get("files", []))
+    page = report_html(run, figures=figures)
+    try:
+        return write_atomic(target, lambda tmp: tmp.write_text(page, encoding="utf-8"))
+    except OSError as exc:
+        raise HeadscopeError(f"Cannot write '{target}' ({exc.strerror or exc}); choose another --out.") from None
 
 
 def _publish(tmp: Path, out: Path, force: bool) -> None:

@@ -1,0 +1,181 @@
+"""report.html: one self-contained page per run, rebuilt from the saved files alone; the notebook
+summary of a scan result; ``headscope report``'s refusals; and the page in a real headless browser."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+from matplotlib.image import imread
+
+import headscope
+from headscope.cli import _Group
+from headscope.cli_views import report
+from headscope.html_report import report_html, summary_html
+from headscope.rundir import REPORT, load_run, rebuild_report
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_gpt2, tiny_bert, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("report-runs")
+    out = {}
+    for name, model, figures in [("gpt2", tiny_gpt2, True), ("bert", tiny_bert, False)]:
+        result = headscope.scan(model, headscope.default_probes(model, n_prompts=4, repeat_len=8))
+        out[name] = headscope.save_run(result, root / name, figures=figures)
+    return out
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    def refuse(*_a, **_k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr("headscope.models.load_model", refuse)
+
+
+def _urls(page: str) -> list[str]:
+    return re.findall(r'(?:src|href)\s*=\s*"([^"]*)"', page)
+
+
+def test_every_run_directory_has_its_page_and_metadata_lists_it(runs):
+    for run in runs.values():
+        assert (run / REPORT).is_file()
+        assert REPORT in load_run(run).metadata["files"]
+
+
+def test_the_page_is_self_contained_and_shows_the_run(runs):
+    page = (runs["gpt2"] / REPORT).read_text()
+    run = load_run(runs["gpt2"])
+    assert page.startswith("<!DOCTYPE html>") and '<meta name="generator" content="headscope">' in page
+    assert "<script" not in page and "@import" not in page and "url(" not in page
+    urls = _urls(page)
+    assert urls and all(u.startswith(("data:image/png;base64,", "#m-")) for u in urls), urls
+    for metric in run.scores["metric"].unique():  # a section per behaviour, linked from the top
+        assert f'id="m-{metric}"' in page and f'href="#m-{metric}"' in page
+    measured = run.scores.groupby("metric")["score"].apply(lambda s: s.notna().any()).sum()
+    assert page.count("data:image/png") == measured + 1  # a heatmap per measured behaviour + the threshold sweep
+    top = headscope.top_heads(run.scores, "previous_token", 1).iloc[0]
+    assert f"<td>{top.head_name}</td>" in page and f"{top.score:.3f}" in page
+    assert f"[{top.ci_low:.3f}, {top.ci_high:.3f}]" in page  # the interval beside the score
+    assert f"<h1>headscope scan: {run.model_name}</h1>" in page
+
+
+def test_a_causal_model_page_says_why_next_token_is_nan(runs):
+    page = (runs["gpt2"] / REPORT).read_text()
+    section = page[page.index('id="m-next_token"'):page.index('id="m-sink"')]
+    assert "NaN for every head" in section and "causal" in section and "<img" not in section
+
+
+def test_a_run_without_figures_gets_a_page_of_tables(runs):
+    page = (runs["bert"] / REPORT).read_text()
+    assert "data:image" not in page and "built without figures" in page and "<table>" in page
+
+
+def test_rebuilding_needs_no_model_and_gives_the_same_page(runs, tmp_path, no_model):
+    for run in runs.values():
+        again = rebuild_report(run, tmp_path / f"{run.name}.html")
+        assert again.read_bytes() == (run / REPORT).read_bytes()
+    assert rebuild_report(runs["gpt2"]) == runs["gpt2"] / REPORT  # in place, its own page replaced
+
+
+def test_page_text_is_escaped():
+    import pandas as pd
+
+    from headscope.result import ScanResult
+
+    scores = pd.DataFrame({"model": "<b>m</b>", "metric": "sink", "probe": "text", "layer": [0], "head": [0],
+                           "head_name": ["L0H0"], "score": [0.9], "chance": [0.1], "n": [3], "label": ["sink head"]})
+    page = report_html(ScanResult("<script>x</script>", scores, probes=[]), figures=False)
+    assert "<script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
+
+
+def test_a_scan_result_shows_itself_as_html_in_a_notebook(tiny_gpt2):
+    pytest.importorskip("IPython")
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    headscope._register_notebook_display()
+    result = headscope.scan(tiny_gpt2, headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4))
+    data, _ = shell.display_formatter.format(result)
+    assert data["text/html"] == summary_html(result)
+    assert "previous_token" in data["text/html"] and "ScanResult(" not in data["text/html"]
+
+
+# ------------------------------------------------------------------------------ the command
+
+
+@pytest.fixture(scope="module")
+def cli():
+    group = click.group(cls=_Group)(lambda: None)
+    group.add_command(report)
+    return group
+
+
+def _invoke(cli, *args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def _one_line(result) -> str:
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("headscope: error: "), result.stderr
+    return lines[0]
+
+
+def test_report_command_writes_the_page(cli, runs, tmp_path, no_model):
+    result = _invoke(cli, "report", runs["gpt2"], "--out", tmp_path / "page.html")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == str(tmp_path / "page.html")
+    assert (tmp_path / "page.html").read_bytes() == (runs["gpt2"] / REPORT).read_bytes()
+
+
+def test_report_refusals_leave_nothing_behind(cli, runs, tmp_path):
+    assert "is not a headscope run directory" in _one_line(_invoke(cli, "report", tmp_path))
+    assert "does not exist" in _one_line(_invoke(cli, "report", tmp_path / "nope"))
+    mine = tmp_path / "notes.html"
+    mine.write_text("<html>my notes</html>")
+    assert "headscope did not write" in _one_line(_invoke(cli, "report", runs["gpt2"], "--out", mine))
+    assert mine.read_text() == "<html>my notes</html>"
+    assert "must name an .html file" in _one_line(_invoke(cli, "report", runs["gpt2"], "--out", tmp_path / "x.png"))
+    assert "does not exist" in _one_line(_invoke(cli, "report", runs["gpt2"], "--out", tmp_path / "no" / "x.html"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.html"]
+
+
+def test_report_to_an_unwritable_place_is_one_line(cli, runs, tmp_path, monkeypatch):
+    def denied(path, write):  # what the OS says for a read-only folder (root would not be refused)
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr("headscope.outputs.write_atomic", denied)
+    line = _one_line(_invoke(cli, "report", runs["gpt2"], "--out", tmp_path / "x.html"))
+    assert line.endswith(f"Cannot write '{tmp_path / 'x.html'}' (Permission denied); choose another --out.")
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------ a real browser
+
+
+def test_the_page_opens_in_headless_chromium(runs, tmp_path):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium), so the page was not opened "
+                    "in a real browser; the static checks above still ran")
+    page = runs["gpt2"] / REPORT
+    shot = tmp_path / "shot.png"
+    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+             "--disable-background-networking", "--enable-logging=stderr", "--v=0"]
+    dom = subprocess.run(flags + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert "headscope scan:" in dom.stdout and 'id="m-induction"' in dom.stdout  # loaded and parsed
+    assert "CONSOLE" not in dom.stderr and "Uncaught" not in dom.stderr, dom.stderr[-2000:]
+    assert not [u for u in _urls(dom.stdout) if u.startswith(("http:", "https:", "//"))]
+    run = subprocess.run(flags + [f"--screenshot={shot}", "--window-size=1100,1400", page.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and shot.is_file(), run.stderr[-2000:]
+    pixels = imread(shot)[..., :3]
+    ink = (pixels.mean(-1) < 0.9).mean()  # share of pixels that are not (near) white
+    assert ink > 0.02 and pixels.std() > 0.05, f"the screenshot looks blank (ink {ink:.3f})"
