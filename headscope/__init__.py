@@ -28,7 +28,8 @@ imports inside functions; ``../shared/tools/import_cycles.py`` checks)::
     circuits/                           copying through the OV circuit, value-weighted sinks
     catalog                             every score name a table may hold, and what it means
     config                              a scan's settings and their checks
-    report, plots, html_report          tables, labels, summaries; figures; report.html (never the model)
+    report, plots                       tables, labels, summaries; figures (never the model)
+    html_report                         report.html: a run on one page (never the model)
     rundir                              the run directory: atomic, --force rules, signals, load
     runner, compare, views, scoring     a whole scan; runs side by side; one head; your own pattern tensors
     analysis/                           the report notebooks' helpers

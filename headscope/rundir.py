@@ -36,7 +36,7 @@ from headscope.result import COLUMNS, FLOAT_FORMAT, METRIC_NAME, RUN_FORMAT, Pro
 
 #: What every run directory holds besides one ``<metric>.png`` per metric.
 RUN_FILES = ("scores.csv", "scores.parquet", "metadata.json", "tokens.jsonl", "summary.md", "summary.png",
-             "per_sequence.npz", "thresholds.png", "controls.jsonl")
+             "per_sequence.npz", "thresholds.png", "controls.jsonl", "report.html")
 
 
 # ------------------------------------------------------------------------------ signals

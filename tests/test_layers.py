@@ -21,6 +21,7 @@ LAYERS = [  # top to bottom, as the package docstring draws them
     ["catalog"],
     ["config"],
     ["report", "plots"],
+    ["html_report"],
     ["rundir"],
     ["runner", "compare", "views", "scoring"],
     ["analysis"],
