@@ -1,4 +1,5 @@
-"""One head's attention pattern on one text: extract it, draw it, write it as an offline HTML page.
+"""One head's attention pattern on one text (or every head of a layer): extract it, draw it, write it
+as an offline HTML page.
 
     >>> model = headscope.load_model("smollm2-135m")                   # doctest: +SKIP
     >>> hp = head_pattern(model, "The river bank flooded", 3, 2)       # doctest: +SKIP
@@ -108,10 +109,20 @@ def parse_head(spec: str, n_layers: int | None = None, n_heads: int | None = Non
 
 def head_pattern(model, text: str, layer: int, head: int) -> HeadPattern:
     """Run ``model`` once on ``text`` and keep head ``(layer, head)``'s ``[query, key]`` pattern."""
-    import torch
-
     if not (0 <= layer < model.n_layers and 0 <= head < model.n_heads):
         parse_head(f"{layer}.{head}", model.n_layers, model.n_heads)  # raises with the valid range
+    return _patterns(model, text, layer, [head])[0]
+
+
+def layer_patterns(model, text: str, layer: int) -> list[HeadPattern]:
+    """Every head of ``layer`` on ``text``, from one forward (head 0 first)."""
+    check_layer(layer, model.n_layers)
+    return _patterns(model, text, layer, list(range(model.n_heads)))
+
+
+def _patterns(model, text: str, layer: int, heads: list[int]) -> list[HeadPattern]:
+    import torch
+
     body = model.encode(text)
     if not body:
         raise HeadscopeError("The text has no tokens; give a non-empty --text, e.g. 'The river bank flooded'.")
@@ -124,12 +135,21 @@ def head_pattern(model, text: str, layer: int, head: int) -> HeadPattern:
     kept: dict[str, np.ndarray] = {}
 
     def on_pattern(_layer: int, pattern) -> None:  # pattern: [batch=1, head, query, key]
-        kept["p"] = pattern[0, head].float().cpu().numpy().copy()  # [query, key]
+        kept["p"] = pattern[0, heads].float().cpu().numpy().copy()  # [head, query, key]
 
     model.run_patterns(tokens, mask, on_pattern, layers=[layer])
-    return HeadPattern(model=model.name, layer=layer, head=head, text=text, token_ids=list(ids),
-                       tokens=[display_token(s) for s in model.str_tokens(ids)],
-                       pattern=kept["p"], causal=model.causal)
+    labels = [display_token(s) for s in model.str_tokens(ids)]
+    return [HeadPattern(model=model.name, layer=layer, head=h, text=text, token_ids=list(ids), tokens=labels,
+                        pattern=kept["p"][i], causal=model.causal) for i, h in enumerate(heads)]
+
+
+def check_layer(layer: int, n_layers: int) -> int:
+    """A 0-based layer index, or one line naming the valid range and the nearest layer."""
+    if not 0 <= layer < n_layers:
+        nearest = min(max(layer, 0), n_layers - 1)
+        raise HeadscopeError(f"Layer {layer} is out of range: the model has layers 0..{n_layers - 1}; "
+                             f"nearest valid: {nearest}.")
+    return layer
 
 
 # ------------------------------------------------------------------------------ figure
@@ -160,6 +180,28 @@ def pattern_figure(hp: HeadPattern) -> Figure:
     return fig
 
 
+def layer_figure(hps: list[HeadPattern]) -> Figure:
+    """Every head of one layer side by side (query rows x key columns, colour 0-1, one shared scale)."""
+    n_heads, n = len(hps), len(hps[0].tokens)
+    cols = int(np.ceil(np.sqrt(n_heads)))
+    rows = int(np.ceil(n_heads / cols))
+    fig = Figure(figsize=(2.6 * cols + 1.2, 2.6 * rows + 0.6), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False)
+    im = None
+    for ax, hp in zip(axes.flat, hps, strict=False):
+        im = ax.imshow(hp.pattern, cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+        ax.set_title(hp.head_name, fontsize=9)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    for ax in list(axes.flat)[n_heads:]:
+        ax.set_axis_off()
+    kind = "causal" if hps[0].causal else "bidirectional"
+    fig.suptitle(f"{hps[0].model}: layer {hps[0].layer}, every head ({kind}, {n} tokens; rows: queries, "
+                 "columns: keys)", fontsize=10)
+    fig.colorbar(im, ax=axes, shrink=0.8, label="attention weight")
+    return fig
+
+
 # ------------------------------------------------------------------------------ html
 
 _HTML = """<!DOCTYPE html>
@@ -176,12 +218,16 @@ th { font-weight: normal; padding: 0 3px; white-space: pre; }
 th.k { writing-mode: vertical-rl; transform: rotate(180deg); text-align: left; vertical-align: bottom; }
 th.q { text-align: right; }
 th.on { background: #ffd54f; }
+#heads button { font-family: monospace; margin: 0 4px 6px 0; padding: 2px 6px; border: 1px solid #999;
+                background: #fff; cursor: pointer; }
+#heads button.sel { background: #ffd54f; }
 td.c:hover { outline: 2px solid #e53935; }
 </style></head>
 <body>
 <h3>__TITLE__</h3>
 <div>text: <code>__TEXT__</code></div>
 <div>rows: queries, columns: keys; colour 0 (dark) to 1 (yellow). Hover a cell.</div>
+<div id="heads"></div>
 <div id="readout"></div>
 <table id="grid"></table>
 <noscript>This view needs JavaScript (inline, no network access).</noscript>
@@ -189,7 +235,9 @@ td.c:hover { outline: 2px solid #e53935; }
 <script>
 (function () {
   const D = JSON.parse(document.getElementById("hs-data").textContent);
-  const T = D.tokens, P = D.pattern, n = T.length;
+  const T = D.tokens, n = T.length;
+  const PS = D.patterns || [D.pattern], NAMES = D.heads || [""];
+  let P = PS[0];
   // viridis, sampled at 10 stops
   const V = [[68,1,84],[72,40,120],[62,73,137],[49,104,142],[38,130,142],
              [31,158,137],[53,183,121],[109,205,89],[180,222,44],[253,231,37]];
@@ -206,15 +254,31 @@ td.c:hover { outline: 2px solid #e53935; }
     const th = document.createElement("th"); th.className = "k"; th.textContent = t;
     head.appendChild(th); keyCells.push(th);
   });
+  const cells = [];
   for (let q = 0; q < n; q++) {
     const row = grid.insertRow();
     const th = document.createElement("th"); th.className = "q"; th.textContent = T[q];
     row.appendChild(th); queryCells.push(th);
     for (let k = 0; k < n; k++) {
       const td = row.insertCell(); td.className = "c";
-      td.style.background = colour(P[q][k]);
-      td.dataset.q = q; td.dataset.k = k;
+      td.dataset.q = q; td.dataset.k = k; cells.push(td);
     }
+  }
+  function paint() { cells.forEach(function (td) { td.style.background = colour(P[+td.dataset.q][+td.dataset.k]); }); }
+  paint();
+  if (PS.length > 1) {
+    const bar = document.getElementById("heads"), buttons = [];
+    const select = function (h) {
+      P = PS[h]; paint(); out.textContent = NAMES[h];
+      buttons.forEach(function (b, i) { b.classList.toggle("sel", i === h); });
+    };
+    NAMES.forEach(function (name, h) {
+      const b = document.createElement("button"); b.textContent = name; buttons.push(b);
+      b.addEventListener("mouseover", function () { select(h); });
+      b.addEventListener("click", function () { select(h); });
+      bar.appendChild(b);
+    });
+    select(0);
   }
   let last = null;
   grid.addEventListener("mouseover", function (e) {
@@ -223,7 +287,7 @@ td.c:hover { outline: 2px solid #e53935; }
     if (last) { last.forEach(function (c) { c.classList.remove("on"); }); }
     last = [queryCells[q], keyCells[k]];
     last.forEach(function (c) { c.classList.add("on"); });
-    out.textContent = "query " + q + " " + JSON.stringify(T[q]) + "  ->  key " + k + " " +
+    out.textContent = (PS.length > 1 ? NAMES[PS.indexOf(P)] + "  " : "") + "query " + q + " " + JSON.stringify(T[q]) + "  ->  key " + k + " " +
       JSON.stringify(T[k]) + "  weight " + P[q][k].toFixed(4);
   });
 })();
@@ -243,16 +307,33 @@ def pattern_html(hp: HeadPattern) -> str:
             .replace("__DATA__", blob))
 
 
-def write_views(hp: HeadPattern, out: str | Path, html_view: bool = False, dpi: int = 130) -> list[Path]:
+def layer_html(hps: list[HeadPattern]) -> str:
+    """Every head of one layer in one self-contained page: hover (or click) a head's name to show
+    its pattern, hover a cell for query token, key token and weight."""
+    first = hps[0]
+    title = f"{first.model}: layer {first.layer}, every head"
+    data = {"model": first.model, "layer": first.layer, "heads": [hp.head_name for hp in hps],
+            "tokens": first.tokens, "token_ids": first.token_ids,
+            "patterns": [np.round(hp.pattern.astype(float), 6).tolist() for hp in hps]}
+    blob = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")
+    return (_HTML.replace("__GENERATOR__", HTML_GENERATOR).replace("__TITLE__", html.escape(title))
+            .replace("__TEXT__", html.escape(first.text)).replace("__DATA__", blob))
+
+
+def write_views(hp: HeadPattern | list[HeadPattern], out: str | Path, html_view: bool = False,
+                dpi: int = 130) -> list[Path]:
     """Write the figure to ``out`` (.png, .svg or .pdf) and, with ``html_view``, ``out`` as .html.
+    ``hp``: one head, or every head of a layer (:func:`layer_patterns`).
 
     An existing file is replaced only if headscope wrote it (:mod:`headscope.outputs`)."""
     out = check_figure_path(out)
     page = out.with_suffix(".html")
     check_replaceable([out] + ([page] if html_view else []))
-    paths = [save_figure(pattern_figure(hp), out, dpi)]
+    one = isinstance(hp, HeadPattern)
+    paths = [save_figure(pattern_figure(hp) if one else layer_figure(hp), out, dpi)]
     if html_view:
-        paths.append(write_atomic(page, lambda tmp: tmp.write_text(pattern_html(hp), encoding="utf-8")))
+        text = pattern_html(hp) if one else layer_html(hp)
+        paths.append(write_atomic(page, lambda tmp: tmp.write_text(text, encoding="utf-8")))
     return paths
 
 
@@ -276,6 +357,24 @@ def show_head(model, head: str, text: str = DEFAULT_TEXT, out: str | Path | None
     m = load_model(model, device=device, dtype=dtype, progress=progress)
     layer, h = parse_head(head, m.n_layers, m.n_heads)
     return write_views(head_pattern(m, text, layer, h), target, html_view=html_view)
+
+
+def show_layer(model, layer: int, text: str = DEFAULT_TEXT, out: str | Path | None = None,
+               html_view: bool = False, device: str = "auto", dtype: str | None = None, progress=None) -> list[Path]:
+    """``headscope show --layer L``: every head of layer ``layer`` in one figure (and one page with
+    ``html_view``); return the paths written. Checks that need no model come first."""
+    from headscope.models import load_model
+
+    if layer < 0:
+        raise HeadscopeError(f"Layer {layer} is negative; layers are 0-based, e.g. --layer 0.")
+    name = model if isinstance(model, str) else getattr(model, "name", "model")
+    target = check_figure_path(out if out is not None else Path(f"{model_slug(name)}-L{layer}.png"))
+    if html_view:
+        check_replaceable([target.with_suffix(".html")])
+    if not text.strip():
+        raise HeadscopeError(f"{setting('text')} is empty; give a sentence, e.g. 'The river bank flooded'.")
+    m = load_model(model, device=device, dtype=dtype, progress=progress)
+    return write_views(layer_patterns(m, text, check_layer(layer, m.n_layers)), target, html_view=html_view)
 
 
 def check_figure_path(out: str | Path) -> Path:

@@ -182,3 +182,41 @@ def test_compare_bad_input(cli, runs, tmp_path, case):
             "one": "at least two run directories, got 1", "not-a-run": "no scores.csv",
             "out-is-a-file": "exists and is not a directory"}[case] in line
     assert not (tmp_path / "cmp").exists()
+
+
+# ------------------------------------------------------------------------------ show --layer
+
+
+def test_show_layer_writes_every_head_of_the_layer(cli, tiny_gpt2, tiny_gpt2_dir, tmp_path):
+    out = tmp_path / "layer.png"
+    result = invoke(cli, "show", tiny_gpt2_dir, "--layer", "1", "--text", TEXT, "--out", out, "--html",
+                    "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [str(out), str(out.with_suffix(".html"))]
+    assert imread(out)[..., :3].std() > 0.01  # not blank
+    page = out.with_suffix(".html").read_text()
+    data = json.loads(re.search(r'id="hs-data">(.*?)</script>', page, re.S).group(1))
+    assert data["layer"] == 1 and data["heads"] == ["L1H0", "L1H1", "L1H2", "L1H3"]
+    for h in range(4):  # every head is the one-head view's pattern
+        np.testing.assert_allclose(np.array(data["patterns"][h]), head_pattern(tiny_gpt2, TEXT, 1, h).pattern, atol=1e-6)
+    assert data["tokens"] == head_pattern(tiny_gpt2, TEXT, 1, 0).tokens
+
+
+def test_show_layer_default_path_and_refusals(cli, tiny_gpt2_dir, tmp_path, monkeypatch, no_model):
+    line = one_error_line(invoke(cli, "show", "smollm2-135m"))
+    assert "Give exactly one of --head L.H (one head) or --layer L" in line
+    line = one_error_line(invoke(cli, "show", "smollm2-135m", "--head", "1.1", "--layer", "1"))
+    assert "Give exactly one of" in line
+    assert "Layer -1 is negative" in one_error_line(invoke(cli, "show", "smollm2-135m", "--layer", "-1"))
+    assert "must end in .png" in one_error_line(invoke(cli, "show", "smollm2-135m", "--layer", "1", "--out",
+                                                       tmp_path / "x.jpg"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_show_layer_out_of_range_names_the_layers(cli, tiny_gpt2_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    line = one_error_line(invoke(cli, "show", tiny_gpt2_dir, "--layer", "7", "--device", "cpu"))
+    assert line.endswith("Layer 7 is out of range: the model has layers 0..1; nearest valid: 1.")
+    assert list(tmp_path.iterdir()) == []
+    result = invoke(cli, "show", tiny_gpt2_dir, "--layer", "0", "--device", "cpu")
+    assert result.exit_code == 0 and result.stdout.strip() == f"{Path(tiny_gpt2_dir).name}-L0.png"

@@ -179,3 +179,30 @@ def test_the_page_opens_in_headless_chromium(runs, tmp_path):
     pixels = imread(shot)[..., :3]
     ink = (pixels.mean(-1) < 0.9).mean()  # share of pixels that are not (near) white
     assert ink > 0.02 and pixels.std() > 0.05, f"the screenshot looks blank (ink {ink:.3f})"
+
+
+def test_the_layer_view_runs_in_headless_chromium(tiny_gpt2, tmp_path):
+    from headscope.views import layer_html, layer_patterns
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium), so the layer view's script was "
+                    "not run in a real browser")
+    page = tmp_path / "layer.html"
+    page.write_text(layer_html(layer_patterns(tiny_gpt2, "The river bank flooded.", 1)), encoding="utf-8")
+    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+             "--disable-background-networking", "--enable-logging=stderr", "--v=0"]
+    dom = subprocess.run(flags + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert "Uncaught" not in dom.stderr and "CONSOLE" not in dom.stderr, dom.stderr[-2000:]
+    buttons = re.findall(r"<button[^>]*>(L\d+H\d+)</button>", dom.stdout)
+    assert buttons == ["L1H0", "L1H1", "L1H2", "L1H3"]  # the script ran and drew a button per head
+    assert 'class="sel"' in dom.stdout and len(re.findall(r'<td class="c"[^>]*background: rgb', dom.stdout)) > 0
+    assert not [u for u in _urls(dom.stdout) if u.startswith(("http:", "https:", "//"))]
+    from headscope.views import head_pattern, pattern_html
+
+    page.write_text(pattern_html(head_pattern(tiny_gpt2, "The river bank flooded.", 1, 2)), encoding="utf-8")
+    dom = subprocess.run(flags + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0 and "Uncaught" not in dom.stderr, dom.stderr[-2000:]
+    assert "<button" not in dom.stdout  # one head: no head bar
+    assert len(re.findall(r'<td class="c"[^>]*background: rgb', dom.stdout)) > 0  # the one-head page still paints
