@@ -24,7 +24,7 @@ imports inside functions; ``../shared/tools/import_cycles.py`` checks)::
     models, kernels                     the ONE module that knows transformers / transformer-lens; the C++ kernel
     engines/                            fused, blocked, hooks behind a registry
     extract                             streaming per-head sums
-    effects/                            causal effects: exact ablation, attribution patching
+    effects/, examples                  causal effects: exact ablation, attribution patching; the top heads' example patterns
     circuits/                           copying through the OV circuit, value-weighted sinks
     catalog                             every score name a table may hold, and what it means
     config                              a scan's settings and their checks

@@ -1,18 +1,17 @@
 """One page per run: ``report.html``, a self-contained file a person opens from disk and shares.
 
-Everything the page shows is inside it: styles inline, figures as ``data:`` PNGs, no script, no
-link, no font or image fetched from anywhere, so it opens offline and looks the same everywhere. It
-is drawn from the run's table and metadata alone (never the model), so ``headscope report RUN_DIR``
-rebuilds the same page from a saved run.
+Everything the page shows is inside it: styles and its one script inline, figures as ``data:`` PNGs,
+no link, no font, image or script fetched from anywhere, so it opens offline and looks the same
+everywhere. It is drawn from the run's saved files alone (never the model), so ``headscope report
+RUN_DIR`` rebuilds the same page from a saved run.
 
 What it holds, top to bottom: the model (source, sha256), the scan's settings and timings; the
 headline findings; for every behaviour its definition, heatmap and top heads with chance, interval,
 null, label stability and, when the run measured them, each head's causal effects; the labelled
-heads; the threshold sweep; what could not be measured and why. :func:`summary_html` is the short
-form a notebook shows for a scan result (``ScanResult._repr_html_``).
-
-Interactive attention views need the model and are not part of the page: the page says so, and
-``headscope show MODEL --head L.H --html`` draws one.
+heads; the threshold sweep; where the strongest heads look on one example of each probe
+(interactive: hover a head, then a cell; the patterns were kept by the scan, :mod:`headscope.examples`);
+what could not be measured and why. :func:`summary_html` is the short form a notebook shows for a
+scan result.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ import io
 import json
 import math
 
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
@@ -44,6 +44,65 @@ th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-al
 th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .muted { color: #666; } .shaky { color: #a15c00; } img { max-width: 100%; height: auto; }
 nav a { margin-right: 0.8em; } code { background: #f4f4f4; padding: 0 3px; }
+.hs-heads button { font-family: monospace; margin: 0 4px 6px 0; padding: 2px 6px; border: 1px solid #999;
+                   background: #fff; cursor: pointer; } .hs-heads button.sel { background: #ffd54f; }
+.hs-readout { font-family: monospace; min-height: 1.4em; white-space: pre; }
+table.hs-grid { border-collapse: collapse; font-family: monospace; font-size: 10px; }
+table.hs-grid td { width: 7px; height: 7px; padding: 0; border: 0; }
+table.hs-grid th { font-weight: normal; padding: 0 2px; white-space: pre; border: 0; background: none; }
+table.hs-grid th.k { writing-mode: vertical-rl; transform: rotate(180deg); text-align: left; }
+table.hs-grid th.on { background: #ffd54f; }
+"""
+
+# The views' script: decodes each example's uint16 patterns and draws one head at a time.
+_SCRIPT = """
+(function () {
+  const D = JSON.parse(document.getElementById("hs-views").textContent);
+  const V = [[68,1,84],[72,40,120],[62,73,137],[49,104,142],[38,130,142],
+             [31,158,137],[53,183,121],[109,205,89],[180,222,44],[253,231,37]];
+  function colour(w) {
+    const x = Math.min(1, Math.max(0, w)) * (V.length - 1);
+    const i = Math.min(Math.floor(x), V.length - 2), f = x - i;
+    return "rgb(" + V[i].map((a, j) => Math.round(a + (V[i + 1][j] - a) * f)).join(",") + ")";
+  }
+  D.examples.forEach(function (ex, e) {
+    const root = document.getElementById("hs-view-" + e), T = ex.tokens, n = T.length;
+    const bin = atob(ex.data), W = new Float32Array(bin.length / 2);
+    for (let i = 0; i < W.length; i++) W[i] = (bin.charCodeAt(2 * i) | (bin.charCodeAt(2 * i + 1) << 8)) / 65535;
+    const grid = root.querySelector("table.hs-grid"), out = root.querySelector(".hs-readout");
+    const top = grid.insertRow(); top.appendChild(document.createElement("th"));
+    const keys = [], queries = [], cells = [];
+    T.forEach(function (t) { const th = document.createElement("th"); th.className = "k"; th.textContent = t;
+                             top.appendChild(th); keys.push(th); });
+    for (let q = 0; q < n; q++) {
+      const row = grid.insertRow(), th = document.createElement("th");
+      th.textContent = T[q]; row.appendChild(th); queries.push(th);
+      for (let k = 0; k < n; k++) { const td = row.insertCell(); td.dataset.q = q; td.dataset.k = k; cells.push(td); }
+    }
+    let h = 0, lit = [];
+    const buttons = [];
+    function select(i) {
+      h = i; out.textContent = D.heads[i];
+      cells.forEach(function (td) { td.style.background = colour(W[(h * n + (+td.dataset.q)) * n + (+td.dataset.k)]); });
+      buttons.forEach(function (b, j) { b.classList.toggle("sel", j === i); });
+    }
+    D.heads.forEach(function (name, i) {
+      const b = document.createElement("button"); b.textContent = name; buttons.push(b);
+      b.addEventListener("mouseover", function () { select(i); });
+      b.addEventListener("click", function () { select(i); });
+      root.querySelector(".hs-heads").appendChild(b);
+    });
+    grid.addEventListener("mouseover", function (ev) {
+      const td = ev.target.closest("td"); if (!td) return;
+      const q = +td.dataset.q, k = +td.dataset.k;
+      lit.forEach(function (c) { c.classList.remove("on"); });
+      lit = [queries[q], keys[k]]; lit.forEach(function (c) { c.classList.add("on"); });
+      out.textContent = D.heads[h] + "  query " + q + " " + JSON.stringify(T[q]) + " -> key " + k + " " +
+        JSON.stringify(T[k]) + "  weight " + W[(h * n + q) * n + k].toFixed(4);
+    });
+    select(0);
+  });
+})();
 """
 
 
@@ -136,6 +195,38 @@ def _behaviour(result: ScanResult, metric: str, figures: bool, n_sequences: dict
     return "".join(parts)
 
 
+def _views(result: ScanResult) -> str:
+    """The interactive section: one grid per kept example, a button per head (empty without views)."""
+    views = result.views or {}
+    if not views.get("examples"):
+        return ""
+    scores = result.scores
+    names = []
+    for layer, head in views["heads"]:
+        tops = [m for m in scores["metric"].unique()
+                if len(top := top_heads(scores, m, 1)) and (int(top["layer"].iloc[0]), int(top["head"].iloc[0])) == (layer, head)]
+        names.append(f"L{layer}H{head}" + (f" ({', '.join(tops)})" if tops else ""))
+    data = {"heads": names, "examples": []}
+    parts = ["<h2 id=\"views\">Where the top heads look</h2>",
+             '<p class="muted">The strongest head of each labelled behaviour on the first sequence of each probe, '
+             "as the scan kept it. Hover (or click) a head, then hover a cell: rows are queries, columns keys, "
+             "colour 0 (dark) to 1 (yellow); weights are stored to 1/65535.</p>"]
+    for i, ex in enumerate(views["examples"]):
+        pattern = np.asarray(ex["pattern"], dtype=np.float64)  # [head, query, key]
+        n = pattern.shape[-1]
+        q16 = np.round(np.clip(pattern, 0.0, 1.0) * 65535).astype("<u2")
+        data["examples"].append({"tokens": list(ex["tokens"]),
+                                 "data": base64.b64encode(q16.tobytes()).decode("ascii")})
+        cut = f", the first {n} of its {ex['n_full']} tokens" if ex["n_full"] > n else f", {n} tokens"
+        parts.append(f'<h3>{_e(ex["probe"])} probe, sequence 0{_e(cut)}</h3><div id="hs-view-{i}">'
+                     '<div class="hs-heads"></div><div class="hs-readout"></div>'
+                     '<div style="overflow-x: auto"><table class="hs-grid"></table></div></div>')
+    blob = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")
+    parts.append(f'<script type="application/json" id="hs-views">{blob}</script><script>{_SCRIPT}</script>')
+    parts.append('<noscript>The views above need JavaScript (inline; nothing is fetched).</noscript>')
+    return "".join(parts)
+
+
 def report_html(result: ScanResult, figures: bool = True) -> str:
     """The whole page of a run (see the module docstring). ``figures=False``: tables only."""
     from headscope.plots import threshold_sweep
@@ -146,7 +237,8 @@ def report_html(result: ScanResult, figures: bool = True) -> str:
         name: s.get("n_sequences") for name, s in (result.metadata.get("probes") or {}).items()}
     title = f"headscope scan: {result.model_name}"
     body = [f"<h1>{_e(title)}</h1>", _kv(_settings(result)),
-            "<nav>" + "".join(f'<a href="#m-{_e(m)}">{_e(m)}</a>' for m in metrics) + "</nav>",
+            "<nav>" + "".join(f'<a href="#m-{_e(m)}">{_e(m)}</a>' for m in metrics)
+            + ('<a href="#views">where the top heads look</a>' if (result.views or {}).get("examples") else "") + "</nav>",
             "<h2>Headline findings</h2><ul>" + "".join(f"<li>{_e(s)}</li>" for s in headline(scores)) + "</ul>"]
     body += [_behaviour(result, m, figures, n_sequences) for m in metrics]
     labelled = scores[scores["label"] != ""]
@@ -161,8 +253,9 @@ def report_html(result: ScanResult, figures: bool = True) -> str:
     if figures and any(getattr(describe(m), "label", "") for m in metrics):
         body.append(f'<h2>Labels against the threshold</h2><img alt="threshold sweep" '
                     f'src="{figure_uri(threshold_sweep(scores, result.thresholds))}">')
-    body.append('<p class="muted">Interactive attention views need the model and are not part of this page: '
-                "<code>headscope show MODEL --head L.H --html</code> draws one. Scores pool over every (sequence, "
+    body.append(_views(result))
+    body.append('<p class="muted">Other heads and texts: <code>headscope show MODEL --head L.H --html</code> '
+                "(or <code>--layer L</code>) draws them with the model. Scores pool over every (sequence, "
                 "qualifying query) pair; <code>chance</code> is a head that spreads attention evenly over the keys "
                 "it can see; intervals are bootstrap percentile intervals over sequences; a stability under "
                 f"{STABLE} means the label depends on which sequences were drawn. Token ids of every scored sequence "

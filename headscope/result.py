@@ -85,6 +85,10 @@ class ScanResult:
     #: Per-sequence sums and counts of each score (what its bootstrap resampled): name ->
     #: ``{"probe": str, "total": array [sequence, layer, head], "count": array [sequence]}``.
     per_sequence: dict = field(default_factory=dict)
+    #: The strongest heads' patterns on one example of each probe, for the report
+    #: (:mod:`headscope.examples`): ``{"heads": [(layer, head)], "examples": [{"probe", "token_ids",
+    #: "n_full", "pattern" [head, query, key]}]}``; empty when not kept.
+    views: dict = field(default_factory=dict)
 
 
 def head_name(layer: int, head: int) -> str:
@@ -105,6 +109,18 @@ def model_slug(name: str) -> str:
         base = Path(name).resolve().name
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", base or name).strip("-").lstrip(".")  # never a hidden name
     return slug if slug.strip(".-") else "model"
+
+
+def display_token(s: str) -> str:
+    """A token as a label: spaces shown as ``␣``, newlines as ``↵``, other control characters escaped.
+
+    >>> display_token(" bank"), display_token("\\n"), display_token("")
+    ('␣bank', '↵', '∅')
+    """
+    if s == "":
+        return "∅"
+    s = s.replace(" ", "␣").replace("\n", "↵").replace("\r", "\\r").replace("\t", "\\t")
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in s)
 
 
 def fmt(x: float | None, digits: int = 3) -> str:

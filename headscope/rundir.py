@@ -36,7 +36,8 @@ from headscope.result import COLUMNS, FLOAT_FORMAT, METRIC_NAME, RUN_FORMAT, Pro
 
 #: What every run directory holds besides one ``<metric>.png`` per metric.
 RUN_FILES = ("scores.csv", "scores.parquet", "metadata.json", "tokens.jsonl", "summary.md", "summary.png",
-             "per_sequence.npz", "thresholds.png", "controls.jsonl", "report.html")
+             "per_sequence.npz", "thresholds.png", "controls.jsonl", "report.html", "views.npz")
+VIEWS = "views.npz"  # the strongest heads' patterns on one example per probe (headscope.examples)
 
 
 # ------------------------------------------------------------------------------ signals
@@ -324,6 +325,17 @@ def _write(result: ScanResult, tmp: Path, figures: bool) -> None:
             arrays[f"{name}.count"] = np.asarray(rec["count"], dtype=np.float64)
             arrays[f"{name}.probe"] = np.asarray(rec["probe"])
         np.savez_compressed(tmp / "per_sequence.npz", **arrays)
+    if result.views.get("examples"):  # the report's interactive views, drawn without the model
+        import numpy as np
+
+        arrays = {"heads": np.asarray(result.views["heads"], dtype=np.int64).reshape(-1, 2)}
+        for i, ex in enumerate(result.views["examples"]):
+            arrays[f"{i}.probe"] = np.asarray(ex["probe"])
+            arrays[f"{i}.token_ids"] = np.asarray(ex["token_ids"], dtype=np.int64)
+            arrays[f"{i}.tokens"] = np.asarray(ex["tokens"], dtype=str)
+            arrays[f"{i}.n_full"] = np.asarray(ex["n_full"], dtype=np.int64)
+            arrays[f"{i}.pattern"] = np.asarray(ex["pattern"], dtype=np.float32)
+        np.savez_compressed(tmp / VIEWS, **arrays)
     (tmp / "summary.md").write_text(summary_markdown(result))
     if figures:
         from headscope.plots import save_figures
@@ -476,4 +488,26 @@ def load_run(path: str | Path) -> ScanResult:
                 name, _, part = key.rpartition(".")
                 per_sequence.setdefault(name, {})[part] = str(z[key]) if part == "probe" else z[key]
     return ScanResult(model_name=str(scores["model"].iloc[0]), scores=scores, probes=list(probes.values()),
-                      metadata=meta, thresholds=meta.get("thresholds", {}), per_sequence=per_sequence)
+                      metadata=meta, thresholds=meta.get("thresholds", {}), per_sequence=per_sequence,
+                      views=_read_views(path / VIEWS))
+
+
+def _read_views(path: Path) -> dict:
+    """``views.npz`` back as :attr:`ScanResult.views` (empty when the run has none or it is unreadable)."""
+    if not path.is_file():
+        return {}
+    import numpy as np
+
+    try:
+        with np.load(path) as z:
+            heads = [(int(layer), int(head)) for layer, head in z["heads"]]
+            examples = []
+            for i in range(len(z.files)):
+                if f"{i}.pattern" not in z.files:
+                    break
+                examples.append({"probe": str(z[f"{i}.probe"]), "token_ids": z[f"{i}.token_ids"].tolist(),
+                                 "tokens": [str(t) for t in z[f"{i}.tokens"]], "n_full": int(z[f"{i}.n_full"]),
+                                 "pattern": z[f"{i}.pattern"]})
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {"heads": heads, "examples": examples}

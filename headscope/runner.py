@@ -28,6 +28,7 @@ from headscope.config import ScanConfig
 from headscope.effects import EffectSettings, check_model, head_effects
 from headscope.engines import AUTO, resolve_engine
 from headscope.errors import HeadscopeError, at_least
+from headscope.examples import example_patterns, pick_heads
 from headscope.extract import MetricScores, score_probe
 from headscope.metrics import REGISTRY, Metric, get_metric
 from headscope.models import load_model
@@ -96,6 +97,7 @@ def scan(
     ci: float = LEVEL,
     bootstrap_seed: int = 0,
     null: bool = True,
+    examples: bool = True,
 ) -> ScanResult:
     """Score every head of ``model`` for every metric; return a :class:`ScanResult`.
 
@@ -115,6 +117,8 @@ def scan(
     scores the repeat metrics again on sequences of the same length with no repetition
     (:func:`~headscope.probes.null_probe`): the ``null`` column, a control beside ``chance``;
     ``copying`` gets its own control there (another token of ``R``, :mod:`headscope.circuits.copying`).
+    ``examples`` keeps the strongest heads' patterns on the first sequence of each probe, for the
+    run's report (:mod:`headscope.examples`).
     """
     probes = list(probes) if probes is not None else default_probes(model)
     if metrics is not None and not len(metrics):
@@ -180,6 +184,14 @@ def scan(
                                  "method": "percentile interval of the pooled score over sequences resampled "
                                            "with replacement; stability = share of resamples passing the label"}
     frame = to_frame(model.name, model.n_layers, model.n_heads, ordered, thresholds, intervals, nulls or None)
+    views: dict = {}
+    if examples:
+        t0 = time.perf_counter()
+        heads = pick_heads(frame)
+        views = {"heads": heads, "examples": example_patterns(
+            model, probes, heads, engine="hooks" if eng.reads_model_attention else "blocked",
+            interventions=interventions)}
+        timings["examples_s"] = round(time.perf_counter() - t0, 3)
     return ScanResult(
         model_name=model.name,
         scores=frame,
@@ -188,6 +200,7 @@ def scan(
         thresholds={r.metric.name: thresholds.get(r.metric.name, r.metric.threshold) for r in ordered
                     if getattr(r.metric, "label", "")},
         per_sequence=per_sequence,
+        views=views,
     )
 
 

@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 
 from headscope.errors import HeadscopeError, setting
 from headscope.outputs import HTML_GENERATOR, check_replaceable, save_figure, write_atomic
-from headscope.result import head_name, model_slug
+from headscope.result import display_token, head_name, model_slug  # noqa: F401 - display_token re-exported
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 DEFAULT_TEXT = "The river bank flooded after the storm, and the path was closed."
@@ -57,18 +57,6 @@ class HeadPattern:
 def default_out_path(model_name: str, layer: int, head: int) -> Path:
     """``./{model-slug}-L{layer}H{head}.png``."""
     return Path(f"{model_slug(model_name)}-L{layer}H{head}.png")
-
-
-def display_token(s: str) -> str:
-    """A token as a label: spaces shown as ``␣``, newlines as ``↵``, other control characters escaped.
-
-    >>> display_token(" bank"), display_token("\\n"), display_token("")
-    ('␣bank', '↵', '∅')
-    """
-    if s == "":
-        return "∅"
-    s = s.replace(" ", "␣").replace("\n", "↵").replace("\r", "\\r").replace("\t", "\\t")
-    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in s)
 
 
 _HEAD_RE = re.compile(r"^\s*(?:L\s*)?(\d+)\s*(?:\.|H)\s*(\d+)\s*$", re.IGNORECASE)

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import click
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from matplotlib.image import imread
@@ -52,9 +53,9 @@ def test_the_page_is_self_contained_and_shows_the_run(runs):
     page = (runs["gpt2"] / REPORT).read_text()
     run = load_run(runs["gpt2"])
     assert page.startswith("<!DOCTYPE html>") and '<meta name="generator" content="headscope">' in page
-    assert "<script" not in page and "@import" not in page and "url(" not in page
+    assert "<script src" not in page and "@import" not in page and "url(" not in page  # scripts inline only
     urls = _urls(page)
-    assert urls and all(u.startswith(("data:image/png;base64,", "#m-")) for u in urls), urls
+    assert urls and all(u.startswith(("data:image/png;base64,", "#m-", "#views")) for u in urls), urls
     for metric in run.scores["metric"].unique():  # a section per behaviour, linked from the top
         assert f'id="m-{metric}"' in page and f'href="#m-{metric}"' in page
     measured = run.scores.groupby("metric")["score"].apply(lambda s: s.notna().any()).sum()
@@ -173,6 +174,9 @@ def test_the_page_opens_in_headless_chromium(runs, tmp_path):
     assert "headscope scan:" in dom.stdout and 'id="m-induction"' in dom.stdout  # loaded and parsed
     assert "CONSOLE" not in dom.stderr and "Uncaught" not in dom.stderr, dom.stderr[-2000:]
     assert not [u for u in _urls(dom.stdout) if u.startswith(("http:", "https:", "//"))]
+    n_heads = len(load_run(runs["gpt2"]).views["heads"])
+    assert len(re.findall(r"<button[^>]*>L\d+H\d+", dom.stdout)) == 2 * n_heads  # the script drew both views
+    assert re.search(r'<td[^>]*style="background: rgb', dom.stdout)  # and painted their cells
     run = subprocess.run(flags + [f"--screenshot={shot}", "--window-size=1100,1400", page.as_uri()],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and shot.is_file(), run.stderr[-2000:]
@@ -206,3 +210,38 @@ def test_the_layer_view_runs_in_headless_chromium(tiny_gpt2, tmp_path):
     assert dom.returncode == 0 and "Uncaught" not in dom.stderr, dom.stderr[-2000:]
     assert "<button" not in dom.stdout  # one head: no head bar
     assert len(re.findall(r'<td class="c"[^>]*background: rgb', dom.stdout)) > 0  # the one-head page still paints
+
+
+def test_the_scan_keeps_the_top_heads_patterns_and_the_page_shows_them(runs, tiny_gpt2):
+    import torch
+
+    from headscope.examples import pick_heads
+
+    run = load_run(runs["gpt2"])
+    heads, examples = run.views["heads"], run.views["examples"]
+    assert heads == pick_heads(run.scores) and 1 <= len(heads) <= 8
+    assert [ex["probe"] for ex in examples] == ["text", "repeat"]  # the positional null is a control: no view
+    for ex in examples:
+        assert ex["pattern"].shape == (len(heads), len(ex["token_ids"]), len(ex["token_ids"]))
+        assert ex["token_ids"] == next(p for p in run.probes if p.name == ex["probe"]).sequences[0][:128]
+        ids = torch.tensor([ex["token_ids"]])
+        for i, (layer, head) in enumerate(heads):  # the blocked engine's pattern == transformer-lens' hook_pattern
+            got = {}
+            tiny_gpt2.run_patterns(ids, torch.ones_like(ids, dtype=torch.bool),
+                                   lambda _l, p, got=got, head=head: got.setdefault("p", p[0, head].float().numpy()), layers=[layer])
+            np.testing.assert_allclose(ex["pattern"][i], got["p"], atol=1e-5)
+        np.testing.assert_allclose(ex["pattern"].sum(-1), 1.0, atol=1e-5)  # rows of a softmax
+    page = (runs["gpt2"] / REPORT).read_text()
+    assert 'id="hs-views"' in page and 'id="hs-view-1"' in page and "repeat probe, sequence 0" in page
+
+
+def test_pick_heads_takes_the_strongest_of_each_labelled_behaviour():
+    import pandas as pd
+
+    from headscope.examples import pick_heads
+
+    rows = [("sink", 0, 0, 0.9), ("sink", 1, 1, 0.95), ("entropy", 0, 1, 0.2), ("entropy", 1, 0, 0.1),
+            ("induction", 1, 1, 0.7), ("next_token", 0, 0, float("nan")), ("next_token", 1, 1, float("nan"))]
+    scores = pd.DataFrame(rows, columns=["metric", "layer", "head", "score"])
+    assert pick_heads(scores) == [(1, 1), (1, 0)]  # sink L1H1; entropy: the lowest, L1H0; induction: L1H1 again
+    assert pick_heads(scores, k=1) == [(1, 1)]

@@ -16,7 +16,7 @@ LAYERS = [  # top to bottom, as the package docstring draws them
     ["models", "kernels"],
     ["engines"],
     ["extract"],
-    ["effects"],
+    ["effects", "examples"],
     ["circuits"],
     ["catalog"],
     ["config"],

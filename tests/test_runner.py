@@ -30,7 +30,7 @@ def test_scan_reports_its_engine_timings_and_thresholds(tiny_gpt2):
     probes = default_probes(tiny_gpt2, n_prompts=3, repeat_len=5)
     result = scan(tiny_gpt2, probes, metrics=["sink", "induction"], thresholds={"sink": 0.0}, engine="blocked")
     assert result.metadata["engine"] == "blocked" and set(result.metadata["timings"]) == {
-        "scan_text_s", "scan_repeat_s", "scan_repeat_null_s"}
+        "scan_text_s", "scan_repeat_s", "scan_repeat_null_s", "examples_s"}
     assert [p.name for p in result.probes] == ["text", "repeat", "repeat_null"]
     null = result.scores[result.scores.metric == "induction"]["null"]
     assert null.notna().all() and result.scores.loc[result.scores.metric == "sink", "null"].isna().all()
