@@ -188,9 +188,14 @@ def scan(
     if examples:
         t0 = time.perf_counter()
         heads = pick_heads(frame)
-        views = {"heads": heads, "examples": example_patterns(
-            model, probes, heads, engine="hooks" if eng.reads_model_attention else "blocked",
-            interventions=interventions)}
+        try:
+            views = {"heads": heads, "examples": example_patterns(
+                model, probes, heads, engine="hooks" if eng.reads_model_attention else "blocked",
+                interventions=interventions)}
+        except HeadscopeError as exc:  # the report's views are extras: never lose a finished scan to them
+            metadata["examples_skipped"] = str(exc)
+            if say is not None:
+                say(f"no example patterns for the report: {exc}")
         timings["examples_s"] = round(time.perf_counter() - t0, 3)
     return ScanResult(
         model_name=model.name,

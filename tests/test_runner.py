@@ -91,3 +91,15 @@ def test_scan_to_dir_takes_an_in_memory_model(tmp_path):
                          figures=False)
     assert result.metadata["source"]["kind"] == "memory" and result.metadata["model"] == "notebook-gpt2"
     assert set(pd.read_csv(tmp_path / "run" / "scores.csv")["model"]) == {"notebook-gpt2"}
+
+
+def test_a_failure_of_the_report_views_never_loses_the_scan(tiny_gpt2, monkeypatch):
+    def refuse(*_a, **_k):
+        raise HeadscopeError("This model's attention uses softcap, which the blocked engine does not model.")
+
+    monkeypatch.setattr("headscope.runner.example_patterns", refuse)
+    said = []
+    result = headscope.scan(tiny_gpt2, headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4), say=said.append)
+    assert result.views == {} and result.scores["score"].notna().any()
+    assert "softcap" in result.metadata["examples_skipped"] and said == [
+        "no example patterns for the report: " + result.metadata["examples_skipped"]]
