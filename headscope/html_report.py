@@ -28,6 +28,7 @@ from matplotlib.figure import Figure
 
 from headscope.catalog import describe, is_below
 from headscope.outputs import HTML_GENERATOR, PNG_METADATA
+from headscope.probes import NULL_PROBE
 from headscope.report import headline, top_heads
 from headscope.result import ScanResult, fmt
 from headscope.uncertainty import STABLE
@@ -280,7 +281,9 @@ def summary_html(result: ScanResult) -> str:
             tops.append(f"{r.head_name} {fmt(r.score)}" + (f" [{fmt(lo)}, {fmt(r.ci_high)}]" if lo == lo else ""))
         rows.append([f"<td>{_e(metric)}</td>", _num(sub["chance"].iloc[0]),
                      f'<td class="num">{int((sub["label"] != "").sum())}</td>', f"<td>{_e(', '.join(tops) or 'NaN')}</td>"])
-    n = sum(len(p) for p in result.probes)
+    n = sum(len(p) for p in result.probes if p.name != NULL_PROBE)
+    controls = sum(len(p) for p in result.probes if p.name == NULL_PROBE)
     head = (f"<b>{_e(result.model_name)}</b>: {_e(md.get('n_layers', '?'))} layers x {_e(md.get('n_heads', '?'))} "
-            f"heads, {n} sequences, engine {_e(md.get('engine', '?'))}")
+            f"heads, {n} sequences" + (f" (+ {controls} positional-null controls)" if controls else "")
+            + f", engine {_e(md.get('engine', '?'))}")
     return f"<div>{head}{_table(['metric', 'chance', 'labelled', 'top heads'], rows)}</div>"

@@ -26,6 +26,7 @@ import signal
 import tempfile
 import threading
 import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -184,6 +185,10 @@ def foreign_entries(path: str | Path) -> list[str]:
         ours |= {name for name in figure_names(scores.assign(model="", layer=0, head=0, head_name=""))}
     except (OSError, ValueError, KeyError, pd.errors.ParserError):
         pass
+    from headscope.outputs import is_ours
+
+    if (path / REPORT).is_file() and not is_ours(path / REPORT):
+        ours.discard(REPORT)  # a page of the user's own, in a run directory: not ours to delete
     return sorted(e.name for e in path.iterdir() if e.name not in ours or not e.is_file() or e.is_symlink())
 
 
@@ -252,7 +257,12 @@ def save_run(result: ScanResult, out: str | Path, force: bool = False, figures: 
                     meta = result.metadata | {"run_format": RUN_FORMAT, "thresholds": result.thresholds,
                                               "timings": timings, "files": files}
                     (tmp / "metadata.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-                    _write_report(tmp, tmp / REPORT, figures)  # from the files as saved: a rebuild is the same page
+                    try:  # from the files as saved: a rebuild is the same page
+                        _write_report(tmp, tmp / REPORT, figures)
+                    except Exception as exc:  # the page is an extra: never lose a finished run to it
+                        meta["files"] = [f for f in files if f != REPORT]
+                        meta["report_skipped"] = f"{type(exc).__name__}: {exc}"
+                        (tmp / "metadata.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
                     os.chmod(tmp, 0o755)  # mkdtemp makes it private; a run directory is an ordinary folder
                 _publish(tmp, out, force)
                 tmp, published = None, True
@@ -370,8 +380,10 @@ def rebuild_report(run_dir: str | Path, out: str | Path | None = None, figures: 
         raise HeadscopeError(f"--out '{target}' is a directory; name the page to write, e.g. {target / REPORT}.")
     if not target.parent.is_dir():
         raise HeadscopeError(f"--out '{target}': folder '{target.parent}' does not exist; create it or choose another --out.")
-    if target.resolve() != (Path(run_dir) / REPORT).resolve():
-        check_replaceable([target])
+    if target.parent.resolve() != Path(run_dir).resolve() and is_run_dir(target.parent):
+        raise HeadscopeError(f"--out '{target}' is inside another run directory ('{target.parent}'); its page is "
+                             f"that run's. Rebuild it with `headscope report {target.parent}`, or choose another --out.")
+    check_replaceable([target])  # in place too: a page of the user's own is never replaced
     if figures is None:
         figures = any(name.endswith(".png") for name in run.metadata.get("files", []))
     page = report_html(run, figures=figures)
@@ -483,10 +495,14 @@ def load_run(path: str | Path) -> ScanResult:
     if (path / "per_sequence.npz").is_file():
         import numpy as np
 
-        with np.load(path / "per_sequence.npz") as z:
-            for key in z.files:
-                name, _, part = key.rpartition(".")
-                per_sequence.setdefault(name, {})[part] = str(z[key]) if part == "probe" else z[key]
+        try:
+            with np.load(path / "per_sequence.npz") as z:
+                for key in z.files:
+                    name, _, part = key.rpartition(".")
+                    per_sequence.setdefault(name, {})[part] = str(z[key]) if part == "probe" else z[key]
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+            raise HeadscopeError(f"'{path / 'per_sequence.npz'}' cannot be read ({type(exc).__name__}); "
+                                 "rerun the scan, or delete that file to load the run without it.") from None
     return ScanResult(model_name=str(scores["model"].iloc[0]), scores=scores, probes=list(probes.values()),
                       metadata=meta, thresholds=meta.get("thresholds", {}), per_sequence=per_sequence,
                       views=_read_views(path / VIEWS))
@@ -508,6 +524,6 @@ def _read_views(path: Path) -> dict:
                 examples.append({"probe": str(z[f"{i}.probe"]), "token_ids": z[f"{i}.token_ids"].tolist(),
                                  "tokens": [str(t) for t in z[f"{i}.tokens"]], "n_full": int(z[f"{i}.n_full"]),
                                  "pattern": z[f"{i}.pattern"]})
-    except (OSError, ValueError, KeyError):
-        return {}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return {}  # views are an extra of the page: an unreadable file only means a page without them
     return {"heads": heads, "examples": examples}

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import platform
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -42,7 +43,7 @@ from headscope.probes import (
     text_probe,
 )
 from headscope.report import to_frame
-from headscope.result import Probe, ScanResult, model_slug
+from headscope.result import METRIC_NAME, Probe, ScanResult, model_slug
 from headscope.rundir import check_out_dir, interruptible, save_run
 from headscope.sources import check_dtype, resolve
 from headscope.uncertainty import LEVEL, RESAMPLES, passes_fn
@@ -124,6 +125,10 @@ def scan(
     if metrics is not None and not len(metrics):
         raise HeadscopeError("metrics is empty; give metric names such as ['induction', 'sink'], or None for all.")
     chosen = [m if isinstance(m, Metric) else get_metric(m) for m in (list(REGISTRY) if metrics is None else metrics)]
+    bad = [m.name for m in chosen if not METRIC_NAME.match(m.name)]
+    if bad:  # a metric names a file of the run (<metric>.png): checked before any work
+        raise HeadscopeError(f"Metric name '{bad[0]}' is not allowed: use letters, digits, '_', '.' and '-' "
+                             f"(it names the run's {bad[0]}.png), e.g. '{re.sub(r'[^A-Za-z0-9_.-]+', '_', bad[0])}'.")
     thresholds = dict(thresholds or {})
     for name in thresholds:
         check_score_name(name)  # unknown names fail loudly
@@ -192,8 +197,8 @@ def scan(
             views = {"heads": heads, "examples": example_patterns(
                 model, probes, heads, engine="hooks" if eng.reads_model_attention else "blocked",
                 interventions=interventions)}
-        except HeadscopeError as exc:  # the report's views are extras: never lose a finished scan to them
-            metadata["examples_skipped"] = str(exc)
+        except Exception as exc:  # the report's views are extras: never lose a finished scan to them
+            metadata["examples_skipped"] = str(exc) if isinstance(exc, HeadscopeError) else f"{type(exc).__name__}: {exc}"
             if say is not None:
                 say(f"no example patterns for the report: {exc}")
         timings["examples_s"] = round(time.perf_counter() - t0, 3)

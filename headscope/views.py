@@ -291,8 +291,7 @@ def pattern_html(hp: HeadPattern) -> str:
             "token_ids": hp.token_ids, "pattern": np.round(hp.pattern.astype(float), 6).tolist()}
     # "<" escaped so no token can close the <script> element early.
     blob = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")
-    return (_HTML.replace("__GENERATOR__", HTML_GENERATOR).replace("__TITLE__", html.escape(title)).replace("__TEXT__", html.escape(hp.text))
-            .replace("__DATA__", blob))
+    return _fill(title, hp.text, blob)
 
 
 def layer_html(hps: list[HeadPattern]) -> str:
@@ -304,8 +303,14 @@ def layer_html(hps: list[HeadPattern]) -> str:
             "tokens": first.tokens, "token_ids": first.token_ids,
             "patterns": [np.round(hp.pattern.astype(float), 6).tolist() for hp in hps]}
     blob = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")
-    return (_HTML.replace("__GENERATOR__", HTML_GENERATOR).replace("__TITLE__", html.escape(title))
-            .replace("__TEXT__", html.escape(first.text)).replace("__DATA__", blob))
+    return _fill(title, first.text, blob)
+
+
+def _fill(title: str, text: str, blob: str) -> str:
+    """The page with its placeholders filled in one pass (a text holding a placeholder stays text)."""
+    values = {"__GENERATOR__": HTML_GENERATOR, "__TITLE__": html.escape(title), "__TEXT__": html.escape(text),
+              "__DATA__": blob}
+    return re.sub("__(?:GENERATOR|TITLE|TEXT|DATA)__", lambda m: values[m.group()], _HTML)
 
 
 def write_views(hp: HeadPattern | list[HeadPattern], out: str | Path, html_view: bool = False,

@@ -245,3 +245,90 @@ def test_pick_heads_takes_the_strongest_of_each_labelled_behaviour():
     scores = pd.DataFrame(rows, columns=["metric", "layer", "head", "score"])
     assert pick_heads(scores) == [(1, 1), (1, 0)]  # sink L1H1; entropy: the lowest, L1H0; induction: L1H1 again
     assert pick_heads(scores, k=1) == [(1, 1)]
+
+
+# ------------------------------------------------------------------------------ robustness
+
+
+@pytest.mark.parametrize("fixture", ["tiny_gpt2", "tiny_bert"])
+def test_example_patterns_assemble_blocks_exactly(fixture, request, monkeypatch):
+    import torch
+
+    from headscope.examples import example_patterns
+
+    model = request.getfixturevalue(fixture)
+    monkeypatch.setattr("headscope.engines.blocked.BLOCK_BYTES", 1)  # 16-row blocks: causal blocks end early
+    probe = headscope.repeat_probe(model, 30, n_sequences=1)  # 61-63 tokens: four blocks
+    heads = [(0, 1), (1, 3), (1, 0)]
+    ex = example_patterns(model, [probe], heads)[0]
+    ids = torch.tensor([ex["token_ids"]])
+    for i, (layer, head) in enumerate(heads):  # against transformer-lens' hook_pattern
+        got = {}
+        model.run_patterns(ids, torch.ones_like(ids, dtype=torch.bool),
+                           lambda _l, p, got=got, head=head: got.setdefault("p", p[0, head].float().numpy()),
+                           layers=[layer])
+        np.testing.assert_allclose(ex["pattern"][i], got["p"], atol=1e-5)
+
+
+def test_a_failed_page_never_loses_the_run(tiny_gpt2, tmp_path, monkeypatch):
+    from headscope.rundir import foreign_entries
+
+    def broken(*_a, **_k):
+        raise RuntimeError("drawing failed")
+
+    monkeypatch.setattr("headscope.html_report.report_html", broken)
+    result = headscope.scan(tiny_gpt2, headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4))
+    run = headscope.save_run(result, tmp_path / "run", figures=False)
+    meta = load_run(run).metadata
+    assert not (run / REPORT).exists() and REPORT not in meta["files"]
+    assert meta["report_skipped"] == "RuntimeError: drawing failed" and foreign_entries(run) == []
+
+
+def test_a_metric_name_that_cannot_name_a_file_is_refused_before_any_work(tiny_gpt2):
+    from dataclasses import replace
+
+    from headscope.errors import HeadscopeError
+    from headscope.metrics import get_metric
+
+    with pytest.raises(HeadscopeError, match=r"Metric name 'my sink' is not allowed: .* e\.g\. 'my_sink'"):
+        headscope.scan(tiny_gpt2, headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4),
+                       metrics=[replace(get_metric("sink"), name="my sink")])
+
+
+def test_damaged_side_files(runs, tmp_path):
+    from headscope.errors import HeadscopeError
+
+    run = tmp_path / "run"
+    shutil.copytree(runs["gpt2"], run)
+    (run / "views.npz").write_bytes((run / "views.npz").read_bytes()[:100])
+    assert load_run(run).views == {}  # a page without views, not a crash
+    (run / "per_sequence.npz").write_bytes(b"")
+    with pytest.raises(HeadscopeError, match=r"per_sequence.npz' cannot be read \(EOFError\); rerun the scan"):
+        load_run(run)
+
+
+def test_a_page_of_the_users_own_in_a_run_directory_is_never_replaced(cli, runs, tmp_path):
+    from headscope.rundir import foreign_entries
+
+    run = tmp_path / "run"
+    shutil.copytree(runs["gpt2"], run)
+    (run / REPORT).write_text("<html>my own notes</html>")
+    assert foreign_entries(run) == [REPORT]  # so scan --force refuses the folder
+    assert "headscope did not write" in _one_line(_invoke(cli, "report", run))
+    assert (run / REPORT).read_text() == "<html>my own notes</html>"
+    before = (runs["gpt2"] / REPORT).read_bytes()
+    line = _one_line(_invoke(cli, "report", runs["bert"], "--out", runs["gpt2"] / REPORT))
+    assert "is inside another run directory" in line
+    assert (runs["gpt2"] / REPORT).read_bytes() == before  # gpt2's page is still gpt2's
+
+
+def test_a_text_holding_a_placeholder_stays_text(tiny_gpt2):
+    from headscope.views import head_pattern, pattern_html
+
+    page = pattern_html(head_pattern(tiny_gpt2, "say __DATA__ and __TITLE__", 0, 0))
+    assert "<code>say __DATA__ and __TITLE__</code>" in page and page.count('id="hs-data"') == 1
+
+
+def test_the_notebook_summary_counts_controls_apart(tiny_gpt2):
+    result = headscope.scan(tiny_gpt2, headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4))
+    assert "4 sequences (+ 2 positional-null controls)" in summary_html(result)
