@@ -332,3 +332,20 @@ def test_a_text_holding_a_placeholder_stays_text(tiny_gpt2):
 def test_the_notebook_summary_counts_controls_apart(tiny_gpt2):
     result = headscope.scan(tiny_gpt2, headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4))
     assert "4 sequences (+ 2 positional-null controls)" in summary_html(result)
+
+
+def test_effects_stand_beside_every_behaviours_top_heads(tiny_gpt2):
+    from headscope.effects import EffectSettings
+
+    result = headscope.scan(tiny_gpt2, headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4),
+                            effects=EffectSettings(mode="both", n_sequences=2))
+    effects = [m for m in result.scores["metric"].unique() if m.startswith(("effect_", "attribution_"))]
+    assert "effect_repeat_loss" in effects and "attribution_repeat_loss" in effects
+    page = report_html(result, figures=False)
+    section = page[page.index('id="m-induction"'):page.index('id="m-duplicate_token"')]
+    header = re.search(r"<thead>(.*?)</thead>", section).group(1)
+    assert all(f"<th>{e}</th>" in header for e in effects)
+    top = headscope.top_heads(result.scores, "induction", 1).iloc[0]
+    row = re.search(rf"<tr><td>{top.head_name}</td>(.*?)</tr>", section).group(1)
+    value = result.scores.query("metric == 'effect_repeat_loss' and head_name == @top.head_name")["score"].iloc[0]
+    assert f"{value:.3f}" in row  # the head's own exact effect, in its row
