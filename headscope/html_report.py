@@ -27,7 +27,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from headscope.catalog import describe, is_below
-from headscope.outputs import HTML_GENERATOR, PNG_METADATA
+from headscope.outputs import HTML_GENERATOR, PNG_METADATA, VIRIDIS_JS
 from headscope.probes import NULL_PROBE
 from headscope.report import headline, top_heads
 from headscope.result import ScanResult, fmt
@@ -59,13 +59,7 @@ table.hs-grid th.on { background: #ffd54f; }
 _SCRIPT = """
 (function () {
   const D = JSON.parse(document.getElementById("hs-views").textContent);
-  const V = [[68,1,84],[72,40,120],[62,73,137],[49,104,142],[38,130,142],
-             [31,158,137],[53,183,121],[109,205,89],[180,222,44],[253,231,37]];
-  function colour(w) {
-    const x = Math.min(1, Math.max(0, w)) * (V.length - 1);
-    const i = Math.min(Math.floor(x), V.length - 2), f = x - i;
-    return "rgb(" + V[i].map((a, j) => Math.round(a + (V[i + 1][j] - a) * f)).join(",") + ")";
-  }
+__COLOUR__
   D.examples.forEach(function (ex, e) {
     const root = document.getElementById("hs-view-" + e), T = ex.tokens, n = T.length;
     const bin = atob(ex.data), W = new Float32Array(bin.length / 2);
@@ -105,6 +99,9 @@ _SCRIPT = """
   });
 })();
 """
+
+
+_SCRIPT = _SCRIPT.replace("__COLOUR__", VIRIDIS_JS)
 
 
 def figure_uri(fig: Figure, dpi: int = DPI) -> str:

@@ -24,6 +24,16 @@ from headscope.errors import HeadscopeError
 SOFTWARE = "headscope"  # the PNG tEXt "Software" value (SVG/PDF: "Creator") of every figure headscope saves
 PNG_METADATA = {"Software": SOFTWARE}
 HTML_GENERATOR = f'<meta name="generator" content="{SOFTWARE}">'  # in the head of every page headscope writes
+#: ``colour(w)``: an attention weight in [0, 1] as a CSS colour (viridis, 10 stops), for the pages' scripts.
+VIRIDIS_JS = """
+  const V = [[68,1,84],[72,40,120],[62,73,137],[49,104,142],[38,130,142],
+             [31,158,137],[53,183,121],[109,205,89],[180,222,44],[253,231,37]];
+  function colour(w) {
+    const x = Math.min(1, Math.max(0, w)) * (V.length - 1);
+    const i = Math.min(Math.floor(x), V.length - 2), f = x - i;
+    return "rgb(" + V[i].map((a, j) => Math.round(a + (V[i + 1][j] - a) * f)).join(",") + ")";
+  }
+"""
 
 
 def png_is_ours(path: Path) -> bool:

@@ -26,7 +26,13 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from headscope.errors import HeadscopeError, setting
-from headscope.outputs import HTML_GENERATOR, check_replaceable, save_figure, write_atomic
+from headscope.outputs import (
+    HTML_GENERATOR,
+    VIRIDIS_JS,
+    check_replaceable,
+    save_figure,
+    write_atomic,
+)
 from headscope.result import display_token, head_name, model_slug  # noqa: F401 - display_token re-exported
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
@@ -226,14 +232,7 @@ td.c:hover { outline: 2px solid #e53935; }
   const T = D.tokens, n = T.length;
   const PS = D.patterns || [D.pattern], NAMES = D.heads || [""];
   let P = PS[0];
-  // viridis, sampled at 10 stops
-  const V = [[68,1,84],[72,40,120],[62,73,137],[49,104,142],[38,130,142],
-             [31,158,137],[53,183,121],[109,205,89],[180,222,44],[253,231,37]];
-  function colour(w) {
-    const x = Math.min(1, Math.max(0, w)) * (V.length - 1);
-    const i = Math.min(Math.floor(x), V.length - 2), f = x - i;
-    return "rgb(" + V[i].map((a, j) => Math.round(a + (V[i + 1][j] - a) * f)).join(",") + ")";
-  }
+__COLOUR__
   const grid = document.getElementById("grid"), out = document.getElementById("readout");
   const head = grid.insertRow();
   head.appendChild(document.createElement("th"));
@@ -282,6 +281,9 @@ td.c:hover { outline: 2px solid #e53935; }
 </script>
 </body></html>
 """
+
+
+_HTML = _HTML.replace("__COLOUR__", VIRIDIS_JS)  # the shared colour scale, once
 
 
 def pattern_html(hp: HeadPattern) -> str:

@@ -62,3 +62,25 @@ def tiny_bert(tiny_bert_dir):
     import headscope
 
     return headscope.load_model(str(tiny_bert_dir))
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_gpt2, tiny_bert, tmp_path_factory):
+    """Two saved runs per test module: gpt2 with figures, bert without (what `plot` and `report` redraw)."""
+    import headscope
+
+    root = tmp_path_factory.mktemp("runs")
+    out = {}
+    for name, model, figures in [("gpt2", tiny_gpt2, True), ("bert", tiny_bert, False)]:
+        result = headscope.scan(model, headscope.default_probes(model, n_prompts=4, repeat_len=8))
+        out[name] = headscope.save_run(result, root / name, figures=figures)
+    return out
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Any attempt to load a model fails the test."""
+    def refuse(*_a, **_k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr("headscope.models.load_model", refuse)

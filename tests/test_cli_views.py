@@ -13,7 +13,6 @@ import pytest
 from click.testing import CliRunner
 from matplotlib.image import imread
 
-import headscope
 from headscope.cli import _Group
 from headscope.cli_views import compare, plot, show
 from headscope.compare import load_runs, summary
@@ -28,26 +27,6 @@ def cli():
     for command in (show, plot, compare):
         group.add_command(command)
     return group
-
-
-@pytest.fixture(scope="module")
-def runs(tiny_gpt2, tiny_bert, tmp_path_factory) -> dict[str, Path]:
-    """A gpt2 run with figures (what `plot` must reproduce) and a bert run without."""
-    root = tmp_path_factory.mktemp("cli-runs")
-    out = {}
-    for name, model, figures in [("gpt2", tiny_gpt2, True), ("bert", tiny_bert, False)]:
-        result = headscope.scan(model, headscope.default_probes(model, n_prompts=4, repeat_len=8))
-        out[name] = headscope.save_run(result, root / name, figures=figures)
-    return out
-
-
-@pytest.fixture
-def no_model(monkeypatch):
-    """Any attempt to load a model fails the test."""
-    def refuse(*_a, **_k):
-        raise AssertionError("a model was loaded")
-
-    monkeypatch.setattr("headscope.models.load_model", refuse)
 
 
 def invoke(cli, *args):

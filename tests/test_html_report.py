@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import click
 import numpy as np
@@ -19,24 +18,6 @@ from headscope.cli import _Group
 from headscope.cli_views import report
 from headscope.html_report import report_html, summary_html
 from headscope.rundir import REPORT, load_run, rebuild_report
-
-
-@pytest.fixture(scope="module")
-def runs(tiny_gpt2, tiny_bert, tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("report-runs")
-    out = {}
-    for name, model, figures in [("gpt2", tiny_gpt2, True), ("bert", tiny_bert, False)]:
-        result = headscope.scan(model, headscope.default_probes(model, n_prompts=4, repeat_len=8))
-        out[name] = headscope.save_run(result, root / name, figures=figures)
-    return out
-
-
-@pytest.fixture
-def no_model(monkeypatch):
-    def refuse(*_a, **_k):
-        raise AssertionError("a model was loaded")
-
-    monkeypatch.setattr("headscope.models.load_model", refuse)
 
 
 def _urls(page: str) -> list[str]:
