@@ -33,7 +33,9 @@ class MetricScores:
     metric: Metric
     total: Float[Tensor, "layer head"]  # sum of f over qualifying (sequence, query) pairs, float64
     count: float  # how many pairs qualified
-    chance_total: float  # the same sum for a uniform head
+    #: The same sum for a uniform head: one number, or one per layer (``[layer]``) when layers see
+    #: different keys (sliding-window layers spread a uniform head over their window only).
+    chance_total: float | Float[Tensor, " layer"]
     #: The same sums and counts per sequence of the probe (in the probe's order): what a bootstrap
     #: over sequences resamples (:mod:`headscope.uncertainty`). None when not kept.
     seq_total: Float[Tensor, "sequence layer head"] | None = None
@@ -44,8 +46,16 @@ class MetricScores:
         return self.total / self.count if self.count else torch.full_like(self.total, torch.nan)
 
     @property
-    def chance(self) -> float:
+    def chance(self) -> float | Float[Tensor, " layer"]:
+        """The score of a uniform head: a float, or ``[layer]`` when it differs by layer."""
+        if isinstance(self.chance_total, Tensor):
+            return self.chance_total / self.count if self.count else torch.full_like(self.chance_total, torch.nan)
         return self.chance_total / self.count if self.count else float("nan")
+
+    def chance_at(self, layer: int) -> float:
+        """The chance value of ``layer``'s heads."""
+        c = self.chance
+        return float(c[layer]) if isinstance(c, Tensor) else float(c)
 
     def __add__(self, other: MetricScores) -> MetricScores:
         """The scores of two disjoint sets of sequences, pooled (sums and counts add)."""
@@ -115,7 +125,8 @@ def score_probe(
         return {}
     totals = {m.name: torch.zeros(model.n_layers, model.n_heads, dtype=torch.float64) for m in metrics}
     counts = dict.fromkeys(totals, 0.0)
-    chance = dict.fromkeys(totals, 0.0)
+    chance = {m.name: torch.zeros(model.n_layers, dtype=torch.float64) for m in metrics}
+    reach = tuple(getattr(model, "reach", ()) or ()) or (None,) * model.n_layers
     # per sequence, in the probe's order (kept beside the pooled sums, which stay summed as before)
     seq_totals = {m.name: torch.zeros(len(probe), model.n_layers, model.n_heads, dtype=torch.float64) for m in metrics}
     seq_counts = {m.name: torch.zeros(len(probe), dtype=torch.float64) for m in metrics}
@@ -148,7 +159,7 @@ def score_probe(
             missed = sorted(set(range(model.n_layers)) - seen)
             raise HeadscopeError(f"The {eng.name} engine never saw layer(s) {', '.join(map(str, missed))} of "
                                  f"{model.name}: its attention did not reach headscope; use --engine hooks.")
-        _add_chance(metrics, batch, counts, chance, seq_counts, index)
+        _add_chance(metrics, batch, counts, chance, seq_counts, index, reach)
         if on_batch is not None:
             on_batch(len(chunk))
     return {m.name: MetricScores(m, totals[m.name], counts[m.name], chance[m.name], seq_totals[m.name],
@@ -156,19 +167,28 @@ def score_probe(
 
 
 def _add_chance(metrics: Sequence[Metric], batch: PatternBatch, counts: dict, chance: dict,
-                seq_counts: dict | None = None, index: Tensor | None = None) -> None:
-    """Counts and chance sums of one batch: each metric on a uniform head, in query blocks (O(n) memory)."""
+                seq_counts: dict | None = None, index: Tensor | None = None,
+                reach: Sequence[int | None] = (None,)) -> None:
+    """Counts and per-layer chance sums of one batch: each metric on a uniform head over the keys
+    each layer can see (``reach``, one entry per layer), in query blocks (O(n) memory). Counts do
+    not depend on the layer; chance is computed once per distinct reach."""
     b, n = len(batch.lengths), int(batch.lengths.max())
     rows = max(16, (16 * 2**20) // (4 * b * n))
-    for q_start in range(0, n, rows):
-        block = replace(batch, q_start=q_start)
-        uniform = uniform_pattern((b, 1, min(rows, n - q_start), n), block)  # [b, 1, rows, n]
-        for m in metrics:
-            pooled = m(uniform, block)
-            counts[m.name] += float(pooled.count.sum())
-            chance[m.name] += float(pooled.total.sum())
-            if seq_counts is not None:
-                seq_counts[m.name][index] += pooled.count.cpu()  # [b]
+    layers_of: dict[int | None, list[int]] = {}
+    for layer, r in enumerate(reach):
+        layers_of.setdefault(r if r is None or r < n - 1 else None, []).append(layer)  # a reach >= n sees all
+    for r, layers in layers_of.items():
+        first = r == next(iter(layers_of))
+        for q_start in range(0, n, rows):
+            block = replace(batch, q_start=q_start, reach=r)
+            uniform = uniform_pattern((b, 1, min(rows, n - q_start), n), block)  # [b, 1, rows, n]
+            for m in metrics:
+                pooled = m(uniform, block)
+                chance[m.name][layers] += float(pooled.total.sum())
+                if first:  # the qualifying queries are the same in every layer
+                    counts[m.name] += float(pooled.count.sum())
+                    if seq_counts is not None:
+                        seq_counts[m.name][index] += pooled.count.cpu()  # [b]
 
 
 def auto_batch_size(model, seq_len: int, budget_bytes: int | None = None) -> int:

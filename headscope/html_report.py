@@ -29,7 +29,7 @@ from matplotlib.figure import Figure
 from headscope.catalog import describe, is_below
 from headscope.outputs import HTML_GENERATOR, PNG_METADATA, VIRIDIS_JS
 from headscope.probes import NULL_PROBE
-from headscope.report import headline, top_heads
+from headscope.report import chance_text, headline, top_heads
 from headscope.result import ScanResult, fmt
 from headscope.uncertainty import STABLE
 
@@ -276,7 +276,7 @@ def summary_html(result: ScanResult) -> str:
         for r in top_heads(scores, metric, 3).itertuples():
             lo = getattr(r, "ci_low", float("nan"))
             tops.append(f"{r.head_name} {fmt(r.score)}" + (f" [{fmt(lo)}, {fmt(r.ci_high)}]" if lo == lo else ""))
-        rows.append([f"<td>{_e(metric)}</td>", _num(sub["chance"].iloc[0]),
+        rows.append([f"<td>{_e(metric)}</td>", f'<td class="num">{_e(chance_text(sub["chance"]))}</td>',
                      f'<td class="num">{int((sub["label"] != "").sum())}</td>', f"<td>{_e(', '.join(tops) or 'NaN')}</td>"])
     n = sum(len(p) for p in result.probes if p.name != NULL_PROBE)
     controls = sum(len(p) for p in result.probes if p.name == NULL_PROBE)

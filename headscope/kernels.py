@@ -137,29 +137,45 @@ def supports(query: Tensor, attention_mask: Tensor | None) -> bool:
 
 def head_stats(
     query: Tensor, key: Tensor, attention_mask: Tensor | None, scaling: float, causal: bool,
-    flags: dict[str, Tensor],
+    flags: dict[str, Tensor], reach: int | None = None,
 ) -> HeadStats:
     """Per-row statistics of ``softmax(q kᵀ * scaling + mask)`` for one layer.
 
     ``query`` ``[batch, head, q, dim]``; ``key`` ``[batch, kv_head, k, dim]`` (grouped-query
     attention: head ``h`` uses key head ``h // (heads / kv_heads)``); ``attention_mask`` None or
     boolean ``[batch or 1, 1, q or 1, k]`` (True = may attend); ``flags``: name -> ``[batch, k]``
-    (0/1) key sets whose attention mass is wanted.
+    (0/1) key sets whose attention mass is wanted. ``reach``: the layer's sliding window
+    (``|q - k| <= reach``); with a mask that hides every key outside it, the kernel skips the key
+    tiles no row of a query tile can see (a long context costs ``n x window``, not ``n^2``).
     """
-    return _run(query, key, None, attention_mask, scaling, causal, flags)[1]
+    return _run(query, key, None, attention_mask, scaling, causal, flags, reach)[1]
 
 
 def attention(
     query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, scaling: float,
-    causal: bool, flags: dict[str, Tensor],
+    causal: bool, flags: dict[str, Tensor], reach: int | None = None,
 ) -> tuple[Tensor, HeadStats]:
     """The attention output ``softmax(q kᵀ * scaling + mask) v`` ``[batch, head, q, dim_v]`` (in
     ``query``'s dtype) and the per-row statistics of :func:`head_stats`, from one pass: the same
     tiles of exp-scores feed both, so the scan costs about what the fused attention alone does."""
-    return _run(query, key, value, attention_mask, scaling, causal, flags)
+    return _run(query, key, value, attention_mask, scaling, causal, flags, reach)
 
 
-def _run(query, key, value, attention_mask, scaling, causal, flags):
+def window_hidden(mask: Tensor | None, reach: int | None, n_q: int, n_k: int) -> bool:
+    """Whether a boolean mask ``[batch, 1, q, k]`` visibly hides the keys beyond ``reach``: checked
+    on the last row (keys before its window) and the first (keys after its window), so a window
+    the config declares but the mask lacks never makes the kernel skip a visible key."""
+    if mask is None or reach is None or mask.dtype != torch.bool:
+        return False
+    offset = n_k - n_q
+    last, first = n_q - 1 + offset, offset
+    lo, hi = last - reach, first + reach + 1  # keys k < lo hidden from the last row, k >= hi from the first
+    before = mask[:, :, -1, : max(lo, 0)]
+    after = mask[:, :, 0, min(hi, n_k):]
+    return not bool(before.any()) and not bool(after.any())
+
+
+def _run(query, key, value, attention_mask, scaling, causal, flags, reach=None):
     module = _load()
     if module is None:
         raise RuntimeError(f"The fused kernel is not available: {_reason}")
@@ -177,7 +193,8 @@ def _run(query, key, value, attention_mask, scaling, causal, flags):
          else torch.zeros(b, 0, n_k))
     empty = torch.empty(0, dtype=torch.bool)
     v32 = torch.empty(0) if value is None else value.float().contiguous()
-    ent, mass, lse, out = module.head_stats(q32, k32, empty if mask is None else mask, f, causal, v32)
+    skip = reach if window_hidden(attention_mask, reach, n_q, n_k) else -1
+    ent, mass, lse, out = module.head_stats(q32, k32, empty if mask is None else mask, f, causal, v32, True, skip)
     stats = HeadStats(
         shape=(b, h, n_q, n_k), entropy=ent, masses={n: mass[..., i] for i, n in enumerate(names)},
         lse=lse, query=q32, key=k32, causal=causal, mask=mask,

@@ -29,6 +29,7 @@ import os
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,11 +127,17 @@ class Model:
     device: torch.device
     dtype: torch.dtype
     special_ids: frozenset[int] = field(default_factory=frozenset)
+    #: Per layer, the farthest key a query can see, ``|q - k| <= reach`` (causality still applies);
+    #: None for a layer that sees every key. Sliding-window layers (Mistral, Gemma 2/3, Qwen2 with
+    #: ``use_sliding_window``, GPT-Neo's local layers, ModernBERT's local layers) have one:
+    #: chance is uniform over the keys the layer can see (:func:`attention_reach`).
+    reach: tuple[int | None, ...] = ()
     #: Every layer's attention runs through transformers' attention interface, so
     #: :meth:`run` can hand it to a handler (the blocked and fused engines, interventions).
     attention_interface: bool = False
     _make_bridge: Callable[[], object] | None = field(default=None, repr=False)
     _bridge: object | None = field(default=None, repr=False)
+    _bridge_error: str | None = field(default=None, repr=False)  # why the bridge could not be built
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)  # one forward at a time
     _fingerprint: str | None = field(default=None, repr=False)
 
@@ -152,7 +159,18 @@ class Model:
         if self._bridge is None:
             if self._make_bridge is None:
                 raise HeadscopeError(f"{self.name} has no transformer-lens bridge.")
-            self._bridge = self._make_bridge()
+            if self._bridge_error is not None:  # tried once already: no second deep copy
+                raise HeadscopeError(self._bridge_error)
+            try:
+                self._bridge = self._make_bridge()
+            except HeadscopeError:
+                raise
+            except Exception as exc:  # transformer-lens knows no bridge for this architecture
+                arch = ", ".join(getattr(self.hf.config, "architectures", None) or [type(self.hf).__name__])
+                why = str(exc).split(". ")[0].splitlines()[0][:120]
+                hint = "use --engine blocked" if self.attention_interface else "no headscope engine can read it"
+                self._bridge_error = f"transformer-lens cannot build a bridge for {arch} ({why})"
+                raise HeadscopeError(f"{self._bridge_error}; {hint}.") from None
         return self._bridge
 
     @property
@@ -520,7 +538,10 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
                    scaling=scaling if call.scale == scale else call.scale,
                    is_causal=is_causal if call.causal == causal else call.causal, **kwargs)[0]
 
-    call = AttentionCall(layer=module.layer_idx, query=query, key=key, value=value, mask=attention_mask,
+    layer = getattr(module, "layer_idx", None)
+    if not isinstance(layer, int):
+        layer = _LAYER_OF[module]  # a family whose attention modules carry no index (DistilBERT)
+    call = AttentionCall(layer=layer, query=query, key=key, value=value, mask=attention_mask,
                          scale=scale, causal=causal, extras=extras, compute=compute)
     return handler(call), None
 
@@ -742,11 +763,31 @@ def _wrap_bridge(bridge, name: str | None, device: str) -> Model:
     return model
 
 
+#: Layer numbers of attention modules that carry no ``layer_idx`` (DistilBERT), without touching them.
+_LAYER_OF: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _attention_layers(hf, n_layers: int) -> list[int]:
+    """The layers whose attention module headscope can name: by their ``layer_idx``, or, for a
+    family without one, by order when there is exactly one distinct innermost attention module per
+    layer (a family that shares one module across layers, as ALBERT does, gets none)."""
+    named = sorted({m.layer_idx for m in hf.modules()
+                    if "Attention" in type(m).__name__ and isinstance(getattr(m, "layer_idx", None), int)})
+    if named:
+        return named
+    attn = [m for m in hf.modules() if "Attention" in type(m).__name__]
+    leaves = [m for m in attn if not any(c is not m and "Attention" in type(c).__name__ for c in m.modules())]
+    if len(leaves) != n_layers or len({id(m) for m in leaves}) != n_layers:
+        return []
+    for i, m in enumerate(leaves):
+        _LAYER_OF[m] = i
+    return list(range(n_layers))
+
+
 def _model(name, source, provenance, hf, tok, causal, dev, torch_dtype, make_bridge) -> Model:
     cfg = hf.config
-    attn_layers = sorted({m.layer_idx for m in hf.modules()
-                          if "Attention" in type(m).__name__ and isinstance(getattr(m, "layer_idx", None), int)})
     n_layers = int(cfg.num_hidden_layers)
+    attn_layers = _attention_layers(hf, n_layers)
     n_heads = int(cfg.num_attention_heads)
     d_model = int(getattr(cfg, "hidden_size", 0) or getattr(cfg, "n_embd", 0))
     return Model(
@@ -760,14 +801,69 @@ def _model(name, source, provenance, hf, tok, causal, dev, torch_dtype, make_bri
         n_kv_heads=int(getattr(cfg, "num_key_value_heads", None) or n_heads),
         d_model=d_model,
         d_head=int(getattr(cfg, "head_dim", None) or d_model // n_heads),
-        n_ctx=int(getattr(cfg, "max_position_embeddings", None) or cfg.n_positions),
+        n_ctx=_context_length(cfg),
         causal=causal,
         **_special_tokens(tok, causal),
         device=torch.device(dev),
         dtype=torch_dtype,
         attention_interface=attn_layers == list(range(n_layers)),
+        reach=attention_reach(cfg, n_layers),
         _make_bridge=make_bridge,
     )
+
+
+#: The context of a model whose config names none (ALiBi models such as BLOOM have no learned
+#: positions): what headscope lets a probe use.
+UNBOUNDED_CONTEXT = 8192
+
+
+def _context_length(cfg) -> int:
+    for key in ("max_position_embeddings", "n_positions", "seq_length", "max_sequence_length"):
+        value = getattr(cfg, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return UNBOUNDED_CONTEXT
+
+
+def attention_reach(cfg, n_layers: int) -> tuple[int | None, ...]:
+    """Per layer, the largest ``|q - k|`` a query can attend over (None: no window), from the config.
+
+    The rules transformers' masks follow (checked against each family's eager attention by the
+    conformance suite, ``scripts/conformance.py``):
+
+    * ``layer_types`` naming ``sliding_attention`` layers: causal models see ``q - w < k <= q``
+      (``w = sliding_window``), so the reach is ``w - 1``; ModernBERT's bidirectional local layers
+      see ``|q - k| <= sliding_window`` (its config stores half the local window there);
+    * no ``layer_types`` but a ``sliding_window`` (Mistral, Mixtral, Phi-3, Starcoder2): every layer;
+    * GPT-Neo: its ``local`` layers see ``q - window_size < k <= q``.
+
+    >>> from types import SimpleNamespace as NS
+    >>> attention_reach(NS(model_type="gemma3", sliding_window=4,
+    ...                    layer_types=["sliding_attention", "full_attention"]), 2)
+    (3, None)
+    >>> attention_reach(NS(model_type="llama"), 2)
+    (None, None)
+    """
+    window = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None)
+    if cfg.model_type == "gpt_neo":
+        kinds = list(getattr(cfg, "attention_layers", None) or [])
+        return tuple(int(cfg.window_size) - 1 if k == "local" else None for k in kinds[:n_layers]) + \
+            (None,) * max(0, n_layers - len(kinds))
+    if types is not None:
+        if len(types) != n_layers:
+            raise HeadscopeError(f"The config names {len(types)} layer types for {n_layers} layers.")
+        if any(t == "sliding_attention" for t in types) and window is None:
+            raise HeadscopeError("The config has sliding-attention layers but no sliding_window.")
+        unknown = sorted({t for t in types} - {"sliding_attention", "full_attention"})
+        if unknown:  # chunked or other masks: not modelled, so never scored as if they were full
+            raise HeadscopeError(f"This model has {', '.join(unknown)} layers, whose mask headscope does not "
+                                 "model (it knows full_attention and sliding_attention).")
+        reach = int(window) if cfg.model_type == "modernbert" else (None if window is None else int(window) - 1)
+        return tuple(reach if t == "sliding_attention" else None for t in types)
+    if window is not None and getattr(cfg, "use_sliding_window", True):
+        return (int(window) - 1,) * n_layers
+    return (None,) * n_layers
 
 
 def _is_bridge(obj) -> bool:

@@ -46,12 +46,13 @@ def to_frame(model_name: str, n_layers: int, n_heads: int, results: Sequence, th
         est = getattr(res, "estimator", None)
         boot = (intervals or {}).get(m.name)
         for layer in range(n_layers):
+            chance = res.chance_at(layer) if hasattr(res, "chance_at") else res.chance
             for head in range(n_heads):
                 s = float(score[layer, head])
                 row = {
                     "model": model_name, "metric": m.name, "probe": m.probe, "layer": layer,
                     "head": head, "head_name": head_name(layer, head), "score": s,
-                    "chance": res.chance, "n": int(res.count),
+                    "chance": chance, "n": int(res.count),
                     "label": m.label if m.passes(s, t) else "",
                 }
                 if nulls is not None:
@@ -93,17 +94,30 @@ def relabel(scores: pd.DataFrame, thresholds: dict[str, float]) -> pd.DataFrame:
 # ------------------------------------------------------------------------------ summaries
 
 
+def chance_text(chance: pd.Series) -> str:
+    """One metric's chance: one number, or ``lo-hi`` when layers differ (sliding-window layers).
+
+    >>> chance_text(pd.Series([0.25, 0.25])), chance_text(pd.Series([0.0833, 0.25, 0.25]))
+    ('0.250', '0.083-0.250')
+    """
+    values = chance.dropna()
+    if values.empty:
+        return fmt(float("nan"))
+    lo, hi = float(values.min()), float(values.max())
+    return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)}-{fmt(hi)}"
+
+
 def summary_table(scores: pd.DataFrame, k: int = 3) -> str:
     """A plain-text table for stdout: per metric, the top heads, chance and labelled count."""
     w = max([16, *(len(m) for m in scores["metric"].unique())])
     lines = [f"{'metric':<{w}} {'chance':>7}  {'labelled':>8}  top heads"]
     for metric in scores["metric"].unique():
         sub = scores[scores["metric"] == metric]
-        chance = float(sub["chance"].iloc[0])
+        chance = chance_text(sub["chance"])
         top = top_heads(scores, metric, k)
         tops = ", ".join(f"{r.head_name} {r.score:.3f}" for r in top.itertuples()) or "NaN (see summary.md)"
         labelled = int((sub["label"] != "").sum())
-        lines.append(f"{metric:<{w}} {fmt(chance):>7}  {labelled:>8}  {tops}")
+        lines.append(f"{metric:<{w}} {chance:>7}  {labelled:>8}  {tops}")
     return "\n".join(lines)
 
 
@@ -154,7 +168,7 @@ def summary_markdown(result) -> str:
         sub = scores[scores["metric"] == metric]
         top = top_heads(scores, metric, 5)
         tops = ", ".join(f"{r.head_name} {r.score:.3f}" + _ci(r) + _null(r) for r in top.itertuples()) or "NaN"
-        lines.append(f"| {metric} | {fmt(float(sub['chance'].iloc[0]))} | {tops} |")
+        lines.append(f"| {metric} | {chance_text(sub['chance'])} | {tops} |")
     lines += ["", "## Labelled heads", ""]
     unstable_seen = False
     for metric in scores["metric"].unique():

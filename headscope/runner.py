@@ -267,7 +267,15 @@ def scan_to_dir(
     t_start = time.perf_counter()
     say = say or (lambda _msg: None)
     out = default_out(model_name) if out is None else Path(out)
-    old_threads, old_on_build = torch.get_num_threads(), kernels.on_build
+    from headscope.engines import fused
+
+    old_threads, old_on_build, old_on_fallback = torch.get_num_threads(), kernels.on_build, fused.on_fallback
+    said: set[str] = set()
+
+    def say_once(msg: str) -> None:  # a fallback line would otherwise repeat for every batch
+        if msg not in said:
+            said.add(msg)
+            say(msg)
     with interruptible():
         config.validate()
         at_least("threads", threads)
@@ -279,6 +287,7 @@ def scan_to_dir(
             if threads is not None:
                 torch.set_num_threads(threads)
             kernels.on_build = say
+            fused.on_fallback = say_once
             t0 = time.perf_counter()
             model = load_model(model_name, tokenizer, device=device, dtype=dtype, progress=say)
             t_load = time.perf_counter() - t0
@@ -296,6 +305,7 @@ def scan_to_dir(
         finally:
             torch.set_num_threads(old_threads)
             kernels.on_build = old_on_build
+            fused.on_fallback = old_on_fallback
     return result
 
 

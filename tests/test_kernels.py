@@ -234,3 +234,53 @@ def test_torch_noise_at_kernel_load_is_silenced(caplog):
     with caplog.at_level(logging.WARNING):
         logger.warning("after")
     assert [r.getMessage() for r in caplog.records] == ["after"]
+
+
+def _sliding_mask(b, n, reach, causal=True, lengths=None):
+    i = torch.arange(n)
+    vis = (i[:, None] - i[None, :]).abs() <= reach
+    if causal:
+        vis &= i[None, :] <= i[:, None]
+    mask = vis[None, None].expand(b, 1, n, n).clone()
+    if lengths is not None:
+        mask &= (i[None, :] < torch.tensor(lengths)[:, None])[:, None, None, :]
+    return mask
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_sliding_window_skips_tiles_and_stays_exact(causal):
+    """A window of 100 keys over 1,300: the kernel skips the 512-key tiles no row of a query tile can
+    see, and every statistic and the output equal the textbook softmax (and the mask-only pass)."""
+    torch.manual_seed(0)
+    b, n, reach = 2, 1300, 100
+    q, k, v = torch.randn(b, 4, n, 8), torch.randn(b, 2, n, 8), torch.randn(b, 2, n, 8)
+    mask = _sliding_mask(b, n, reach, causal, lengths=[n, 1100])
+    flag = torch.zeros(b, n, dtype=torch.bool)
+    flag[:, ::7] = True
+    out, st = kernels.attention(q, k, v, mask, 1.0, causal, {"f": flag}, reach=reach)
+    out_all, st_all = kernels.attention(q, k, v, mask, 1.0, causal, {"f": flag})  # no skipping
+    assert kernels.window_hidden(mask, reach, n, n)
+    p, lse = reference(q, k, mask, causal)
+    real = lse.isfinite()
+    torch.testing.assert_close(st.lse[real], lse[real], atol=1e-4, rtol=0)
+    want_mass = (p * flag[:, None, None, :].double()).sum(-1)
+    torch.testing.assert_close(st.masses["f"], want_mass, atol=1e-5, rtol=0)
+    ent = -torch.special.xlogy(p, p).sum(-1)
+    torch.testing.assert_close(st.entropy, ent, atol=1e-4, rtol=0)
+    want_out = (p.float() @ v.repeat_interleave(2, 1))
+    torch.testing.assert_close(out, want_out, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out, out_all, atol=1e-6, rtol=0)
+    torch.testing.assert_close(st.entropy, st_all.entropy, atol=1e-6, rtol=0)  # tile order only
+
+
+def test_a_declared_window_the_mask_lacks_is_never_skipped():
+    """If the config says 'window 100' but the mask shows every key (a misread config), the kernel
+    must not drop keys: window_hidden is False and the statistics are the full softmax's."""
+    torch.manual_seed(1)
+    n = 1300
+    q, k = torch.randn(1, 2, n, 8), torch.randn(1, 2, n, 8)
+    full = torch.ones(1, 1, n, n, dtype=torch.bool).tril()
+    assert not kernels.window_hidden(full, 100, n, n)
+    st = kernels.head_stats(q, k, full, 1.0, True, {}, reach=100)
+    _, lse = reference(q, k, full, True)
+    torch.testing.assert_close(st.lse, lse, atol=1e-4, rtol=0)

@@ -16,6 +16,8 @@
 // flags: float32 [B, F, Nk], contiguous (F may be 0).
 // causal: key j is visible to query i only if j <= i + (Nk - Nq).
 // v: [B, KVH, Nk, Dv] float32, contiguous, or an empty tensor (no output).
+// reach: with a mask, the layer's sliding window |i - j| <= reach (-1: none); key tiles wholly
+//        outside every row's window are skipped (the mask still decides each key).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -166,7 +168,7 @@ void accumulate(const float* E, const float* V, float* O, int64_t R, int64_t kn,
 
 std::vector<at::Tensor> head_stats(const at::Tensor& q, const at::Tensor& k, const at::Tensor& mask,
                                    const at::Tensor& flags, bool causal, const at::Tensor& v,
-                                   bool direct_blas) {
+                                   bool direct_blas, int64_t reach) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4, "q and k must be [batch, head, pos, dim]");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat, "q and k must be float32");
   TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && flags.is_contiguous(), "inputs must be contiguous");
@@ -224,7 +226,14 @@ std::vector<at::Tensor> head_stats(const at::Tensor& q, const at::Tensor& k, con
       const int64_t tile = ntiles - 1 - t / (B * H);
       const int64_t bh = t % (B * H), b = bh / H, h = bh % H;
       const int64_t q0 = tile * QT, R = std::min(QT, Nq - q0);
-      const int64_t kend = causal ? std::min(Nk, q0 + R + offset) : Nk;
+      int64_t kend = causal ? std::min(Nk, q0 + R + offset) : Nk;
+      // A sliding-window layer (reach >= 0, with the mask that says so): key tiles wholly outside
+      // every row's window |i - j| <= reach are skipped; the mask still decides each key.
+      int64_t kbegin = 0;
+      if (has_mask && reach >= 0) {
+        kbegin = std::max<int64_t>(0, (q0 + offset - reach) / KT * KT);
+        kend = std::min(kend, q0 + R - 1 + offset + reach + 1);
+      }
       std::fill(z.begin(), z.end(), 0.0);
       std::fill(zs.begin(), zs.end(), 0.0);
       std::fill(zf.begin(), zf.end(), 0.0);
@@ -232,7 +241,7 @@ std::vector<at::Tensor> head_stats(const at::Tensor& q, const at::Tensor& k, con
       std::fill(O.begin(), O.end(), 0.f);
       const float* qrow = qp + ((b * H + h) * Nq + q0) * D;
       const float* kh = kp + ((b * KVH + h / G) * Nk) * D;
-      for (int64_t kt = 0; kt < kend; kt += KT) {
+      for (int64_t kt = kbegin; kt < kend; kt += KT) {
         const int64_t kn = std::min(KT, kend - kt);
         scores(qrow, kh + kt * D, S, R, kn, D, fopt, direct_blas);
         const float* frow[MAXF];
@@ -290,6 +299,6 @@ std::vector<at::Tensor> head_stats(const at::Tensor& q, const at::Tensor& k, con
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("head_stats", &head_stats, "per-row entropy, flag masses and logsumexp of softmax(q k^T)",
-        py::arg("q"), py::arg("k"), py::arg("mask"), py::arg("flags"), py::arg("causal"), py::arg("v"), py::arg("direct_blas") = true,
+        py::arg("q"), py::arg("k"), py::arg("mask"), py::arg("flags"), py::arg("causal"), py::arg("v"), py::arg("direct_blas") = true, py::arg("reach") = -1,
         py::call_guard<py::gil_scoped_release>());
 }

@@ -8,12 +8,17 @@ single entry is ``exp(q·k - lse)``). The pattern never exists in memory, and a 
 what its fused attention alone does. See :mod:`headscope.kernels` for the kernel itself.
 
 CPU only, boolean (or no) masks shared by all heads, and metrics that read patterns only through
-the selectors (``Metric.fused``). A call the kernel cannot take (an additive mask, a per-head
-mask from an intervention) is scored from exact pattern blocks instead, as the blocked engine does.
+the selectors (``Metric.fused``). Sliding-window layers (``Model.reach``) go through the kernel with
+their mask, and the key tiles outside the window are skipped. A call the kernel cannot take (an
+additive mask, a per-head mask from an intervention) is scored from exact pattern blocks instead,
+as the blocked engine does, and :data:`on_fallback` hears about it once per scan, in one line.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
 from torch import Tensor
 
 from headscope import kernels
@@ -23,6 +28,9 @@ from headscope.engines.blocked import BlockHandler, refuse_unmodelled
 from headscope.metrics.base import PatternBatch, key_set_flags
 
 FLAG_SETS = ("separator", "punctuation")  # PatternBatch key sets whose mass the kernel sums
+#: Called with one line when some layer of a scan is scored from pattern blocks instead of the
+#: kernel (the CLI prints it; the library stays silent). Once per forward pass at most.
+on_fallback: Callable[[str], None] | None = None
 
 
 def fused_flags(batch: PatternBatch, n_keys: int) -> dict[str, Tensor]:
@@ -36,21 +44,31 @@ class FusedHandler(BlockHandler):
 
     engine = "fused"
 
-    def __init__(self, on_rows, layers, flags: dict[str, Tensor]):
+    def __init__(self, on_rows, layers, flags: dict[str, Tensor], reach: tuple = ()):
         super().__init__(on_rows, layers)
         self.flags = flags
+        self.reach = reach
+        self.fell_back = False
 
     def __call__(self, call: AttentionCall) -> Tensor:
-        if call.layer not in self.layers or not kernels.supports(call.query, call.mask):
+        if call.layer not in self.layers:
+            return super().__call__(call)
+        if not kernels.supports(call.query, call.mask):
+            if not self.fell_back and on_fallback is not None:
+                self.fell_back = True
+                kind = "an additive" if call.mask is not None and call.mask.dtype != torch.bool else "a per-head"
+                on_fallback(f"layer {call.layer}'s attention has {kind} mask, which the fused kernel does not take: "
+                            "scored from exact pattern blocks (same scores, slower).")
             return super().__call__(call)
         refuse_unmodelled(call, self.engine)
+        reach = self.reach[call.layer] if call.layer < len(self.reach) else None
         if call.layer == self.last:  # nothing runs after it: statistics only, no output
-            stats = kernels.head_stats(call.query, call.key, call.mask, call.scale, call.causal, self.flags)
+            stats = kernels.head_stats(call.query, call.key, call.mask, call.scale, call.causal, self.flags, reach)
             self.on_rows(call.layer, stats, 0)
             raise StopForward
         # the kernel's own output replaces sdpa's: one pass over the scores, not two
         out, stats = kernels.attention(call.query, call.key, call.value, call.mask, call.scale, call.causal,
-                                       self.flags)
+                                       self.flags, reach)
         self.on_rows(call.layer, stats, 0)
         return out.transpose(1, 2).contiguous()  # [batch, head, query, dim] -> [batch, query, head, dim]
 
@@ -73,7 +91,7 @@ class FusedEngine(Engine):
 
     def run(self, model, tokens, mask, batch, on_rows, layers=None, interventions=(), token_types=None) -> None:
         layers = range(model.n_layers) if layers is None else layers
-        handler = FusedHandler(on_rows, layers, fused_flags(batch, tokens.shape[1]))
+        handler = FusedHandler(on_rows, layers, fused_flags(batch, tokens.shape[1]), tuple(model.reach))
         model.run(tokens, mask, handler=handler, interventions=interventions, token_types=token_types)
 
 

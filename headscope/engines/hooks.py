@@ -23,16 +23,36 @@ class HooksEngine(Engine):
     def unavailable(self, model, metrics):
         if not model.has_bridge:
             return "this model has no transformer-lens bridge"
+        try:
+            _ = model.bridge  # built once, on first use; an architecture transformer-lens lacks is said here
+        except HeadscopeError:
+            return model._bridge_error or "this model has no transformer-lens bridge"
         return None
 
     def run(self, model, tokens, mask, batch, on_rows, layers=None, interventions=(), token_types=None) -> None:
         if interventions:
             raise HeadscopeError("The hooks engine runs transformer-lens' forward and cannot apply interventions; "
                                  "use --engine blocked.")
-        def on_pattern(layer, pattern):  # [batch, head, query, key]; bf16/fp16 are scored in fp32
-            on_rows(layer, DenseRows(pattern.float()), 0)
+        ours: list[BaseException] = []
 
-        model.run_patterns(tokens, mask, on_pattern, layers, token_types)
+        def on_pattern(layer, pattern):  # [batch, head, query, key]; bf16/fp16 are scored in fp32
+            try:
+                on_rows(layer, DenseRows(pattern.float()), 0)
+            except BaseException as exc:  # headscope's own failure: passed on unchanged below
+                ours.append(exc)
+                raise
+
+        try:
+            model.run_patterns(tokens, mask, on_pattern, layers, token_types)
+        except HeadscopeError:
+            raise
+        except Exception as exc:
+            if any(exc is e for e in ours):
+                raise
+            # transformer-lens' own forward failed on this architecture: one line, not its traceback
+            what = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+            hint = "; use --engine blocked" if model.attention_interface else ""
+            raise HeadscopeError(f"transformer-lens' forward failed on {model.name} ({what}){hint}.") from exc
 
 
 ENGINE = HooksEngine()

@@ -65,13 +65,16 @@ def query_range(
 
 
 def visible_keys(pattern: Tensor, batch: PatternBatch) -> Bool[Tensor, "batch query key"]:
-    """Keys a query can see: real keys, and for causal models only ``k <= q``."""
+    """Keys a query can see: real keys, for causal models only ``k <= q``, and in a sliding-window
+    layer (``batch.reach``) only ``|q - k| <= reach``."""
     k = torch.arange(pattern.shape[-1], device=pattern.device)
     real = k[None, :] < batch.lengths.to(pattern.device)[:, None]  # [batch, key]
     vis = real[:, None, :]  # [batch, 1, key]
+    q = query_positions(pattern, batch)
     if batch.causal:
-        q = query_positions(pattern, batch)
         vis = vis & (k[None, :] <= q[:, None])[None]  # [batch, query, key]
+    if batch.reach is not None:
+        vis = vis & ((q[:, None] - k[None, :]).abs() <= batch.reach)[None]  # [batch, query, key]
     return vis.expand(pattern.shape[0], pattern.shape[-2], pattern.shape[-1])
 
 

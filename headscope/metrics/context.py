@@ -18,6 +18,9 @@ class PatternBatch:
     separator: Bool[Tensor, "batch key"] | None = None  # keys holding the separator token
     punctuation: Bool[Tensor, "batch key"] | None = None  # keys holding a punctuation token
     repeat_len: int | None = None  # L of the repeat probe: BOS + R + R, |R| = L
+    #: A sliding-window layer's reach: a query sees only keys with ``|q - k| <= reach`` (None: all).
+    #: It decides which keys a uniform head spreads over (chance); qualifying queries never depend on it.
+    reach: int | None = None
 
     def to(self, device) -> PatternBatch:
         """The same context with its tensors on ``device``."""
@@ -26,4 +29,4 @@ class PatternBatch:
 
         return PatternBatch(lengths=self.lengths.to(device), causal=self.causal, q_start=self.q_start,
                             separator=mv(self.separator), punctuation=mv(self.punctuation),
-                            repeat_len=self.repeat_len)
+                            repeat_len=self.repeat_len, reach=self.reach)
