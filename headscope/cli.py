@@ -96,13 +96,17 @@ def main() -> None:
               help=f"Model weights dtype: {', '.join(DTYPE_NAMES)}. [default: float32] Patterns are scored in float32.")
 @click.option("--threads", type=int, default=None,
               help="CPU threads for torch. [default: torch's choice, usually one per core]")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Shard the scan's batches over Ray actors (same scores): a local instance, or the cluster at "
+                   "ADDRESS (HOST:PORT from `ray start --head`, auto, ray://HOST:10001). Needs the ray extra.")
+@click.option("--workers", type=int, default=None, help="Ray actors, one model replica each. [default: 1]")
 @click.option("--force", is_flag=True, help="Replace an existing run directory (never any other folder).")
 @click.option("--no-figures", is_flag=True, help="Skip the PNG heatmaps.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
 def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, seq_len, engine, prompts, text_join, token_types,
          metric_names,
-         thresholds, effects, ablation, effects_sequences, bootstrap, ci, device, dtype, threads, force, no_figures,
-         quiet) -> None:
+         thresholds, effects, ablation, effects_sequences, bootstrap, ci, device, dtype, threads, ray_address, workers,
+         force, no_figures, quiet) -> None:
     """Score every head of MODEL and write a run directory.
 
     MODEL is an offline model (smollm2-135m, all-minilm-l6-v2), a transformer-lens name such as
@@ -132,7 +136,7 @@ def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, seq_len, engi
             return tqdm(total=total, desc=desc, unit="seq", file=sys.stderr, leave=False)
 
     result = scan_to_dir(model_name, out, config, force=force, figures=not no_figures, device=device,
-                         dtype=dtype, threads=threads, say=say, progress=progress)
+                         dtype=dtype, threads=threads, say=say, progress=progress, ray=ray_address, workers=workers)
     click.echo(console_summary(result, out, figures=not no_figures))
 
 

@@ -114,60 +114,123 @@ def score_probe(
     the model, device and metrics allow; all give the same scores. ``batch_size=None`` picks one
     from the sequence length and free memory. ``interventions`` (:mod:`headscope.attention`) are
     applied in every forward: the scores of a model with some heads ablated or restricted.
+
+    The work is :func:`plan_batches`, then :func:`score_batch` on each batch, added up in batch
+    order by :class:`Sums`: a sharded scan (:mod:`headscope.scale`) scores the same batches
+    elsewhere and adds them the same way, so its sums are bit-identical to these.
     """
     eng = resolve_engine(model, engine, metrics, interventions=bool(interventions))
     if batch_size is None:
         batch_size = auto_batch_size(model, max(len(s) for s in probe.sequences))
-    if batch_size < 1:
-        raise HeadscopeError(f"batch_size (--batch-size) must be at least 1, got {batch_size}.")
     metrics = [m for m in metrics if m.probe == probe.name]
+    batches = plan_batches(probe, batch_size)
     if not metrics:
         return {}
-    totals = {m.name: torch.zeros(model.n_layers, model.n_heads, dtype=torch.float64) for m in metrics}
-    counts = dict.fromkeys(totals, 0.0)
-    chance = {m.name: torch.zeros(model.n_layers, dtype=torch.float64) for m in metrics}
-    reach = tuple(getattr(model, "reach", ()) or ()) or (None,) * model.n_layers
-    # per sequence, in the probe's order (kept beside the pooled sums, which stay summed as before)
-    seq_totals = {m.name: torch.zeros(len(probe), model.n_layers, model.n_heads, dtype=torch.float64) for m in metrics}
-    seq_counts = {m.name: torch.zeros(len(probe), dtype=torch.float64) for m in metrics}
+    sums = Sums(model, probe, metrics)
     punct = PunctuationTable(model)
-    # Similar lengths together: less padding. Sums are order-free, so scores do not change.
-    order = sorted(range(len(probe)), key=lambda i: (len(probe.sequences[i]), i))
-    for start in range(0, len(order), batch_size):
-        index = torch.tensor(order[start : start + batch_size])  # [b]: each row's place in the probe
-        chunk = [probe.sequences[i] for i in order[start : start + batch_size]]
-        tokens, mask, lengths = pad_batch(chunk, model.pad_id)  # [b, n], [b, n], [b]
-        batch = pattern_batch(model, probe, tokens, mask, lengths, punct)
-        on_device = batch.to(model.device)
-        n = tokens.shape[1]
-        seen: set[int] = set()
-
-        def on_rows(layer: int, rows: Rows, q_start: int = 0, ctx=on_device, n=n, seen=seen, index=index) -> None:
-            # a block of query rows whose key axis may stop early (causal blocks)
-            block = ctx if q_start == 0 and rows.shape[-1] == n else _block(ctx, q_start, rows.shape[-1])
-            seen.add(layer)
-            for m in metrics:
-                per_seq = m(rows, block).total.cpu()  # [b, head]
-                totals[m.name][layer] += per_seq.sum(0)  # [head]
-                seq_totals[m.name][index, layer] += per_seq
-
-        extra = {"interventions": interventions} if interventions else {}  # engines written before them still run
-        if probe.token_types is not None:
-            extra["token_types"] = pad_batch([probe.token_types[i] for i in index.tolist()], 0)[0]  # [b, n]
-        eng.run(model, tokens, mask, on_device, on_rows, **extra)
-        if len(seen) != model.n_layers:  # a layer the engine never reached would score 0, silently
-            missed = sorted(set(range(model.n_layers)) - seen)
-            raise HeadscopeError(f"The {eng.name} engine never saw layer(s) {', '.join(map(str, missed))} of "
-                                 f"{model.name}: its attention did not reach headscope; use --engine hooks.")
-        _add_chance(metrics, batch, counts, chance, seq_counts, index, reach)
+    for index in batches:
+        sums.add(score_batch(model, probe, metrics, index, eng, interventions, punct))
         if on_batch is not None:
-            on_batch(len(chunk))
-    return {m.name: MetricScores(m, totals[m.name], counts[m.name], chance[m.name], seq_totals[m.name],
-                                 seq_counts[m.name]) for m in metrics}
+            on_batch(len(index))
+    return sums.result()
 
 
-def _add_chance(metrics: Sequence[Metric], batch: PatternBatch, counts: dict, chance: dict,
-                seq_counts: dict | None = None, index: Tensor | None = None,
+def plan_batches(probe: Probe, batch_size: int) -> list[list[int]]:
+    """The batches :func:`score_probe` scores, as probe indices: sequences sorted by length (less
+    padding), cut every ``batch_size``. Sums are order-free, so scores do not depend on the plan
+    beyond float rounding; the same plan gives the same bits.
+
+    >>> plan_batches(Probe("text", [[1, 2, 3], [1], [1, 2]]), 2)
+    [[1, 2], [0]]
+    """
+    if batch_size < 1:
+        raise HeadscopeError(f"batch_size (--batch-size) must be at least 1, got {batch_size}.")
+    order = sorted(range(len(probe)), key=lambda i: (len(probe.sequences[i]), i))
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+@dataclass
+class BatchScores:
+    """One batch's contribution, kept as the additions :class:`Sums` makes, in order, so that adding
+    batches scored anywhere (another process, another machine) gives the same bits as one loop."""
+
+    index: list[int]  # each row's place in the probe
+    total_steps: dict[str, list[tuple[int, Tensor]]]  # per metric: (layer, [head] sum) per call
+    count_steps: dict[str, list[float]]  # per metric: qualifying pairs, per query block
+    chance_steps: dict[str, list[tuple[list[int], float]]]  # per metric: (layers, uniform-head sum)
+    seq_total: dict[str, Tensor]  # per metric: [b, layer, head]
+    seq_count: dict[str, Tensor]  # per metric: [b]
+
+
+def score_batch(model, probe: Probe, metrics: Sequence[Metric], index: Sequence[int], eng,
+                interventions: Sequence = (), punct: PunctuationTable | None = None) -> BatchScores:
+    """One forward over the probe's sequences ``index`` with engine ``eng``: a :class:`BatchScores`."""
+    index = list(index)
+    part = BatchScores(index, {m.name: [] for m in metrics}, {m.name: [] for m in metrics},
+                       {m.name: [] for m in metrics},
+                       {m.name: torch.zeros(len(index), model.n_layers, model.n_heads, dtype=torch.float64)
+                        for m in metrics},
+                       {m.name: torch.zeros(len(index), dtype=torch.float64) for m in metrics})
+    chunk = [probe.sequences[i] for i in index]
+    tokens, mask, lengths = pad_batch(chunk, model.pad_id)  # [b, n], [b, n], [b]
+    batch = pattern_batch(model, probe, tokens, mask, lengths, punct)
+    on_device = batch.to(model.device)
+    n = tokens.shape[1]
+    seen: set[int] = set()
+
+    def on_rows(layer: int, rows: Rows, q_start: int = 0) -> None:
+        # a block of query rows whose key axis may stop early (causal blocks)
+        block = on_device if q_start == 0 and rows.shape[-1] == n else _block(on_device, q_start, rows.shape[-1])
+        seen.add(layer)
+        for m in metrics:
+            per_seq = m(rows, block).total.cpu()  # [b, head]
+            part.total_steps[m.name].append((layer, per_seq.sum(0)))  # [head]
+            part.seq_total[m.name][:, layer] += per_seq
+
+    extra = {"interventions": interventions} if interventions else {}  # engines written before them still run
+    if probe.token_types is not None:
+        extra["token_types"] = pad_batch([probe.token_types[i] for i in index], 0)[0]  # [b, n]
+    eng.run(model, tokens, mask, on_device, on_rows, **extra)
+    if len(seen) != model.n_layers:  # a layer the engine never reached would score 0, silently
+        missed = sorted(set(range(model.n_layers)) - seen)
+        raise HeadscopeError(f"The {eng.name} engine never saw layer(s) {', '.join(map(str, missed))} of "
+                             f"{model.name}: its attention did not reach headscope; use --engine hooks.")
+    reach = tuple(getattr(model, "reach", ()) or ()) or (None,) * model.n_layers
+    _add_chance(metrics, batch, part, reach)
+    return part
+
+
+class Sums:
+    """The running sums of one probe's scan; :meth:`add` takes batches in plan order."""
+
+    def __init__(self, model, probe: Probe, metrics: Sequence[Metric]):
+        self.metrics = list(metrics)
+        self.totals = {m.name: torch.zeros(model.n_layers, model.n_heads, dtype=torch.float64) for m in metrics}
+        self.counts = dict.fromkeys(self.totals, 0.0)
+        self.chance = {m.name: torch.zeros(model.n_layers, dtype=torch.float64) for m in metrics}
+        # per sequence, in the probe's order (kept beside the pooled sums)
+        self.seq_totals = {m.name: torch.zeros(len(probe), model.n_layers, model.n_heads, dtype=torch.float64)
+                           for m in metrics}
+        self.seq_counts = {m.name: torch.zeros(len(probe), dtype=torch.float64) for m in metrics}
+
+    def add(self, part: BatchScores) -> None:
+        index = torch.tensor(part.index)  # [b]
+        for name in self.totals:
+            for layer, head_sum in part.total_steps[name]:
+                self.totals[name][layer] += head_sum
+            self.seq_totals[name][index] += part.seq_total[name]
+            for layers, value in part.chance_steps[name]:
+                self.chance[name][layers] += value
+            for value in part.count_steps[name]:
+                self.counts[name] += value
+            self.seq_counts[name][index] += part.seq_count[name]
+
+    def result(self) -> dict[str, MetricScores]:
+        return {m.name: MetricScores(m, self.totals[m.name], self.counts[m.name], self.chance[m.name],
+                                     self.seq_totals[m.name], self.seq_counts[m.name]) for m in self.metrics}
+
+
+def _add_chance(metrics: Sequence[Metric], batch: PatternBatch, part: BatchScores,
                 reach: Sequence[int | None] = (None,)) -> None:
     """Counts and per-layer chance sums of one batch: each metric on a uniform head over the keys
     each layer can see (``reach``, one entry per layer), in query blocks (O(n) memory). Counts do
@@ -184,11 +247,10 @@ def _add_chance(metrics: Sequence[Metric], batch: PatternBatch, counts: dict, ch
             uniform = uniform_pattern((b, 1, min(rows, n - q_start), n), block)  # [b, 1, rows, n]
             for m in metrics:
                 pooled = m(uniform, block)
-                chance[m.name][layers] += float(pooled.total.sum())
+                part.chance_steps[m.name].append((layers, float(pooled.total.sum())))
                 if first:  # the qualifying queries are the same in every layer
-                    counts[m.name] += float(pooled.count.sum())
-                    if seq_counts is not None:
-                        seq_counts[m.name][index] += pooled.count.cpu()  # [b]
+                    part.count_steps[m.name].append(float(pooled.count.sum()))
+                    part.seq_count[m.name] += pooled.count.cpu()  # [b]
 
 
 def auto_batch_size(model, seq_len: int, budget_bytes: int | None = None) -> int:

@@ -99,6 +99,7 @@ def scan(
     bootstrap_seed: int = 0,
     null: bool = True,
     examples: bool = True,
+    scorer: Callable | None = None,
 ) -> ScanResult:
     """Score every head of ``model`` for every metric; return a :class:`ScanResult`.
 
@@ -120,7 +121,12 @@ def scan(
     ``copying`` gets its own control there (another token of ``R``, :mod:`headscope.circuits.copying`).
     ``examples`` keeps the strongest heads' patterns on the first sequence of each probe, for the
     run's report (:mod:`headscope.examples`).
+
+    ``scorer`` replaces :func:`~headscope.extract.score_probe` (same signature) for the pattern
+    scores and the positional null: a :class:`headscope.scale.shard.ShardedScorer` shards them over
+    workers with the same results.
     """
+    score = scorer or score_probe
     probes = list(probes) if probes is not None else default_probes(model)
     if metrics is not None and not len(metrics):
         raise HeadscopeError("metrics is empty; give metric names such as ['induction', 'sink'], or None for all.")
@@ -145,7 +151,7 @@ def scan(
     for probe in probes:
         t0 = time.perf_counter()
         bar = progress(total=len(probe), desc=f"{probe.name} probe") if progress else None
-        results.update(score_probe(model, probe, chosen, batch_size, on_batch=bar.update if bar is not None else None,
+        results.update(score(model, probe, chosen, batch_size, on_batch=bar.update if bar is not None else None,
                                    engine=eng.name, interventions=interventions))
         if bar is not None:
             bar.close()
@@ -158,7 +164,7 @@ def scan(
     if null and repeat is not None and repeat_metrics and not any(p.name == NULL_PROBE for p in probes):
         t0 = time.perf_counter()
         control = null_probe(repeat, model)
-        scored = score_probe(model, replace(control, name="repeat"), repeat_metrics, batch_size, engine=eng.name,
+        scored = score(model, replace(control, name="repeat"), repeat_metrics, batch_size, engine=eng.name,
                              interventions=interventions)  # the repeat metrics, read at the same positions
         nulls = {name: r.score for name, r in scored.items()}
         probes = [*probes, control]
@@ -251,6 +257,8 @@ def scan_to_dir(
     threads: int | None = None,
     say: Callable[[str], None] | None = None,
     progress=None,
+    ray: str | None = None,
+    workers: int | None = None,
 ) -> ScanResult:
     """``headscope scan``: check everything, load ``model_name``, scan, and save the run to ``out``.
 
@@ -261,8 +269,16 @@ def scan_to_dir(
     ``dtype`` then stay the model's own; see :func:`headscope.models.load_model`). ``out``
     defaults to :func:`default_out`. ``say`` gets progress lines; ``progress`` is a ``tqdm``-like
     factory for the probes' progress bars. ``threads`` sets torch's CPU threads for the scan only.
+
+    ``ray`` shards the pattern scan's batches over ``workers`` Ray actors (:mod:`headscope.scale`):
+    ``"local"`` starts a local instance, else a cluster address (``HOST:PORT``, ``auto``,
+    ``ray://HOST:PORT``). The scores and tokens are those of the plain scan, bit for bit.
     """
+    import contextlib
+
     import torch
+
+    from headscope.scale.ray_scan import check_options, sharded
 
     t_start = time.perf_counter()
     say = say or (lambda _msg: None)
@@ -283,7 +299,13 @@ def scan_to_dir(
         check_out_dir(out, force)
         if isinstance(model_name, str):
             resolve(model_name)  # a typo is answered in milliseconds, before any loading
+        check_options(ray, workers, model_name, config.effects is not None)
+        stack = contextlib.ExitStack()
         try:
+            scorer = None
+            if ray is not None:  # the actors load their replicas while this process loads its own
+                say(f"starting {workers or 1} Ray worker(s) ({'local instance' if ray == 'local' else ray})")
+                scorer = stack.enter_context(sharded(model_name, ray, workers, device, dtype))
             if threads is not None:
                 torch.set_num_threads(threads)
             kernels.on_build = say
@@ -299,10 +321,13 @@ def scan_to_dir(
             say(f"scanning {model.n_layers} layers x {model.n_heads} heads on {model.device} ({engine.name} engine)")
             result = scan(model, probes, chosen, batch_size=config.batch_size, thresholds=dict(config.thresholds),
                           progress=progress, engine=engine.name, effects=config.effect_settings(), say=say,
-                          bootstrap=config.bootstrap, ci=config.ci, bootstrap_seed=config.seed)
+                          bootstrap=config.bootstrap, ci=config.ci, bootstrap_seed=config.seed, scorer=scorer)
+            if ray is not None:
+                result.metadata["ray"] = {"address": ray, "workers": workers or 1}
             result.metadata = run_metadata(model, result, config, t_load)
             save_run(result, out, force=force, figures=figures, started=t_start)
         finally:
+            stack.close()
             torch.set_num_threads(old_threads)
             kernels.on_build = old_on_build
             fused.on_fallback = old_on_fallback
@@ -334,7 +359,7 @@ def run_metadata(model, result: ScanResult, config: ScanConfig, t_load: float) -
         "token_type_ids": ("segment ids of each pair, saved in tokens.jsonl" if config.token_types
                            else "all zero (sequences are fed as token ids alone)"),
         "engine": result.metadata.get("engine"),
-        **({k: result.metadata[k] for k in ("effects", "bootstrap") if k in result.metadata}),
+        **({k: result.metadata[k] for k in ("effects", "bootstrap", "ray") if k in result.metadata}),
         "batch_size": result.metadata.get("batch_size"),
         "device": str(model.device),
         "threads": torch.get_num_threads(),

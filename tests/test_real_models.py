@@ -12,6 +12,16 @@ from headscope.metrics import REGISTRY
 pytestmark = pytest.mark.real
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One torch thread: on this shared 2-core machine a gemma3-270m scan took 37 s with one and
+    69 s with two (SmolLM2: 5-8x slower with two, see test_recompute_real). Restored afterwards."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 def _score(result, metric):
     return headscope.matrix(result.scores, metric)
 
