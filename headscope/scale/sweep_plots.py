@@ -1,0 +1,84 @@
+"""A sweep's figures, from its atlas alone (never a model): scores against training step, and the
+models side by side. ``matplotlib.figure.Figure`` objects, no pyplot state."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+__all__ = ["labelled_heads", "models_figure", "steps_figure"]
+
+
+def _done(atlas: pd.DataFrame) -> pd.DataFrame:
+    done = atlas[(atlas["status"] == "done") & atlas["score"].notna()]
+    return done[done["setting"] == done["setting"].min()] if len(done) else done
+
+
+def labelled_heads(atlas: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, metric), the heads labelled at any step or seed: ``model, metric, head_name``."""
+    done = _done(atlas)
+    labelled = done[done["label"].notna() & (done["label"].astype(str) != "")]
+    return labelled[["model", "metric", "head_name"]].drop_duplicates().reset_index(drop=True)
+
+
+def steps_figure(atlas: pd.DataFrame, top: int = 3) -> Figure | None:
+    """Each labelled head's score against the training step (mean over seeds), one panel per
+    (model, metric), chance dashed; a metric with no labelled head shows its ``top`` heads at the
+    last step instead, and says so. None when no job has a step."""
+    done = _done(atlas)
+    done = done[done["step"].notna()]
+    if not len(done):
+        return None
+    heads = labelled_heads(done)
+    panels = done[["model", "metric"]].drop_duplicates().values.tolist()
+    cols = min(3, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig = Figure(figsize=(4.6 * cols, 3.4 * rows), layout="constrained")
+    for i, (model, metric) in enumerate(panels):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        part = done[(done["model"] == model) & (done["metric"] == metric)]
+        names = list(heads[(heads["model"] == model) & (heads["metric"] == metric)]["head_name"])
+        note = "labelled heads"
+        if not names:
+            last = part[part["step"] == part["step"].max()].groupby("head_name")["score"].mean()
+            names, note = list(last.nlargest(top).index), f"top {top} heads (none labelled)"
+        for name in names:
+            curve = part[part["head_name"] == name].groupby("step")["score"].mean()
+            ax.plot(curve.index.astype(int), curve.values, marker="o", ms=3, label=name)
+        chance = part.groupby("step")["chance"].mean()
+        ax.plot(chance.index.astype(int), chance.values, "k--", lw=1, label="chance")
+        ax.set_title(f"{model}: {metric}, {note}", fontsize=8)
+        ax.set_xlabel("training step")
+        ax.set_ylabel("score")
+        ax.legend(fontsize=7, ncol=2)
+    return fig
+
+
+def models_figure(atlas: pd.DataFrame) -> Figure | None:
+    """The models side by side: per metric, each model's top head score (its last step, mean over
+    seeds) beside its chance. None for a sweep of one model."""
+    done = _done(atlas)
+    if not len(done) or done["model"].nunique() < 2:
+        return None
+    parts = []
+    for _, part in done.groupby("model", sort=False):
+        steps = part["step"].dropna()
+        parts.append(part[part["step"] == steps.max()] if len(steps) else part)  # its last checkpoint
+    done = pd.concat(parts)
+    top = (done.groupby(["model", "metric", "seed"])["score"].max().groupby(["model", "metric"]).mean()
+           .unstack("model"))
+    chance = done.groupby(["model", "metric"])["chance"].mean().unstack("model")
+    fig = Figure(figsize=(max(6, 0.9 * len(top) * top.shape[1] ** 0.5), 3.8), layout="constrained")
+    ax = fig.add_subplot(1, 1, 1)
+    width = 0.8 / top.shape[1]
+    for j, model in enumerate(top.columns):
+        x = [i + j * width for i in range(len(top))]
+        ax.bar(x, top[model].values, width, label=model)
+        ax.scatter(x, chance[model].reindex(top.index).values, color="k", marker="_", s=80, zorder=3)
+    ax.set_xticks([i + width * (top.shape[1] - 1) / 2 for i in range(len(top))], top.index, rotation=30, ha="right")
+    ax.set_ylabel("top head score (— chance)")
+    ax.set_title("models side by side: top head per metric")
+    ax.legend(fontsize=8)
+    return fig
