@@ -77,7 +77,7 @@ def worker(spec: dict) -> dict:
     import headscope
     from headscope.extract import score_probe
     from headscope.metrics import REGISTRY
-    from headscope.probes import packed_text_probe
+    from headscope.long_probes import long_text_probe
     from headscope.timing import best_time
 
     torch.set_grad_enabled(False)
@@ -89,7 +89,7 @@ def worker(spec: dict) -> dict:
     text_metrics = [m for m in REGISTRY.values() if m.probe == "text"]
     # A short warm-up run first, so one-off kernel set-up is not timed.
     for seq_len in (min(32, spec["seq_len"]), spec["seq_len"]):
-        probe = packed_text_probe(model, None, seq_len, spec["batch"])
+        probe = long_text_probe(model, seq_len, spec["batch"])  # real prose, never repeated inside a sequence
         tokens = torch.tensor(probe.sequences)
         mask = torch.ones_like(tokens, dtype=torch.bool)
         run = _runner(model, method, probe, tokens, mask, text_metrics, spec["batch"], score_probe)

@@ -66,7 +66,16 @@ def main() -> None:
 @click.option("--repeat-len", type=int, default=DEFAULTS.repeat_len, show_default=True,
               help="L of the repeat probe BOS+R+R.")
 @click.option("--seq-len", type=int, default=DEFAULTS.seq_len,
-              help="Make every sequence this many tokens: text packed until full, R as long as fits.")
+              help="Make every sequence this many tokens: long real prose (never repeated inside a sequence; "
+                   "with --prompts, your pairs packed), R as long as fits.")
+@click.option("--long-context", is_flag=True, default=DEFAULTS.long_context,
+              help="Also streaming (sink + window mass) and retrieval (needle copy-paste) on long real prose "
+                   "(--seq-len, default 2048) and a needle probe.")
+@click.option("--sinks", type=int, default=DEFAULTS.sinks, show_default=True, help="Sink tokens of the streaming band.")
+@click.option("--window", type=int, default=DEFAULTS.window, show_default=True,
+              help="Recent tokens of the streaming band.")
+@click.option("--needle-tokens", type=int, default=DEFAULTS.needle_tokens, show_default=True,
+              help="K random tokens in the needle probe.")
 @click.option("--engine", default=DEFAULTS.engine, show_default=True,
               help=f"{', '.join([AUTO, *engine_names()])}: how attention is read; auto takes the first that can "
                    "run (see `headscope engines`).")
@@ -103,7 +112,8 @@ def main() -> None:
 @click.option("--force", is_flag=True, help="Replace an existing run directory (never any other folder).")
 @click.option("--no-figures", is_flag=True, help="Skip the PNG heatmaps.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
-def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, seq_len, engine, prompts, text_join, token_types,
+def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, seq_len, long_context, sinks, window, needle_tokens,
+         engine, prompts, text_join, token_types,
          metric_names,
          thresholds, effects, ablation, effects_sequences, bootstrap, ci, device, dtype, threads, ray_address, workers,
          force, no_figures, quiet) -> None:
@@ -121,6 +131,7 @@ def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, seq_len, engi
         text_join=text_join, token_types=token_types, metrics=tuple(metric_names.split(",")) if metric_names is not None else None,
         thresholds=parse_thresholds(thresholds), batch_size=batch_size, engine=engine, effects=effects,
         ablation=ablation, effects_sequences=effects_sequences, bootstrap=bootstrap, ci=ci,
+        long_context=long_context, sinks=sinks, window=window, needle_tokens=needle_tokens,
     )
     out = out or default_out(model_name)
 
@@ -194,6 +205,10 @@ main.add_command(compare)
 from headscope.cli_scale import sweep  # noqa: E402
 
 main.add_command(sweep)
+
+from headscope.cli_long import kvplan  # noqa: E402
+
+main.add_command(kvplan)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

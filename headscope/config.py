@@ -41,6 +41,12 @@ class ScanConfig:
     effects_sequences: int = 16  # effects are measured on the first N sequences of each probe
     bootstrap: int = 1000  # resamples of the sequences for intervals and label stability (0: none)
     ci: float = 0.95  # the intervals' coverage
+    #: Long-context view: also the streaming and retrieval metrics, on long prose (--seq-len,
+    #: default 2048) and a needle probe at several depths.
+    long_context: bool = False
+    sinks: int = 4  # the streaming metric's sink + window band (a StreamingLLM cache)
+    window: int = 64
+    needle_tokens: int = 8  # K of the needle probe
 
     def validate(self) -> ScanConfig:
         """Every check that needs no model; returns ``self`` so calls chain."""
@@ -58,6 +64,8 @@ class ScanConfig:
 
             raise HeadscopeError(f"Unknown {setting('text_join')} '{self.text_join}'."
                                  f"{did_you_mean(self.text_join, JOINS)} Use one of {', '.join(JOINS)}.")
+        if self.long_context or self.sinks != 4 or self.window != 64 or self.needle_tokens != 8:
+            check_long(self.long_seq_len(), self.sinks, self.window, self.needle_tokens, self.long_context)
         if self.seq_len is not None and (self.text_join != "plain" or self.token_types):
             raise HeadscopeError(f"{setting('text_join')} chat and {setting('token_types')} shape the pair probe; "
                                  f"{setting('seq_len')} packs text instead. Use one or the other.")
@@ -82,12 +90,17 @@ class ScanConfig:
                                      f"holds ({len(pairs)}); use at most {len(pairs)}.")
         return self
 
+    def long_seq_len(self) -> int:
+        """The context length of the long-context view: ``seq_len``, else 2048."""
+        return self.seq_len if self.seq_len is not None else LONG_SEQ_LEN
+
     def metric_objects(self) -> list:
-        """The chosen :class:`~headscope.metrics.Metric` objects, in registry order when all."""
-        from headscope.metrics import REGISTRY
+        """The chosen :class:`~headscope.metrics.Metric` objects, in registry order when all
+        (with ``long_context``, the long-context metrics too)."""
+        from headscope.metrics import REGISTRY, default_metrics
 
         if self.metrics is None:
-            return list(REGISTRY.values())
+            return list(REGISTRY.values()) if self.long_context else default_metrics()
         names = [m.strip() for m in self.metrics if m.strip()]
         if not names:
             raise HeadscopeError(f"{setting('metrics')} is empty; give names such as induction,sink.")
@@ -107,7 +120,7 @@ class ScanConfig:
     def probe_names(self) -> list[str]:
         """The probes the chosen metrics need, text first."""
         needed = {m.probe for m in self.metric_objects()}
-        return [p for p in ("text", "repeat") if p in needed]
+        return [p for p in ("text", "repeat", "needle") if p in needed]
 
     def record(self) -> dict:
         """The settings as saved in ``metadata.json``."""
@@ -121,6 +134,32 @@ class ScanConfig:
         from headscope.metrics import get_metric
 
         return get_metric(name)
+
+
+LONG_SEQ_LEN = 2048  # the long-context view's length when --seq-len is not given
+
+
+def check_long(seq_len: int, sinks: int, window: int, needle_tokens: int, long_context: bool = True) -> None:
+    """Sink, window and needle sizes that fit the context, or one line saying what does.
+
+    >>> check_long(2048, 4, 64, 8)
+    >>> check_long(64, 4, 64, 8)
+    Traceback (most recent call last):
+    headscope.errors.HeadscopeError: sinks (--sinks) 4 + window (--window) 64 keep every key of a 64-token sequence; use a window below 60 or a longer --seq-len.
+    """
+    if not long_context:
+        raise HeadscopeError(f"{setting('sinks')}, {setting('window')} and {setting('needle_tokens')} set up the "
+                             "long-context view; add --long-context.")
+    at_least("sinks", sinks, 0)
+    at_least("window", window)
+    at_least("needle_tokens", needle_tokens)
+    if sinks + window >= seq_len:
+        raise HeadscopeError(f"{setting('sinks')} {sinks} + {setting('window')} {window} keep every key of a "
+                             f"{seq_len}-token sequence; use a window below {max(1, seq_len - sinks)} or a longer "
+                             "--seq-len.")
+    if 2 * needle_tokens + 24 > seq_len:  # the needle twice, its question, and a haystack
+        raise HeadscopeError(f"A needle of {needle_tokens} tokens does not fit a {seq_len}-token sequence; use "
+                             f"{setting('needle_tokens')} at most {max(1, (seq_len - 24) // 2)} or a longer --seq-len.")
 
 
 def parse_thresholds(items: Sequence[str]) -> dict[str, float]:

@@ -22,6 +22,7 @@ from headscope.engines import AUTO, resolve_engine
 from headscope.errors import HeadscopeError
 from headscope.metrics import Metric, PatternBatch, uniform_pattern
 from headscope.metrics.rows import Rows
+from headscope.metrics.streaming import SINKS, WINDOW
 from headscope.probes import PunctuationTable
 from headscope.result import Probe
 
@@ -87,15 +88,30 @@ def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tenso
 
 
 def pattern_batch(model, probe: Probe, tokens: Tensor, mask: Tensor, lengths: Tensor,
-                  punct: PunctuationTable | None = None) -> PatternBatch:
-    """The metric context of one padded batch: lengths, causality and special-key flags."""
+                  punct: PunctuationTable | None = None, index: Sequence[int] | None = None,
+                  metrics: Sequence[Metric] = ()) -> PatternBatch:
+    """The metric context of one padded batch: lengths, causality and special-key flags; the
+    needle probe's answer targets (``index``: each row's place in the probe), and the sink +
+    window band when a metric reads it."""
     punct = punct or PunctuationTable(model)
+    targets = None
+    if probe.needles is not None:
+        targets = torch.full(tokens.shape, -1, dtype=torch.long)  # [batch, query]
+        for row, i in enumerate(range(len(tokens)) if index is None else index):
+            for q, k in probe.targets(int(i)).items():
+                if q < tokens.shape[1]:  # a sequence cut short (the report's example views) keeps its early answers
+                    targets[row, q] = k
+    band = None
+    if any("band" in m.needs for m in metrics):
+        band = tuple(probe.settings.get("band") or (SINKS, WINDOW))
     return PatternBatch(
         lengths=lengths,
         causal=model.causal,
         separator=(tokens == model.sep_id) & mask,  # [batch, key]
         punctuation=punct(tokens) & mask if probe.name == "text" else None,
         repeat_len=probe.repeat_len,
+        band=band,
+        targets=targets,
     )
 
 
@@ -173,7 +189,7 @@ def score_batch(model, probe: Probe, metrics: Sequence[Metric], index: Sequence[
                        {m.name: torch.zeros(len(index), dtype=torch.float64) for m in metrics})
     chunk = [probe.sequences[i] for i in index]
     tokens, mask, lengths = pad_batch(chunk, model.pad_id)  # [b, n], [b, n], [b]
-    batch = pattern_batch(model, probe, tokens, mask, lengths, punct)
+    batch = pattern_batch(model, probe, tokens, mask, lengths, punct, index, metrics)
     on_device = batch.to(model.device)
     n = tokens.shape[1]
     seen: set[int] = set()
@@ -246,7 +262,7 @@ def _add_chance(metrics: Sequence[Metric], batch: PatternBatch, part: BatchScore
             block = replace(batch, q_start=q_start, reach=r)
             uniform = uniform_pattern((b, 1, min(rows, n - q_start), n), block)  # [b, 1, rows, n]
             for m in metrics:
-                pooled = m(uniform, block)
+                pooled = (m.chance_fn or m.fn)(uniform, block)
                 part.chance_steps[m.name].append((layers, float(pooled.total.sum())))
                 if first:  # the qualifying queries are the same in every layer
                     part.count_steps[m.name].append(float(pooled.count.sum()))

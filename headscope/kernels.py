@@ -137,7 +137,8 @@ def supports(query: Tensor, attention_mask: Tensor | None) -> bool:
 
 def head_stats(
     query: Tensor, key: Tensor, attention_mask: Tensor | None, scaling: float, causal: bool,
-    flags: dict[str, Tensor], reach: int | None = None,
+    flags: dict[str, Tensor], reach: int | None = None, band: tuple[int, int] | None = None,
+    argmax: bool = False,
 ) -> HeadStats:
     """Per-row statistics of ``softmax(q kᵀ * scaling + mask)`` for one layer.
 
@@ -147,18 +148,26 @@ def head_stats(
     (0/1) key sets whose attention mass is wanted. ``reach``: the layer's sliding window
     (``|q - k| <= reach``); with a mask that hides every key outside it, the kernel skips the key
     tiles no row of a query tile can see (a long context costs ``n x window``, not ``n^2``).
+    ``band = (sinks, window)``: also each row's mass on the keys a sink + window KV cache keeps
+    (``k < sinks`` or ``q - window < k <= q``); ``argmax``: also each row's arg-max key (the first
+    key holding the row's largest weight).
     """
-    return _run(query, key, None, attention_mask, scaling, causal, flags, reach)[1]
+    return _run(query, key, None, attention_mask, scaling, causal, flags, reach, band, argmax)[1]
 
 
 def attention(
     query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, scaling: float,
-    causal: bool, flags: dict[str, Tensor], reach: int | None = None,
+    causal: bool, flags: dict[str, Tensor], reach: int | None = None, band: tuple[int, int] | None = None,
+    argmax: bool = False, restrict: Tensor | None = None,
 ) -> tuple[Tensor, HeadStats]:
     """The attention output ``softmax(q kᵀ * scaling + mask) v`` ``[batch, head, q, dim_v]`` (in
     ``query``'s dtype) and the per-row statistics of :func:`head_stats`, from one pass: the same
-    tiles of exp-scores feed both, so the scan costs about what the fused attention alone does."""
-    return _run(query, key, value, attention_mask, scaling, causal, flags, reach)
+    tiles of exp-scores feed both, so the scan costs about what the fused attention alone does.
+
+    ``restrict`` (booleans ``[head]``, with ``band``): those heads see only the band's keys (a sink +
+    window KV cache), and the kernel skips their key tiles outside it, so a restricted head costs
+    ``O(sinks + window)`` per query instead of ``O(n)``."""
+    return _run(query, key, value, attention_mask, scaling, causal, flags, reach, band, argmax, restrict)
 
 
 def window_hidden(mask: Tensor | None, reach: int | None, n_q: int, n_k: int) -> bool:
@@ -175,7 +184,8 @@ def window_hidden(mask: Tensor | None, reach: int | None, n_q: int, n_k: int) ->
     return not bool(before.any()) and not bool(after.any())
 
 
-def _run(query, key, value, attention_mask, scaling, causal, flags, reach=None):
+def _run(query, key, value, attention_mask, scaling, causal, flags, reach=None, band=None, argmax=False,
+         restrict=None):
     module = _load()
     if module is None:
         raise RuntimeError(f"The fused kernel is not available: {_reason}")
@@ -194,9 +204,17 @@ def _run(query, key, value, attention_mask, scaling, causal, flags, reach=None):
     empty = torch.empty(0, dtype=torch.bool)
     v32 = torch.empty(0) if value is None else value.float().contiguous()
     skip = reach if window_hidden(attention_mask, reach, n_q, n_k) else -1
-    ent, mass, lse, out = module.head_stats(q32, k32, empty if mask is None else mask, f, causal, v32, True, skip)
+    sinks, window = band if band is not None else (0, -1)
+    if restrict is not None and band is None:
+        raise ValueError("restrict needs a band (sinks, window).")
+    heads = (torch.as_tensor(restrict, dtype=torch.bool).to(torch.int32).contiguous() if restrict is not None
+             else torch.empty(0, dtype=torch.int32))
+    ent, mass, lse, out, band_mass, amax = module.head_stats(
+        q32, k32, empty if mask is None else mask, f, causal, v32, True, skip, int(sinks), int(window), heads, argmax)
     stats = HeadStats(
         shape=(b, h, n_q, n_k), entropy=ent, masses={n: mass[..., i] for i, n in enumerate(names)},
         lse=lse, query=q32, key=k32, causal=causal, mask=mask,
+        band=None if band is None else (tuple(band), band_mass), argmax=amax if argmax else None,
+        restrict=None if restrict is None else (tuple(band), heads.bool()),
     )
     return (out.to(query.dtype) if value is not None else None), stats

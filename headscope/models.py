@@ -327,6 +327,30 @@ class Model:
             for blk in skipped:
                 del blk.forward  # the class's forward again
 
+    def greedy(self, prompt: Sequence[int], n_new: int, handler: Handler | None = None) -> list[int]:
+        """``n_new`` tokens decoded greedily after ``prompt``, with a KV cache, attention calls routed
+        through ``handler`` (None: the model's own attention) in the prompt's pass and every step."""
+        if handler is not None and not self.attention_interface:
+            raise HeadscopeError(f"{self.name}: its attention does not run through transformers' attention "
+                                 "interface, so headscope cannot reach inside it.")
+        import inspect
+
+        # the keyword the forward takes its KV cache by: ``cache`` (transformers 5.2x), else ``past_key_values``
+        cache_arg = "cache" if "cache" in inspect.signature(self.hf.forward).parameters else "past_key_values"
+        out_ids: list[int] = []
+        with (self._lock, torch.inference_mode(), _eval_mode(self.hf), self._our_attention(),
+              attention.intercept(handler)):
+            x = torch.tensor([list(prompt)], device=self.device)
+            out = self.hf(input_ids=x, use_cache=True, logits_to_keep=1)
+            for step in range(n_new):
+                nxt = int(out.logits[0, -1].argmax())
+                out_ids.append(nxt)
+                if step + 1 < n_new:
+                    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+                    out = self.hf(input_ids=torch.tensor([[nxt]], device=self.device), use_cache=True,
+                                  **{cache_arg: cache})
+        return out_ids
+
     def logits(self, tokens: Int[Tensor, "batch pos"], mask: Bool[Tensor, "batch pos"] | None = None
                ) -> Float[Tensor, "batch pos vocab"]:
         """Plain logits (eval mode, no grad)."""

@@ -159,12 +159,16 @@ def null_probe(repeat: Probe, model) -> Probe:
                                                             "null_of": "repeat"})
 
 
-def packed_text_probe(model, pairs: list[tuple[str, str]] | None, seq_len: int, n_sequences: int = 1) -> Probe:
+def packed_text_probe(model, pairs: list[tuple[str, str]] | None, seq_len: int, n_sequences: int = 1,
+                      wrap: bool = False) -> Probe:
     """Text sequences exactly ``seq_len`` tokens long: segments packed until full.
 
     Decoders: ``BOS a1 SEP b1 SEP a2 SEP b2 ...``; encoders: ``[CLS] a1 [SEP] b1 [SEP] ... [SEP]``.
     The last segment is cut to fit. Each sequence continues the corpus where the previous one
-    stopped, wrapping around when the corpus is shorter than what is asked for.
+    stopped. A corpus too short for what is asked is refused: wrapping around would repeat text
+    inside the probe and turn it into a repeat probe. ``wrap=True`` allows it (timing runs, where
+    only the length matters); the probe's settings then say ``"wrapped": True``.
+    For long natural text use :func:`headscope.long_probes.long_text_probe`.
     """
     pairs = load_pairs() if pairs is None else pairs
     _check_seq_len(model, seq_len)
@@ -178,13 +182,20 @@ def packed_text_probe(model, pairs: list[tuple[str, str]] | None, seq_len: int, 
     for _ in range(n_sequences):
         ids: list[int] = []
         while len(ids) < body:
+            if i >= len(segments) and not wrap:
+                raise HeadscopeError(
+                    f"The prompts hold enough text for {len(seqs)} sequence(s) of {seq_len} tokens, not "
+                    f"{n_sequences}; packing more would repeat the text inside the probe. Use "
+                    f"{setting('n_prompts')} {max(1, len(seqs))}, a shorter {setting('seq_len')}, or no "
+                    f"{setting('prompts')} (the built-in long prose corpus).")
             if ids:
                 ids.append(model.sep_id)
             ids.extend(segments[i % len(segments)])
             i += 1
         seqs.append(model.wrap(ids[:body]))
-    return Probe("text", seqs, settings={"n_prompts": n_sequences, "seq_len": seq_len, "packed": True,
-                                         "join": "encoder" if not model.causal else "decoder"})
+    settings = {"n_prompts": n_sequences, "seq_len": seq_len, "packed": True,
+                "join": "encoder" if not model.causal else "decoder"}
+    return Probe("text", seqs, settings=settings | ({"wrapped": True} if i > len(segments) else {}))
 
 
 def repeat_len_for(model, seq_len: int) -> int:

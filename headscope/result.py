@@ -68,6 +68,17 @@ class Probe:
     repeat_len: int | None = None  # L of BOS + R + R
     settings: dict = field(default_factory=dict)
     token_types: list[list[int]] | None = None  # segment ids of encoder pairs, when fed (else all zero)
+    #: The needle probe's layout per sequence: ``{"needle_start", "answer_start", "k", "depth"}``
+    #: (the K needle tokens sit at needle_start.., and are given again from answer_start).
+    needles: list[dict] | None = None
+
+    def targets(self, i: int) -> dict[int, int]:
+        """The needle probe's answer queries of sequence ``i``: query position -> the key position
+        of the needle token its next token copies."""
+        if not self.needles:
+            return {}
+        nd = self.needles[i]
+        return {nd["answer_start"] + j - 1: nd["needle_start"] + j for j in range(nd["k"])}
 
     def __len__(self) -> int:
         return len(self.sequences)

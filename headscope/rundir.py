@@ -189,7 +189,21 @@ def foreign_entries(path: str | Path) -> list[str]:
 
     if (path / REPORT).is_file() and not is_ours(path / REPORT):
         ours.discard(REPORT)  # a page of the user's own, in a run directory: not ours to delete
-    return sorted(e.name for e in path.iterdir() if e.name not in ours or not e.is_file() or e.is_symlink())
+    return sorted(e.name for e in path.iterdir()
+                  if not (e.name == KVPLAN and is_kvplan_dir(e))
+                  and (e.name not in ours or not e.is_file() or e.is_symlink()))
+
+
+KVPLAN = "kvplan"  # `headscope kvplan RUN_DIR` writes its table, curve and summary here
+KVPLAN_FILES = ("kvplan.csv", "kvplan.png", "kvplan.md", "kvplan.json")
+
+
+def is_kvplan_dir(path: str | Path) -> bool:
+    """A folder holding only what ``headscope kvplan`` writes (and its record)."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_dir() or not (path / "kvplan.json").is_file():
+        return False
+    return all(e.name in KVPLAN_FILES and e.is_file() and not e.is_symlink() for e in path.iterdir())
 
 
 def check_out_dir(out: str | Path, force: bool) -> Path:
@@ -323,6 +337,8 @@ def _write(result: ScanResult, tmp: Path, figures: bool) -> None:
                         rec["token_type_ids"] = [int(t) for t in probe.token_types[i]]
                     if probe.repeat_len is not None:
                         rec["repeat_len"] = probe.repeat_len
+                    if probe.needles is not None:
+                        rec["needle"] = probe.needles[i]
                     if probe.settings.get("null_of"):
                         rec["null_of"] = probe.settings["null_of"]
                     f.write(json.dumps(rec) + "\n")
@@ -491,6 +507,8 @@ def load_run(path: str | Path) -> ScanResult:
             p.sequences.append(rec["token_ids"])
             if "token_type_ids" in rec:
                 p.token_types = (p.token_types or []) + [rec["token_type_ids"]]
+            if "needle" in rec:
+                p.needles = (p.needles or []) + [rec["needle"]]
     per_sequence = {}
     if (path / "per_sequence.npz").is_file():
         import numpy as np

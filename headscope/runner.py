@@ -25,13 +25,13 @@ from headscope import kernels
 from headscope.catalog import check_score_name
 from headscope.circuits.copying import copying_scores
 from headscope.circuits.value_weighted import value_sink_scores
-from headscope.config import ScanConfig
+from headscope.config import LONG_SEQ_LEN, ScanConfig
 from headscope.effects import EffectSettings, check_model, head_effects
 from headscope.engines import AUTO, resolve_engine
 from headscope.errors import HeadscopeError, at_least
 from headscope.examples import example_patterns, pick_heads
 from headscope.extract import MetricScores, score_probe
-from headscope.metrics import REGISTRY, Metric, get_metric
+from headscope.metrics import Metric, default_metrics, get_metric
 from headscope.models import load_model
 from headscope.probes import (
     NULL_PROBE,
@@ -53,6 +53,7 @@ from headscope.uncertainty import check as check_bootstrap
 __all__ = ["ScanResult", "default_out", "default_probes", "scan", "scan_to_dir"]
 
 _DEFAULT = ScanConfig()
+_LONG = LONG_SEQ_LEN
 
 
 def default_probes(
@@ -65,21 +66,51 @@ def default_probes(
     probes: Sequence[str] = ("text", "repeat"),
     text_join: str = _DEFAULT.text_join,
     token_types: bool = _DEFAULT.token_types,
+    long_context: bool = False,
+    band: tuple[int, int] = (_DEFAULT.sinks, _DEFAULT.window),
+    needle_tokens: int = _DEFAULT.needle_tokens,
+    say=None,
 ) -> list[Probe]:
     """The text probe (first ``n_prompts`` pairs) and ``n_prompts`` repeat sequences (or only the
     ``probes`` named). ``text_join`` and ``token_types``: see :func:`~headscope.probes.text_probe`.
 
-    With ``seq_len``, every sequence is ``seq_len`` tokens long: text segments are packed until
-    full, and the repeat probe uses the longest ``R`` that fits (``repeat_len`` is then ignored).
+    With ``seq_len``, every sequence is ``seq_len`` tokens long: the text probe is long real prose
+    (:func:`~headscope.long_probes.long_text_probe`; with ``prompts``, those pairs packed, never
+    wrapped), and the repeat probe uses the longest ``R`` that fits (``repeat_len`` is then ignored).
+
+    ``long_context``: the text probe is long prose of ``seq_len`` tokens (default 2048), at most as
+    many sequences as the corpus holds (``say`` hears when fewer than ``n_prompts``), carrying the
+    streaming metric's ``band`` (sinks, window); and ``"needle"`` in ``probes`` adds a needle probe of
+    ``needle_tokens`` tokens at lengths ``seq_len / 4, / 2, x 1`` and 5 depths.
     """
+    from headscope.long_probes import corpus_ids, long_text_probe, needle_min_length, needle_probe
+
     out = []
     if "text" in probes:
-        pairs = load_pairs(prompts)
-        out.append(text_probe(model, pairs, n_prompts, join=text_join, token_types=token_types) if seq_len is None
-                   else packed_text_probe(model, pairs, seq_len, n_prompts))
+        if long_context:
+            n_long = seq_len or _LONG
+            fits = len(corpus_ids(model, "scan", say)) // (n_long - 1)
+            n = min(n_prompts, max(fits, 1))
+            if n < n_prompts and say is not None:
+                say(f"the long prose corpus holds {fits} distinct {n_long}-token sequences: scanning {n}, not "
+                    f"{n_prompts} (text is never repeated to fill a sequence)")
+            text = long_text_probe(model, n_long, n, progress=say)
+            text.settings["band"] = list(band)
+            out.append(text)
+        elif seq_len is not None and prompts is None:
+            out.append(long_text_probe(model, seq_len, n_prompts, progress=say))
+        else:
+            pairs = load_pairs(prompts)
+            out.append(text_probe(model, pairs, n_prompts, join=text_join, token_types=token_types) if seq_len is None
+                       else packed_text_probe(model, pairs, seq_len, n_prompts))
     if "repeat" in probes:
         L = repeat_len if seq_len is None else repeat_len_for(model, seq_len)
         out.append(repeat_probe(model, repeat_len=L, n_sequences=n_prompts, seed=seed))
+    if "needle" in probes:
+        n_long = seq_len or _LONG
+        shortest = needle_min_length(model, needle_tokens) + 16  # a haystack of at least 16 tokens
+        lengths = sorted({max(n_long // 4, shortest), max(n_long // 2, shortest), n_long})
+        out.append(needle_probe(model, lengths, k=needle_tokens, seed=seed, progress=say))
     return out
 
 
@@ -130,7 +161,7 @@ def scan(
     probes = list(probes) if probes is not None else default_probes(model)
     if metrics is not None and not len(metrics):
         raise HeadscopeError("metrics is empty; give metric names such as ['induction', 'sink'], or None for all.")
-    chosen = [m if isinstance(m, Metric) else get_metric(m) for m in (list(REGISTRY) if metrics is None else metrics)]
+    chosen = [m if isinstance(m, Metric) else get_metric(m) for m in (default_metrics() if metrics is None else metrics)]
     bad = [m.name for m in chosen if not METRIC_NAME.match(m.name)]
     if bad:  # a metric names a file of the run (<metric>.png): checked before any work
         raise HeadscopeError(f"Metric name '{bad[0]}' is not allowed: use letters, digits, '_', '.' and '-' "
@@ -316,7 +347,8 @@ def scan_to_dir(
             chosen = config.metric_objects()
             probes = default_probes(model, config.n_prompts, config.repeat_len, config.seed, config.prompts,
                                     config.seq_len, probes=config.probe_names(), text_join=config.text_join,
-                                    token_types=config.token_types)
+                                    token_types=config.token_types, long_context=config.long_context,
+                                    band=(config.sinks, config.window), needle_tokens=config.needle_tokens, say=say)
             engine = resolve_engine(model, config.engine, chosen)
             say(f"scanning {model.n_layers} layers x {model.n_heads} heads on {model.device} ({engine.name} engine)")
             result = scan(model, probes, chosen, batch_size=config.batch_size, thresholds=dict(config.thresholds),

@@ -108,16 +108,21 @@ def test_every_fused_metric_scores_stats_like_the_pattern():
     """The same metric function on HeadStats and on the pattern: same per-sequence sums and counts."""
     g = torch.Generator().manual_seed(3)
     for causal in (True, False):
-        b, h, n = 3, 4, 23
-        lengths = torch.tensor([23, 17, 9])
+        b, h, n = 3, 4, 600  # more than one 512-key tile: the band and arg-max cross tiles
+        lengths = torch.tensor([600, 530, 90])
         q, k = torch.randn(b, h, n, 8, generator=g), torch.randn(b, h, n, 8, generator=g)
         mask = (torch.arange(n)[None, :] < lengths[:, None])[:, None, None, :]
         if causal:
             mask = mask & torch.ones(n, n, dtype=torch.bool).tril()
+        targets = torch.full((b, n), -1)
+        for row, length in enumerate(lengths.tolist()):  # answer queries near the end copy keys far back
+            qs = torch.arange(length - 8, length)
+            targets[row, qs] = torch.randint(0, length - 20, (8,), generator=g)
         batch = PatternBatch(lengths=lengths, causal=causal, separator=torch.rand(b, n, generator=g) < 0.2,
-                             punctuation=torch.rand(b, n, generator=g) < 0.3, repeat_len=5)
+                             punctuation=torch.rand(b, n, generator=g) < 0.3, repeat_len=5, band=(3, 40),
+                             targets=targets)
         p, _ = reference(q, k, mask, causal)
-        st = kernels.head_stats(q, k, mask, 1.0, causal, fused_flags(batch, n))
+        st = kernels.head_stats(q, k, mask, 1.0, causal, fused_flags(batch, n), band=(3, 40), argmax=True)
         fused = [m for m in REGISTRY.values() if m.fused]
         assert {m.name for m in fused} == set(REGISTRY)  # every built-in metric runs fused
         for m in fused:
@@ -148,7 +153,7 @@ def test_blas_and_aten_gemm_paths_agree():
     no_mask = torch.empty(0, dtype=torch.bool)
     direct = module.head_stats(q, k, no_mask, f, True, v)
     aten = module.head_stats(q, k, no_mask, f, True, v, direct_blas=False)
-    assert len(direct) == 4 and direct[3].shape == (1, 4, 300, 16)
+    assert len(direct) == 6 and direct[3].shape == (1, 4, 300, 16)
     for a, b in zip(direct, aten, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
 
@@ -284,3 +289,33 @@ def test_a_declared_window_the_mask_lacks_is_never_skipped():
     st = kernels.head_stats(q, k, full, 1.0, True, {}, reach=100)
     _, lse = reference(q, k, full, True)
     torch.testing.assert_close(st.lse, lse, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("n", [300, 1300])
+def test_restricted_heads_see_only_sinks_and_window(n):
+    """Heads 1 and 3 restricted to 4 sinks + a 100-key window (a KV-plan run): output, statistics and
+    arg-max equal the textbook softmax with those keys masked for those heads only; at 1,300 keys
+    the kernel skips the restricted heads' middle tiles."""
+    torch.manual_seed(2)
+    b, h, sinks, window = 2, 4, 4, 100
+    q, k, v = torch.randn(b, h, n, 8), torch.randn(b, 2, n, 8), torch.randn(b, 2, n, 8)
+    restrict = torch.tensor([False, True, False, True])
+    out, st = kernels.attention(q, k, v, None, 1.0, True, {}, band=(sinks, window), argmax=True, restrict=restrict)
+    i = torch.arange(n)
+    band = (i[None, :] < sinks) | (i[:, None] - i[None, :] < window)  # [q, k]
+    s = (q @ k.repeat_interleave(2, 1).transpose(-1, -2)).double()
+    vis = torch.ones(n, n, dtype=torch.bool).tril()[None, None].expand(b, h, n, n).clone()
+    vis[:, restrict] &= band
+    s = s.masked_fill(~vis, float("-inf"))
+    p = torch.softmax(s, -1)
+    torch.testing.assert_close(out, (p.float() @ v.repeat_interleave(2, 1)), atol=1e-5, rtol=0)
+    torch.testing.assert_close(st.lse, torch.logsumexp(s, -1), atol=1e-4, rtol=0)
+    torch.testing.assert_close(st.entropy, -torch.special.xlogy(p, p).sum(-1), atol=1e-4, rtol=0)
+    assert torch.equal(st.argmax, p.argmax(-1))
+    # band mass: 1 for a restricted head, below 1 elsewhere once the context passes the band
+    in_band = (p * (band & torch.ones(n, n, dtype=torch.bool).tril()).double()).sum(-1)
+    torch.testing.assert_close(st.band[1], in_band, atol=1e-5, rtol=0)
+    assert float(st.band[1][:, restrict].min()) > 1 - 1e-6
+    # single entries read back through the Rows protocol honour the restriction too
+    keys = torch.full((n,), sinks + 1)
+    torch.testing.assert_close(st.at(keys).float(), p[..., sinks + 1].float(), atol=1e-6, rtol=0)

@@ -281,12 +281,12 @@ def expected_stream(model, pairs, n_tokens: int, start: int = 0) -> tuple[list[i
 
 def test_packed_decoder_layout(tiny_gpt2):
     m = tiny_gpt2
-    probe = packed_text_probe(m, PAIRS, seq_len=30, n_sequences=2)
+    probe = packed_text_probe(m, PAIRS * 4, seq_len=30, n_sequences=2)
     assert probe.name == "text" and probe.settings == {"n_prompts": 2, "seq_len": 30, "packed": True,
                                                        "join": "decoder"}
-    body, nxt = expected_stream(m, PAIRS, 29)
+    body, nxt = expected_stream(m, PAIRS * 4, 29)
     assert probe.sequences[0] == [m.bos_id, *body]  # BOS a1 SEP b1 SEP a2 ...
-    body2, _ = expected_stream(m, PAIRS, 29, start=nxt)  # the next sequence starts at the next segment
+    body2, _ = expected_stream(m, PAIRS * 4, 29, start=nxt)  # the next sequence starts at the next segment
     assert probe.sequences[1] == [m.bos_id, *body2]
 
 
@@ -298,12 +298,15 @@ def test_packed_encoder_layout(tiny_bert):
     assert probe.settings["join"] == "encoder"
 
 
-def test_packed_wraps_around_a_short_corpus(tiny_gpt2):
+def test_packed_wraps_a_short_corpus_only_when_asked(tiny_gpt2):
     m = tiny_gpt2
     short = [("cat", "dog")]
-    seq = packed_text_probe(m, short, seq_len=40).sequences[0]
+    with pytest.raises(HeadscopeError, match="enough text for 0 sequence"):  # never silently
+        packed_text_probe(m, short, seq_len=40)
+    probe = packed_text_probe(m, short, seq_len=40, wrap=True)
     body, used = expected_stream(m, short, 39)
-    assert seq == [m.bos_id, *body] and used > 2  # the two segments came round more than once
+    assert probe.sequences[0] == [m.bos_id, *body] and used > 2  # the two segments came round more than once
+    assert probe.settings["wrapped"] is True
 
 
 def test_packed_refuses_a_corpus_with_no_tokens(tiny_gpt2, tiny_bert):
@@ -317,8 +320,8 @@ def test_packed_refuses_a_corpus_with_no_tokens(tiny_gpt2, tiny_bert):
 @pytest.mark.parametrize("fixture, low", [("tiny_gpt2", 3), ("tiny_bert", 4)])
 def test_seq_len_bounds(fixture, low, request):
     m = request.getfixturevalue(fixture)
-    assert len(packed_text_probe(m, PAIRS, seq_len=low).sequences[0]) == low
-    assert len(packed_text_probe(m, PAIRS, seq_len=m.n_ctx).sequences[0]) == m.n_ctx
+    assert len(packed_text_probe(m, PAIRS, seq_len=low, wrap=True).sequences[0]) == low
+    assert len(packed_text_probe(m, PAIRS, seq_len=m.n_ctx, wrap=True).sequences[0]) == m.n_ctx
     for bad in (low - 1, m.n_ctx + 1):
         msg = rf"^seq_len \(--seq-len\) {bad} is outside {low}\.\.{m.n_ctx} \(the model's context\); use at most {m.n_ctx}\.$"
         with pytest.raises(HeadscopeError, match=msg):

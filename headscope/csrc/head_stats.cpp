@@ -168,7 +168,8 @@ void accumulate(const float* E, const float* V, float* O, int64_t R, int64_t kn,
 
 std::vector<at::Tensor> head_stats(const at::Tensor& q, const at::Tensor& k, const at::Tensor& mask,
                                    const at::Tensor& flags, bool causal, const at::Tensor& v,
-                                   bool direct_blas, int64_t reach) {
+                                   bool direct_blas, int64_t reach, int64_t band_sinks,
+                                   int64_t band_window, const at::Tensor& restrict_heads, bool want_argmax) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4, "q and k must be [batch, head, pos, dim]");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat, "q and k must be float32");
   TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && flags.is_contiguous(), "inputs must be contiguous");
@@ -190,7 +191,21 @@ std::vector<at::Tensor> head_stats(const at::Tensor& q, const at::Tensor& k, con
     TORCH_CHECK(mask.scalar_type() == at::kBool && mask.dim() == 3 && mask.size(0) == B &&
                 mask.size(1) == Nq && mask.size(2) == Nk, "mask must be bool [batch, q, k]");
   }
+  // The band: keys k < band_sinks plus the window i - band_window < k <= i (a sink + window KV
+  // cache). With band_window >= 0 the kernel returns each row's mass on it; heads flagged in
+  // restrict_heads ([H] int32, or empty) see only the band, and their key tiles outside it are skipped.
+  const bool want_band = band_window >= 0;
+  const bool has_restrict = restrict_heads.numel() > 0;
+  if (has_restrict) {
+    TORCH_CHECK(want_band && restrict_heads.scalar_type() == at::kInt && restrict_heads.numel() == H &&
+                restrict_heads.is_contiguous(), "restrict_heads must be int32 [head], with a band");
+  }
+  const int32_t* rp = has_restrict ? restrict_heads.data_ptr<int32_t>() : nullptr;
   auto f64 = q.options().dtype(at::kDouble);
+  at::Tensor band = at::zeros({B, H, want_band ? Nq : 0}, f64);
+  at::Tensor amax = at::full({B, H, want_argmax ? Nq : 0}, -1, q.options().dtype(at::kLong));
+  double* bandp = band.data_ptr<double>();
+  int64_t* amaxp = amax.data_ptr<int64_t>();
   at::Tensor ent = at::zeros({B, H, Nq}, f64);
   at::Tensor mass = at::zeros({B, H, Nq, std::max(nf, 1)}, f64);
   at::Tensor lse = at::full({B, H, Nq}, -std::numeric_limits<double>::infinity(), f64);
@@ -220,8 +235,9 @@ std::vector<at::Tensor> head_stats(const at::Tensor& q, const at::Tensor& k, con
   at::parallel_for(0, nthreads, 1, [&](int64_t, int64_t) {
     at::Tensor sbuf = at::empty({QT * KT}, fopt);
     float* S = sbuf.data_ptr<float>();
-    std::vector<double> z(QT), zs(QT), zf(QT * MAXF);
-    std::vector<float> m(QT), O(has_v ? QT * Dv : 0);
+    std::vector<double> z(QT), zs(QT), zf(QT * MAXF), zb(QT);
+    std::vector<float> m(QT), best(QT), O(has_v ? QT * Dv : 0);
+    std::vector<int64_t> arg(QT);
     for (int64_t t = next++; t < ntasks; t = next++) {
       const int64_t tile = ntiles - 1 - t / (B * H);
       const int64_t bh = t % (B * H), b = bh / H, h = bh % H;
@@ -234,7 +250,14 @@ std::vector<at::Tensor> head_stats(const at::Tensor& q, const at::Tensor& k, con
         kbegin = std::max<int64_t>(0, (q0 + offset - reach) / KT * KT);
         kend = std::min(kend, q0 + R - 1 + offset + reach + 1);
       }
+      // A restricted head reads the sink tiles, then the tiles of the tile's windows.
+      const bool restricted = has_restrict && rp[h] != 0;
+      const int64_t sink_end = restricted ? std::min(band_sinks, kend) : 0;
+      const int64_t win_begin = restricted ? std::max<int64_t>(0, (q0 + offset - band_window + 1) / KT * KT) : 0;
       std::fill(z.begin(), z.end(), 0.0);
+      std::fill(zb.begin(), zb.end(), 0.0);
+      std::fill(best.begin(), best.end(), MASKED);
+      std::fill(arg.begin(), arg.end(), -1);
       std::fill(zs.begin(), zs.end(), 0.0);
       std::fill(zf.begin(), zf.end(), 0.0);
       std::fill(m.begin(), m.end(), MASKED);
@@ -242,6 +265,7 @@ std::vector<at::Tensor> head_stats(const at::Tensor& q, const at::Tensor& k, con
       const float* qrow = qp + ((b * H + h) * Nq + q0) * D;
       const float* kh = kp + ((b * KVH + h / G) * Nk) * D;
       for (int64_t kt = kbegin; kt < kend; kt += KT) {
+        if (restricted && kt >= sink_end && kt + KT <= win_begin) continue;  // between sinks and windows
         const int64_t kn = std::min(KT, kend - kt);
         scores(qrow, kh + kt * D, S, R, kn, D, fopt, direct_blas);
         const float* frow[MAXF];
@@ -258,7 +282,19 @@ std::vector<at::Tensor> head_stats(const at::Tensor& q, const at::Tensor& k, con
             for (int64_t j = 0; j < lim; ++j)
               if (!mrow[j * ms2]) s[j] = MASKED;
           }
+          // band keys of this row in this tile: [kt, bs_end) and [bw_begin, kt + lim)
+          const int64_t bs_end = want_band ? std::min(kt + lim, band_sinks) - kt : 0;
+          const int64_t bw_begin = want_band ? std::max<int64_t>(std::max<int64_t>(kt, i + offset - band_window + 1),
+                                                                  kt + std::max<int64_t>(bs_end, 0)) - kt : lim;
+          if (restricted) {  // keys outside the band do not exist for this head
+            for (int64_t j = std::max<int64_t>(bs_end, 0); j < std::min(bw_begin, lim); ++j) s[j] = MASKED;
+          }
           const float mt = row_max(s, lim);
+          if (want_argmax && mt > best[r]) {  // the first key holding the row's largest score
+            for (int64_t j = 0; j < lim; ++j)
+              if (s[j] == mt) { arg[r] = kt + j; break; }
+            best[r] = mt;
+          }
           if (mt <= MASKED) {  // nothing visible in this tile
             if (has_v) std::fill(s, s + lim, 0.f);
             continue;
@@ -269,10 +305,23 @@ std::vector<at::Tensor> head_stats(const at::Tensor& q, const at::Tensor& k, con
               zs[r] = (zs[r] + (static_cast<double>(m[r]) - mt) * z[r]) * c;
               z[r] *= c;
               for (int f = 0; f < nf; ++f) zf[r * MAXF + f] *= c;
+              zb[r] *= c;
               const float cf = static_cast<float>(c);
               for (int64_t d = 0; d < Dv; ++d) O[r * Dv + d] *= cf;
             }
             m[r] = mt;
+          }
+          if (want_band) {
+            double acc = 0.0;
+            for (int64_t j = 0; j < std::max<int64_t>(bs_end, 0); ++j) {
+              const float d = s[j] - m[r];
+              acc += d < -87.0f ? 0.0 : std::exp(static_cast<double>(d));
+            }
+            for (int64_t j = std::max<int64_t>(bw_begin, 0); j < lim; ++j) {
+              const float d = s[j] - m[r];
+              acc += d < -87.0f ? 0.0 : std::exp(static_cast<double>(d));
+            }
+            zb[r] += acc;
           }
           row_sums(s, lim, m[r], frow, nf, z[r], zs[r], &zf[r * MAXF], has_v);
         }
@@ -285,6 +334,8 @@ std::vector<at::Tensor> head_stats(const at::Tensor& q, const at::Tensor& k, con
         entp[o] = lz - zs[r] / z[r];
         lsep[o] = m[r] + lz;
         for (int f = 0; f < nf; ++f) massp[o * mcols + f] = zf[r * MAXF + f] / z[r];
+        if (want_band) bandp[o] = zb[r] / z[r];
+        if (want_argmax) amaxp[o] = arg[r];
         if (has_v) {
           const float inv = static_cast<float>(1.0 / z[r]);
           for (int64_t d = 0; d < Dv; ++d) outp[o * Dv + d] = O[r * Dv + d] * inv;
@@ -294,11 +345,13 @@ std::vector<at::Tensor> head_stats(const at::Tensor& q, const at::Tensor& k, con
   });
   if (nf == 0) mass = mass.narrow(3, 0, 0);
   if (!has_v) out = out.narrow(3, 0, 0);
-  return {ent, mass, lse, out};
+  return {ent, mass, lse, out, band, amax};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("head_stats", &head_stats, "per-row entropy, flag masses and logsumexp of softmax(q k^T)",
         py::arg("q"), py::arg("k"), py::arg("mask"), py::arg("flags"), py::arg("causal"), py::arg("v"), py::arg("direct_blas") = true, py::arg("reach") = -1,
+        py::arg("band_sinks") = 0, py::arg("band_window") = -1, py::arg("restrict_heads") = at::empty({0}, at::kInt),
+        py::arg("want_argmax") = false,
         py::call_guard<py::gil_scoped_release>());
 }

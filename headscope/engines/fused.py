@@ -44,10 +44,13 @@ class FusedHandler(BlockHandler):
 
     engine = "fused"
 
-    def __init__(self, on_rows, layers, flags: dict[str, Tensor], reach: tuple = ()):
+    def __init__(self, on_rows, layers, flags: dict[str, Tensor], reach: tuple = (),
+                 band: tuple[int, int] | None = None, argmax: bool = False):
         super().__init__(on_rows, layers)
         self.flags = flags
         self.reach = reach
+        self.band = band  # (sinks, window): each row's mass on that band (the streaming metric)
+        self.argmax = argmax  # each row's arg-max key (the retrieval metric)
         self.fell_back = False
 
     def __call__(self, call: AttentionCall) -> Tensor:
@@ -63,12 +66,13 @@ class FusedHandler(BlockHandler):
         refuse_unmodelled(call, self.engine)
         reach = self.reach[call.layer] if call.layer < len(self.reach) else None
         if call.layer == self.last:  # nothing runs after it: statistics only, no output
-            stats = kernels.head_stats(call.query, call.key, call.mask, call.scale, call.causal, self.flags, reach)
+            stats = kernels.head_stats(call.query, call.key, call.mask, call.scale, call.causal, self.flags, reach,
+                                       self.band, self.argmax)
             self.on_rows(call.layer, stats, 0)
             raise StopForward
         # the kernel's own output replaces sdpa's: one pass over the scores, not two
         out, stats = kernels.attention(call.query, call.key, call.value, call.mask, call.scale, call.causal,
-                                       self.flags, reach)
+                                       self.flags, reach, self.band, self.argmax)
         self.on_rows(call.layer, stats, 0)
         return out.transpose(1, 2).contiguous()  # [batch, head, query, dim] -> [batch, query, head, dim]
 
@@ -91,7 +95,8 @@ class FusedEngine(Engine):
 
     def run(self, model, tokens, mask, batch, on_rows, layers=None, interventions=(), token_types=None) -> None:
         layers = range(model.n_layers) if layers is None else layers
-        handler = FusedHandler(on_rows, layers, fused_flags(batch, tokens.shape[1]), tuple(model.reach))
+        handler = FusedHandler(on_rows, layers, fused_flags(batch, tokens.shape[1]), tuple(model.reach),
+                               batch.band, batch.targets is not None)
         model.run(tokens, mask, handler=handler, interventions=interventions, token_types=token_types)
 
 

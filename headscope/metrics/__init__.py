@@ -10,14 +10,18 @@ from headscope.metrics import (
     next_token,
     previous_token,
     punctuation,
+    retrieval,
     separator,
     sink,
+    streaming,
 )
 from headscope.metrics.base import (
+    PROBES,
     REGISTRY,
     Metric,
     PatternBatch,
     Pooled,
+    default_metrics,
     get_metric,
     register,
     uniform_pattern,
@@ -31,5 +35,10 @@ register(punctuation.METRIC)
 register(entropy.METRIC)
 register(induction.METRIC)
 register(duplicate_token.METRIC)
+# long-context metrics: scanned when named (or with --long-context), never by default
+register(streaming.METRIC)
+register(retrieval.METRIC)
+register(retrieval.SOFT)
 
-__all__ = ["REGISTRY", "Metric", "PatternBatch", "Pooled", "get_metric", "register", "uniform_pattern"]
+__all__ = ["PROBES", "REGISTRY", "Metric", "PatternBatch", "Pooled", "default_metrics", "get_metric", "register",
+           "uniform_pattern"]

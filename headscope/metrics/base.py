@@ -163,6 +163,13 @@ class Metric:
     below: bool = False  # True: label heads scoring at or below the threshold (entropy)
     nan_reason: str | None = None  # why the metric is NaN on some models
     fused: bool = False  # fn reads the pattern only through the selectors: it accepts HeadStats too
+    #: Scanned when no metrics are named. Long-context metrics are not: they need long inputs.
+    default: bool = True
+    #: The chance value's function, where a uniform head is not what ``fn`` can read (an arg-max
+    #: over equal weights): ``fn`` of a head choosing uniformly at random. None: ``fn`` itself.
+    chance_fn: MetricFn | None = None
+    #: What the engine must compute per row besides entries, masses and entropy ("band", "argmax").
+    needs: tuple[str, ...] = ()
 
     def __call__(self, pattern: Tensor | Rows, batch: PatternBatch) -> Pooled:
         return self.fn(pattern, batch)
@@ -175,14 +182,20 @@ class Metric:
 
 
 REGISTRY: dict[str, Metric] = {}
+PROBES = ("text", "repeat", "needle")  # the probes a metric can read
+
+
+def default_metrics() -> list[Metric]:
+    """The metrics a scan runs when none are named (registry order)."""
+    return [m for m in REGISTRY.values() if m.default]
 
 
 def register(metric: Metric) -> Metric:
     """Add a metric; a second metric of the same name is refused."""
     if metric.name in REGISTRY:
         raise ValueError(f"A metric named '{metric.name}' is already registered.")
-    if metric.probe not in ("text", "repeat"):
-        raise ValueError(f"Metric '{metric.name}': probe must be 'text' or 'repeat', not {metric.probe!r}.")
+    if metric.probe not in PROBES:
+        raise ValueError(f"Metric '{metric.name}': probe must be one of {', '.join(PROBES)}, not {metric.probe!r}.")
     REGISTRY[metric.name] = metric
     return metric
 

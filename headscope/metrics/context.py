@@ -21,6 +21,11 @@ class PatternBatch:
     #: A sliding-window layer's reach: a query sees only keys with ``|q - k| <= reach`` (None: all).
     #: It decides which keys a uniform head spreads over (chance); qualifying queries never depend on it.
     reach: int | None = None
+    #: ``(sinks, window)`` of the sink + window band the ``streaming`` metric reads (None: not asked).
+    band: tuple[int, int] | None = None
+    #: The needle probe's answer queries: per (sequence, query) the key position of the needle token
+    #: the query's next token copies, -1 for every other query (``retrieval``).
+    targets: Int[Tensor, "batch query"] | None = None
 
     def to(self, device) -> PatternBatch:
         """The same context with its tensors on ``device``."""
@@ -29,4 +34,5 @@ class PatternBatch:
 
         return PatternBatch(lengths=self.lengths.to(device), causal=self.causal, q_start=self.q_start,
                             separator=mv(self.separator), punctuation=mv(self.punctuation),
-                            repeat_len=self.repeat_len, reach=self.reach)
+                            repeat_len=self.repeat_len, reach=self.reach, band=self.band,
+                            targets=mv(self.targets))

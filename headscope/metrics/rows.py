@@ -50,6 +50,14 @@ class Rows(Protocol):
         """Attention mass on the keys ``keys`` (the flag set ``name``) that each query can see."""
         ...
 
+    def band_mass(self, batch: PatternBatch, sinks: int, window: int) -> Float[Tensor, "batch head query"]:
+        """Attention mass on keys ``k < sinks`` and ``q - window < k <= q`` (a sink + window KV cache)."""
+        ...
+
+    def arg_max(self, batch: PatternBatch) -> Int[Tensor, "batch head query"]:
+        """Each row's arg-max key: the first key holding the row's largest weight."""
+        ...
+
 
 class DenseRows:
     """Rows held as a pattern tensor (possibly a block of query rows starting at ``batch.q_start``)."""
@@ -64,10 +72,24 @@ class DenseRows:
         return self.pattern.device
 
     def at(self, keys: Tensor, batch: PatternBatch) -> Tensor:
+        """``keys``: ``[query]``, or ``[batch, query]`` for a key per sequence."""
         b, h, nq, nk = self.shape
-        inside = (keys >= 0) & (keys < nk)  # [query]
-        idx = keys.clamp(0, nk - 1).view(1, 1, nq, 1).expand(b, h, nq, 1)
-        return self.pattern.gather(-1, idx).squeeze(-1) * inside  # [batch, head, query]
+        keys = keys.to(self.pattern.device).expand(b, nq)  # [batch, query]
+        inside = (keys >= 0) & (keys < nk)
+        idx = keys.clamp(0, nk - 1)[:, None, :, None].expand(b, h, nq, 1)
+        return self.pattern.gather(-1, idx).squeeze(-1) * inside[:, None, :]  # [batch, head, query]
+
+    def band_mass(self, batch: PatternBatch, sinks: int, window: int) -> Tensor:
+        nk = self.shape[-1]
+        k = torch.arange(nk, device=self.pattern.device)
+        q = torch.arange(batch.q_start, batch.q_start + self.shape[-2], device=self.pattern.device)
+        band = (k[None, :] < sinks) | ((q[:, None] - k[None, :] < window) & (k[None, :] <= q[:, None]))  # [query, key]
+        real = k[None, :] < batch.lengths.to(self.pattern.device)[:, None]  # [batch, key]
+        keep = (band[None] & real[:, None, :]).to(self.pattern.dtype)  # [batch, query, key]
+        return (self.pattern * keep[:, None]).sum(-1)
+
+    def arg_max(self, batch: PatternBatch) -> Tensor:
+        return self.pattern.argmax(-1)  # the first maximum, as torch defines it
 
     def row_entropy(self, batch: PatternBatch) -> Tensor:
         pattern, nk = self.pattern, self.shape[-1]

@@ -32,6 +32,12 @@ class HeadStats:
     causal: bool
     mask: Bool[Tensor, "batch query key"] | None = None  # True = may attend (None: all, or causal)
     q_start: int = 0
+    #: ``((sinks, window), mass [batch, head, query])``: each row's mass on the sink + window band.
+    band: tuple | None = None
+    #: Each row's arg-max key ``[batch, head, query]`` (the first holding the largest weight; -1: none).
+    argmax: Int[Tensor, "batch head query"] | None = None
+    #: ``((sinks, window), heads [head] bool)``: heads that saw only the band (a KV-plan run).
+    restrict: tuple | None = None
 
     @property
     def device(self) -> torch.device:
@@ -49,23 +55,42 @@ class HeadStats:
                                  f"not '{name}'; a metric reading another key set needs Metric.fused = False.")
         return self.masses[name]
 
-    def at(self, keys: Int[Tensor, " query"], batch=None) -> Float[Tensor, "batch head query"]:
-        """``A[b, h, q, keys[q]]`` for every row; 0 where that key is out of range or not visible."""
+    def at(self, keys: Int[Tensor, "*batch query"], batch=None) -> Float[Tensor, "batch head query"]:
+        """``A[b, h, q, keys[q]]`` for every row (``keys`` ``[query]``, or ``[batch, query]`` for a key
+        per sequence); 0 where that key is out of range or not visible."""
         b, h, n_q, n_k = self.shape
         kvh = self.key.shape[1]
-        keys = keys.to(self.device)
-        inside = (keys >= 0) & (keys < n_k)  # [query]
+        keys = keys.to(self.device).expand(b, n_q)  # [batch, query]
+        inside = (keys >= 0) & (keys < n_k)
         kc = keys.clamp(0, n_k - 1)
-        k_sel = self.key[:, :, kc].unsqueeze(-1)  # [b, kv_head, query, dim, 1]
+        rows = torch.arange(b, device=self.device)[:, None]
+        k_sel = self.key[rows, :, kc].permute(0, 2, 1, 3).unsqueeze(-1)  # [b, kv_head, query, dim, 1]
         q = self.query.view(b, kvh, h // kvh, n_q, -1).transpose(2, 3)  # [b, kv_head, query, group, dim]
         # the score of that key, by the same float32 GEMM arithmetic as the kernel's scores
         s = (q @ k_sel).squeeze(-1).transpose(2, 3).reshape(b, h, n_q).double()
         finite = torch.isfinite(self.lse)
         p = torch.where(finite, torch.exp(s - torch.where(finite, self.lse, 0.0)), 0.0)
-        vis = inside[None, :].expand(b, n_q)  # [batch, query]
+        pos = torch.arange(n_q, device=self.device) + (n_k - n_q)  # [query]
+        vis = inside  # [batch, query]
         if self.causal:
-            pos = torch.arange(n_q, device=self.device) + (n_k - n_q)
-            vis = vis & (kc <= pos)[None, :]
+            vis = vis & (kc <= pos[None, :])
         if self.mask is not None:
-            vis = vis & self.mask[:, torch.arange(n_q, device=self.device), kc]
-        return p * vis[:, None, :]
+            vis = vis & self.mask[rows, torch.arange(n_q, device=self.device)[None, :], kc]
+        vis = vis[:, None, :].expand(b, h, n_q)
+        if self.restrict is not None:  # restricted heads see only the band
+            (sinks, window), heads = self.restrict
+            in_band = (kc < sinks) | (pos[None, :] - kc < window)  # [batch, query]
+            vis = vis & (in_band[:, None, :] | ~heads.to(self.device)[None, :, None])
+        return p * vis
+
+    def band_mass(self, batch, sinks: int, window: int) -> Float[Tensor, "batch head query"]:
+        """The kernel's per-row mass on keys ``k < sinks`` and ``q - window < k <= q``."""
+        if self.band is None or tuple(self.band[0]) != (sinks, window):
+            raise HeadscopeError(f"The fused kernel was not asked for the ({sinks}, {window}) sink + window band.")
+        return self.band[1]
+
+    def arg_max(self, batch=None) -> Int[Tensor, "batch head query"]:
+        """The kernel's per-row arg-max key."""
+        if self.argmax is None:
+            raise HeadscopeError("The fused kernel was not asked for each row's arg-max key.")
+        return self.argmax

@@ -146,7 +146,7 @@ def test_register_refuses_duplicates_and_bad_probes(monkeypatch):
     m = REGISTRY["sink"]
     with pytest.raises(ValueError, match="^A metric named 'sink' is already registered.$"):
         register(Metric(name="sink", probe="text", fn=m.fn, definition="", label="", threshold=0.5))
-    with pytest.raises(ValueError, match=r"^Metric 'new': probe must be 'text' or 'repeat', not 'image'\.$"):
+    with pytest.raises(ValueError, match=r"^Metric 'new': probe must be one of text, repeat, needle, not 'image'\.$"):
         register(Metric(name="new", probe="image", fn=m.fn, definition="", label="", threshold=0.5))
     new = Metric(name="new", probe="repeat", fn=m.fn, definition="", label="", threshold=0.5)
     assert register(new) is new and base.REGISTRY["new"] is new

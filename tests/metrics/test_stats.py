@@ -29,13 +29,17 @@ def make(causal: bool, mask: torch.Tensor | None = None, seed: int = 0):
     lse = torch.logsumexp(s, -1).double()  # -inf for a row that sees nothing
     A = torch.nan_to_num(s.softmax(-1), nan=0.0)
     flags = torch.rand(B, N, generator=g) > 0.4
+    targets = torch.full((B, N), -1)
+    targets[0, 4], targets[0, 5], targets[1, 3] = 1, 2, 0  # needle answer queries -> the keys they copy
     batch = PatternBatch(lengths=torch.tensor([N, N]), causal=causal, separator=flags, punctuation=~flags,
-                         repeat_len=2)
+                         repeat_len=2, band=(1, 2), targets=targets)
     masses = {name: (A * key_set_flags(batch, name, N)[:, None, None, :]).sum(-1).double()
               for name in ("separator", "punctuation")}
     entropy = torch.special.entr(A).sum(-1).double()
+    i = torch.arange(N)
+    band = ((i[None, :] < 1) | ((i[:, None] - i[None, :] < 2) & (i[None, :] <= i[:, None]))).float()  # [q, k]
     stats = HeadStats(shape=(B, H, N, N), entropy=entropy, masses=masses, lse=lse, query=q, key=k,
-                      causal=causal, mask=mask)
+                      causal=causal, mask=mask, band=((1, 2), (A * band).sum(-1).double()), argmax=A.argmax(-1))
     return stats, A, batch
 
 
@@ -71,6 +75,7 @@ def test_every_fused_metric_scores_the_stats_like_the_pattern(causal):
     stats, A, batch = make(causal, seed=3)
     fused = [m for m in REGISTRY.values() if m.fused]
     assert len(fused) == len(REGISTRY)  # every built-in metric reads rows through the selectors
+    assert {"streaming", "retrieval", "retrieval_soft"} <= {m.name for m in fused}
     for m in fused:
         want, got = m(A, batch), m(stats, batch)
         torch.testing.assert_close(got.count, want.count)

@@ -1,0 +1,298 @@
+"""A KV-cache plan from a scan, checked by running the model.
+
+StreamingLLM keeps a few initial "sink" tokens plus a recent window for every head. Some heads live
+happily with that cache and some must see everything. A **plan** restricts a fraction of the heads
+(the budget) to sinks + window: the heads whose ``streaming`` score is highest, heads labelled
+``retrieval`` last. Each plan is then **verified** by running the model with those heads restricted
+(their other keys masked, the kernel skipping their key tiles):
+
+* next-token loss (nats) on held-out long prose (never the text the scan chose heads on);
+* needle exact match: the needle probe's prompt on held-out prose, the ``K`` needle tokens decoded
+  greedily (with a KV cache), all ``K`` right;
+
+against full attention, the same number of heads chosen at random (several seeds), every head
+restricted (StreamingLLM), and every head on a window of the same cache size without sinks (the
+StreamingLLM ablation). Memory counts only KV heads every one of whose query heads is restricted
+(grouped-query attention shares a KV head), as bytes of the K and V cache at the plan's length.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from headscope import kernels
+from headscope.attention import AttentionCall
+from headscope.errors import HeadscopeError
+
+HeadSet = frozenset  # of (layer, head)
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    budgets: tuple[float, ...] = (0.25, 0.5, 0.75)  # fractions of all query heads restricted
+    seeds: int = 3  # random baselines per budget
+    sinks: int = 4
+    window: int = 64
+    seq_len: int = 2048  # held-out text and needle length
+    n_texts: int = 2  # held-out prose sequences for the loss
+    depths: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)  # needle depths
+    needles_per_depth: int = 2
+    needle_tokens: int = 8
+
+    def validate(self, n_ctx: int | None = None) -> PlanSettings:
+        from headscope.config import check_long
+        from headscope.errors import at_least
+
+        bad = [b for b in self.budgets if not (isinstance(b, (int, float)) and 0.0 <= b <= 1.0)]
+        if bad or not self.budgets:
+            raise HeadscopeError(f"Budgets are fractions of the heads, in 0..1; got {list(self.budgets)}. "
+                                 "Use e.g. --budgets 0.25,0.5,0.75.")
+        at_least("seeds", self.seeds, 0)
+        at_least("texts", self.n_texts)
+        at_least("needles_per_depth", self.needles_per_depth)
+        if n_ctx is not None and self.seq_len > n_ctx:
+            raise HeadscopeError(f"--seq-len {self.seq_len} is longer than the model's context ({n_ctx}); use at most "
+                                 f"{n_ctx}.")
+        check_long(self.seq_len, self.sinks, self.window, self.needle_tokens)
+        return self
+
+
+# ------------------------------------------------------------------------------ choosing heads
+
+
+def ranking(scores: pd.DataFrame) -> list[tuple[int, int]]:
+    """Heads in the order a plan restricts them: highest ``streaming`` score first; heads that
+    pass the retrieval threshold after every other head."""
+    s = scores[scores["metric"] == "streaming"]
+    if s.empty or s["score"].isna().all():
+        raise HeadscopeError("The run has no streaming scores; scan with --long-context first (or give a model).")
+    table = s[["layer", "head", "score"]].rename(columns={"score": "streaming"})
+    r = scores[scores["metric"] == "retrieval"][["layer", "head", "label"]]
+    table = table.merge(r, on=["layer", "head"], how="left")
+    table["retrieves"] = table["label"].fillna("").ne("")
+    table = table.sort_values(["retrieves", "streaming", "layer", "head"], ascending=[True, False, True, True])
+    return [(int(a), int(b)) for a, b in zip(table["layer"], table["head"], strict=True)]
+
+
+def take(order: Sequence[tuple[int, int]], fraction: float) -> HeadSet:
+    return HeadSet(order[: int(round(fraction * len(order)))])
+
+
+def random_heads(n_layers: int, n_heads: int, count: int, seed: int) -> HeadSet:
+    gen = torch.Generator().manual_seed(seed)
+    pick = torch.randperm(n_layers * n_heads, generator=gen)[:count].tolist()
+    return HeadSet((i // n_heads, i % n_heads) for i in pick)
+
+
+def kv_saving(restricted: HeadSet, n_layers: int, n_heads: int, n_kv_heads: int, d_head: int, seq_len: int,
+              kept: int, bytes_per: int = 4) -> dict:
+    """KV heads whose every query head is restricted, and the cache bytes they no longer need.
+
+    >>> kv_saving(HeadSet({(0, 0), (0, 1), (0, 2)}), 1, 4, 2, 8, 100, 10)["kv_heads_dropped"]   # heads 0,1 share KV 0
+    1
+    """
+    group = n_heads // n_kv_heads
+    dropped = sum(all((layer, g * group + j) in restricted for j in range(group))
+                  for layer in range(n_layers) for g in range(n_kv_heads))
+    per_head = 2 * seq_len * d_head * bytes_per  # K and V
+    saved = dropped * (seq_len - min(kept, seq_len)) * 2 * d_head * bytes_per
+    total = n_layers * n_kv_heads * per_head
+    return {"kv_heads_dropped": int(dropped), "kv_saved_bytes": int(saved), "kv_saved_fraction": saved / total}
+
+
+# ------------------------------------------------------------------------------ running restricted
+
+
+class Restricted:
+    """An attention handler: the heads of ``heads`` (layer, head) see only keys ``k < sinks`` and
+    ``q - window < k <= q``. On the CPU kernel their key tiles outside that band are skipped;
+    elsewhere (a GPU, an additive mask) they get a per-head mask and the model's own attention."""
+
+    def __init__(self, heads: HeadSet, n_heads: int, sinks: int, window: int):
+        self.sinks, self.window = sinks, window
+        self.by_layer: dict[int, torch.Tensor] = {}
+        for layer, head in heads:
+            self.by_layer.setdefault(layer, torch.zeros(n_heads, dtype=torch.bool))[head] = True
+
+    def __call__(self, call: AttentionCall) -> torch.Tensor:
+        heads = self.by_layer.get(call.layer)
+        if heads is None:
+            return call.output()
+        if kernels.supports(call.query, call.mask) and not call.extras:
+            out, _ = kernels.attention(call.query, call.key, call.value, call.mask, call.scale, call.causal, {},
+                                       band=(self.sinks, self.window), restrict=heads)
+            return out.transpose(1, 2).contiguous()
+        b, h, n_q, n_k = call.shape
+        base = call.full_mask().expand(b, h, n_q, n_k)
+        pos = torch.arange(n_q, device=call.query.device) + (n_k - n_q)
+        k = torch.arange(n_k, device=call.query.device)
+        band = (k[None, :] < self.sinks) | (pos[:, None] - k[None, :] < self.window)  # [query, key]
+        mask = base.clone()
+        mask[:, heads.to(mask.device)] &= band
+        return call.with_mask(mask).output()
+
+
+def text_loss(model, texts: Sequence[Sequence[int]], handler) -> float:
+    """Mean next-token cross-entropy (nats) over positions 1..n-1 of every text."""
+    total, count = 0.0, 0
+    for ids in texts:
+        x = torch.tensor([list(ids)])
+        logits = model.run(x, handler=handler, output="logits")[0, :-1].float()
+        target = x[0, 1:].to(logits.device)
+        total += float(torch.nn.functional.cross_entropy(logits, target, reduction="sum"))
+        count += len(target)
+    return total / count
+
+
+def needle_accuracy(model, probe, handler) -> tuple[float, float]:
+    """(share of needles decoded exactly, share of needle tokens decoded right at their place):
+    greedy decoding with a KV cache from the prompt before the answer."""
+    hits, tokens = 0, 0.0
+    for ids, nd in zip(probe.sequences, probe.needles, strict=True):
+        prompt = list(ids[: nd["answer_start"]])
+        want = list(ids[nd["needle_start"]: nd["needle_start"] + nd["k"]])
+        got = model.greedy(prompt, nd["k"], handler=handler)
+        hits += got == want
+        tokens += sum(a == b for a, b in zip(got, want, strict=True)) / len(want)
+    return hits / len(probe.sequences), tokens / len(probe.sequences)
+
+
+# ------------------------------------------------------------------------------ the plan
+
+
+def kv_plan(model, scores: pd.DataFrame, settings: PlanSettings = PlanSettings(),
+            say: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """Every condition, verified: one row per (condition, budget, seed) with heads restricted, KV
+    heads dropped, memory saved, loss, loss change and needle accuracy."""
+    from headscope.long_probes import long_text_probe, needle_probe
+
+    say = say or (lambda _m: None)
+    settings.validate(model.n_ctx)
+    if not model.causal:
+        raise HeadscopeError(f"A KV-cache plan is for decoders; {model.name} is an encoder.")
+    if not model.attention_interface:
+        raise HeadscopeError(f"{model.name}: its attention does not run through transformers' attention interface, "
+                             "so heads cannot be restricted.")
+    order = ranking(scores)
+    texts = long_text_probe(model, settings.seq_len, settings.n_texts, part="heldout", progress=say).sequences
+    needles = needle_probe(model, [settings.seq_len] * settings.needles_per_depth, settings.depths,
+                           settings.needle_tokens, seed=0, part="heldout", progress=say)
+    total = model.n_layers * model.n_heads
+    every = HeadSet((la, h) for la in range(model.n_layers) for h in range(model.n_heads))
+    s, w = settings.sinks, settings.window
+    conditions = [("full", 0.0, None, HeadSet(), s, w), ("streaming_all", 1.0, None, every, s, w),
+                  ("window_all", 1.0, None, every, 0, s + w)]
+    for b in settings.budgets:
+        conditions.append(("plan", b, None, take(order, b), s, w))
+        for seed in range(settings.seeds):
+            conditions.append(("random", b, seed, random_heads(model.n_layers, model.n_heads,
+                                                               int(round(b * total)), seed), s, w))
+    rows = []
+    for i, (name, budget, seed, heads, sinks, window) in enumerate(conditions):
+        handler = Restricted(heads, model.n_heads, sinks, window) if heads else None
+        t0 = time.perf_counter()
+        loss = text_loss(model, texts, handler)
+        acc, token_acc = needle_accuracy(model, needles, handler)
+        seconds = time.perf_counter() - t0
+        mem = kv_saving(heads, model.n_layers, model.n_heads, model.n_kv_heads, model.d_head, settings.seq_len,
+                        sinks + window)
+        rows.append({"condition": name, "budget": budget, "seed": seed, "sinks": sinks, "window": window,
+                     "heads_restricted": len(heads), **mem, "loss": loss, "needle_acc": acc,
+                     "needle_token_acc": token_acc, "seconds": seconds})
+        say(f"kvplan {i + 1}/{len(conditions)}: {name} budget {budget:g}" + (f" seed {seed}" if seed is not None else "")
+            + f": loss {loss:.3f}, needles {acc:.0%}, KV saved {mem['kv_saved_fraction']:.0%} ({seconds:.0f} s)")
+    df = pd.DataFrame(rows)
+    df["loss_delta"] = df["loss"] - float(df.loc[df["condition"] == "full", "loss"].iloc[0])
+    return df
+
+
+def plan_heads(scores: pd.DataFrame, budgets: Sequence[float]) -> dict[str, list[str]]:
+    """The heads each budget restricts, by name (``L{layer}H{head}``), for the record."""
+    order = ranking(scores)
+    return {f"{b:g}": [f"L{la}H{h}" for la, h in order[: int(round(b * len(order)))]] for b in budgets}
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per budget: the plan against the mean (min..max) of its random baselines."""
+    out = []
+    for b, sub in df[df["condition"].isin(["plan", "random"])].groupby("budget"):
+        plan = sub[sub["condition"] == "plan"].iloc[0]
+        rnd = sub[sub["condition"] == "random"]
+        out.append({"budget": b, "heads": int(plan.heads_restricted), "kv_saved": plan.kv_saved_fraction,
+                    "plan_loss_delta": plan.loss_delta, "random_loss_delta": rnd.loss_delta.mean() if len(rnd) else math.nan,
+                    "random_loss_delta_max": rnd.loss_delta.max() if len(rnd) else math.nan,
+                    "plan_needle": plan.needle_acc, "random_needle": rnd.needle_acc.mean() if len(rnd) else math.nan,
+                    "random_kv_saved": rnd.kv_saved_fraction.mean() if len(rnd) else math.nan})
+    return pd.DataFrame(out)
+
+
+def figure(df: pd.DataFrame):
+    """Loss change and needle accuracy against the share of heads restricted: plan, random, baselines."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4))
+    ax1, ax2 = fig.subplots(1, 2)
+    for ax, col, label in ((ax1, "loss_delta", "held-out loss change (nats)"), (ax2, "needle_acc", "needle exact match")):
+        plan = df[df["condition"] == "plan"].sort_values("budget")
+        full = df[df["condition"] == "full"]
+        xs = [0.0, *plan["budget"]]
+        ax.plot(xs, [float(full[col].iloc[0]), *plan[col]], "o-", color="C0", label="plan (streaming score)")
+        rnd = df[df["condition"] == "random"]
+        if len(rnd):
+            g = rnd.groupby("budget")[col]
+            ax.errorbar(g.mean().index, g.mean(), yerr=[g.mean() - g.min(), g.max() - g.mean()], fmt="s--", color="C1",
+                        capsize=3, label=f"random heads ({rnd['seed'].nunique()} seeds, min-max)")
+        for name, marker, colour in (("streaming_all", "^", "C2"), ("window_all", "v", "C3")):
+            row = df[df["condition"] == name]
+            if len(row):
+                ax.plot([1.0], [float(row[col].iloc[0])], marker, color=colour, ms=9,
+                        label="all heads: sinks + window" if name == "streaming_all" else "all heads: window, no sinks")
+        ax.set_xlabel("share of heads restricted to sinks + window")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    ax1.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def markdown(df: pd.DataFrame, settings: PlanSettings, model_name: str, plans: dict) -> str:
+    full = df[df["condition"] == "full"].iloc[0]
+    lines = [f"# KV-cache plan: {model_name}", "",
+             f"Sinks {settings.sinks} + window {settings.window}; verified on {settings.n_texts} held-out prose "
+             f"sequences of {settings.seq_len} tokens (loss) and {len(settings.depths) * settings.needles_per_depth} "
+             f"needles of "
+             f"{settings.needle_tokens} tokens (greedy decoding). Full attention: loss {full.loss:.3f} nats, "
+             f"needles {full.needle_acc:.0%}.", "",
+             "| condition | budget | seed | heads | KV heads dropped | KV saved | loss change | needles |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in df.itertuples():
+        seed = "" if r.seed is None or (isinstance(r.seed, float) and math.isnan(r.seed)) else int(r.seed)
+        lines.append(f"| {r.condition} | {r.budget:g} | {seed} | {r.heads_restricted} | {r.kv_heads_dropped} | "
+                     f"{r.kv_saved_fraction:.1%} | {r.loss_delta:+.3f} | {r.needle_acc:.0%} |")
+    lines += ["", "Heads each plan restricts (highest streaming score first, retrieval heads last):", ""]
+    lines += [f"- {b}: {', '.join(h)}" for b, h in plans.items()]
+    return "\n".join(lines) + "\n"
+
+
+def save(df: pd.DataFrame, out, settings: PlanSettings, model_name: str, plans: dict, meta: dict) -> None:
+    """kvplan.csv, kvplan.png, kvplan.md and kvplan.json into the folder ``out``."""
+    import json
+    from pathlib import Path
+
+    from headscope.outputs import save_figure, write_atomic
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "kvplan.csv", lambda p: df.to_csv(p, index=False))
+    save_figure(figure(df), out / "kvplan.png")
+    write_atomic(out / "kvplan.md", lambda p: p.write_text(markdown(df, settings, model_name, plans)))
+    record = {"model": model_name, "settings": {k: (list(v) if isinstance(v, tuple) else v)
+                                                for k, v in settings.__dict__.items()},
+              "plans": plans, **meta}
+    write_atomic(out / "kvplan.json", lambda p: p.write_text(json.dumps(record, indent=1, default=str)))

@@ -1,0 +1,225 @@
+"""Long-context heads: the prose corpus, the long and needle probes, streaming and retrieval on every
+engine, and the KV plan's restricted runs (kernel against masks), memory counting and CLI refusals.
+
+The long prose corpus downloads once from PyPI (``brotli==1.2.1`` sdist, 7.4 MB) into the cache.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from click.testing import CliRunner
+
+import headscope
+from headscope import kvplan
+from headscope.cli import main
+from headscope.corpus import long_text
+from headscope.errors import HeadscopeError
+from headscope.long_probes import long_text_probe, needle_probe
+from headscope.probes import packed_text_probe
+from scripts import conformance as conf
+
+LONG = ["sink", "streaming", "retrieval", "retrieval_soft"]
+
+
+@pytest.fixture(scope="module")
+def llama():
+    """A tiny random Llama with grouped-query attention (4 query heads, 2 KV heads), 256 positions."""
+    fam = next(f for f in conf.FAMILIES if f.model_type == "llama")
+    hf, tok = conf.tiny_model(fam)
+    return headscope.load_model(hf, tok, name="tiny-llama")
+
+
+def test_corpus_is_real_prose_and_parts_are_apart():
+    scan, held = long_text("scan"), long_text("heldout")
+    assert len(scan) > 400_000 and len(held) > 140_000
+    assert "Workshop on Electronic Texts" in scan and "Alice was beginning to get very tired" in held
+    assert scan[:2000] not in held and held[5000:7000] not in scan
+    assert "\r" not in scan and "***" not in scan
+
+
+def test_long_text_probe_is_distinct_windows_never_wrapped(llama):
+    p = long_text_probe(llama, 200, 5)
+    assert [len(s) for s in p.sequences] == [200] * 5 and all(s[0] == llama.bos_id for s in p.sequences)
+    flat = [t for s in p.sequences for t in s[1:]]
+    from headscope.long_probes import corpus_ids
+
+    assert flat == corpus_ids(llama)[: 5 * 199]  # consecutive, non-overlapping windows of the corpus
+    assert p.settings["corpus"]["sha256"].startswith("5314ba1d")
+    fits = len(corpus_ids(llama)) // 199
+    with pytest.raises(HeadscopeError, match=f"enough for {fits} distinct sequences of 200 tokens"):
+        long_text_probe(llama, 200, fits + 1)
+
+
+def test_packing_short_prompts_refuses_to_wrap(tiny_gpt2):
+    pairs = [("A cat sat.", "A dog ran.")]
+    with pytest.raises(HeadscopeError, match="would repeat the text inside the probe"):
+        packed_text_probe(tiny_gpt2, pairs, seq_len=60, n_sequences=3)
+    wrapped = packed_text_probe(tiny_gpt2, pairs, seq_len=60, n_sequences=3, wrap=True)
+    assert wrapped.settings["wrapped"] is True
+
+
+def test_needle_layout_and_targets(llama):
+    p = needle_probe(llama, [120, 200], depths=(0.0, 0.5, 1.0), k=5, seed=3)
+    assert [len(s) for s in p.sequences] == [120] * 3 + [200] * 3
+    for i, (ids, nd) in enumerate(zip(p.sequences, p.needles, strict=True)):
+        needle = ids[nd["needle_start"]: nd["needle_start"] + 5]
+        assert ids[nd["answer_start"]:] == needle  # given back at the very end
+        targets = p.targets(i)
+        assert sorted(targets) == list(range(nd["answer_start"] - 1, nd["answer_start"] + 4))
+        assert [ids[k] for k in targets.values()] == needle  # the key each answer query should copy
+    assert p.needles[0]["needle_start"] < p.needles[2]["needle_start"]  # depth 0 before depth 1
+    with pytest.raises(HeadscopeError, match="does not fit 30 tokens"):
+        needle_probe(llama, [30], k=8)
+    with pytest.raises(HeadscopeError, match="depths must lie in 0..1"):
+        needle_probe(llama, [120], depths=(1.5,))
+
+
+def test_streaming_and_retrieval_agree_across_engines(llama):
+    text = long_text_probe(llama, 240, 2)
+    text.settings["band"] = [2, 16]
+    needle = needle_probe(llama, [150, 240], depths=(0.2, 0.8), k=4)
+    got = {e: headscope.scan(llama, [text, needle], metrics=LONG, engine=e, bootstrap=0, null=False,
+                             examples=False).scores for e in ("fused", "blocked", "hooks")}
+    ref = got["fused"]
+    for e in ("blocked", "hooks"):
+        assert np.allclose(got[e].score, ref.score, atol=1e-5, equal_nan=True), e
+        assert np.allclose(got[e].chance, ref.chance, atol=1e-7) and (got[e].n == ref.n).all()
+    stream = ref[ref.metric == "streaming"]
+    assert int(stream.n.iloc[0]) == 2 * (240 - 18)  # queries q >= sinks + window
+    # closed form chance: a uniform head keeps 18 of q+1 keys
+    want = np.mean([18 / (q + 1) for _ in range(2) for q in range(18, 240)])
+    assert stream.chance.iloc[0] == pytest.approx(want, abs=1e-6)
+    assert int(ref[ref.metric == "retrieval"].n.iloc[0]) == 4 * 4
+
+
+def test_retrieval_hits_are_the_argmax_on_the_target(llama):
+    """An oracle over HF eager attention (no headscope metric code): hits where arg-max == target."""
+    needle = needle_probe(llama, [160], depths=(0.5,), k=6)
+    res = headscope.scan(llama, [needle], metrics=["retrieval", "retrieval_soft"], engine="fused", bootstrap=0,
+                         null=False, examples=False).scores
+    A = conf.eager_attentions(llama.hf, needle.sequences[0])  # [layer, head, q, k]
+    t = needle.targets(0)
+    qs, ks = torch.tensor(list(t)), torch.tensor(list(t.values()))
+    hits = (A[:, :, qs].argmax(-1) == ks).double().mean(-1)
+    soft = A[:, :, qs, ks].mean(-1)
+    r = res[res.metric == "retrieval"].sort_values(["layer", "head"]).score.to_numpy().reshape(hits.shape)
+    s = res[res.metric == "retrieval_soft"].sort_values(["layer", "head"]).score.to_numpy().reshape(soft.shape)
+    assert np.allclose(r, hits.numpy()) and np.allclose(s, soft.numpy(), atol=1e-6)
+
+
+# ------------------------------------------------------------------------------ the KV plan
+
+
+def test_kv_saving_counts_only_fully_restricted_kv_heads():
+    # 2 layers x 4 query heads, 2 KV heads (heads 0,1 -> KV 0; 2,3 -> KV 1)
+    some = frozenset({(0, 0), (0, 2), (1, 2), (1, 3)})
+    out = kvplan.kv_saving(some, 2, 4, 2, 8, 1000, 68)
+    assert out["kv_heads_dropped"] == 1  # only layer 1's KV head 1
+    assert out["kv_saved_bytes"] == (1000 - 68) * 2 * 8 * 4
+    assert out["kv_saved_fraction"] == pytest.approx((1000 - 68) / (4 * 1000))
+
+
+def test_ranking_puts_streaming_first_and_retrieval_heads_last():
+    rows = []
+    for (layer, head), stream, ret in [((0, 0), 0.99, "retrieval head"), ((0, 1), 0.5, ""), ((1, 0), 0.9, "")]:
+        rows += [{"metric": "streaming", "layer": layer, "head": head, "score": stream, "label": ""},
+                 {"metric": "retrieval", "layer": layer, "head": head, "score": 0.0, "label": ret}]
+    assert kvplan.ranking(pd.DataFrame(rows)) == [(1, 0), (0, 1), (0, 0)]
+    with pytest.raises(HeadscopeError, match="no streaming scores"):
+        kvplan.ranking(pd.DataFrame(rows[1::2]))
+
+
+def test_restricted_kernel_run_equals_the_masked_run(llama, monkeypatch):
+    """The kernel (tiles skipped) and a per-head mask through the model's own sdpa: same logits."""
+    text = long_text_probe(llama, 250, 1, part="heldout")
+    x = torch.tensor(text.sequences)
+    heads = frozenset({(0, 1), (1, 0), (1, 3)})
+    handler = kvplan.Restricted(heads, llama.n_heads, 2, 16)
+    fast = llama.run(x, handler=handler, output="logits")
+    monkeypatch.setattr(kvplan.kernels, "supports", lambda *a: False)  # force the mask path
+    masked = llama.run(x, handler=handler, output="logits")
+    full = llama.run(x, output="logits")
+    torch.testing.assert_close(fast, masked, atol=2e-5, rtol=1e-5)
+    assert float((fast - full).abs().max()) > 1e-3  # restricting changed the model
+    wide = kvplan.Restricted(heads, llama.n_heads, 0, 10_000)  # a window holding every key: no change
+    torch.testing.assert_close(llama.run(x, handler=wide, output="logits"), full, atol=2e-5, rtol=1e-5)
+
+
+def test_greedy_decoding_matches_full_forwards(llama):
+    prompt = long_text_probe(llama, 60, 1).sequences[0]
+    got = llama.greedy(prompt, 5)
+    ids = list(prompt)
+    for _ in range(5):  # no cache: the argmax of a full forward, one token at a time
+        ids.append(int(llama.logits(torch.tensor([ids]))[0, -1].argmax()))
+    assert got == ids[len(prompt):]
+
+
+def test_kv_plan_runs_every_condition(llama):
+    text = long_text_probe(llama, 200, 2)
+    text.settings["band"] = [2, 16]
+    scores = headscope.scan(llama, [text, needle_probe(llama, [200], (0.5,), k=4)], metrics=LONG,
+                            bootstrap=0, null=False, examples=False).scores
+    st = kvplan.PlanSettings(budgets=(0.25, 1.0), seeds=2, sinks=2, window=16, seq_len=200, n_texts=1,
+                             depths=(0.5,), needles_per_depth=1, needle_tokens=4)
+    df = kvplan.kv_plan(llama, scores, st)
+    assert list(df.condition) == ["full", "streaming_all", "window_all", "plan", "random", "random", "plan",
+                                  "random", "random"]
+    assert df.loc[0, "loss_delta"] == 0 and df.loc[0, "kv_saved_fraction"] == 0
+    every = df[df.budget == 1.0]
+    assert (every.heads_restricted == 8).all() and (every.kv_heads_dropped == 4).all()
+    plan_all = df[(df.condition == "plan") & (df.budget == 1.0)].iloc[0]
+    stream_all = df[df.condition == "streaming_all"].iloc[0]
+    assert plan_all.loss == pytest.approx(stream_all.loss)  # the same heads, the same run
+    summary = kvplan.summary(df)
+    assert list(summary.budget) == [0.25, 1.0]
+
+
+def test_kvplan_cli_refuses_bad_input_and_writes_nothing(tmp_path, llama):
+    run = tmp_path / "run"
+    runner = CliRunner()
+    for args, msg in [(["--budgets", "0.5,1.5"], "in 0..1"), (["--budgets", "a"], "numbers separated by commas"),
+                      (["--window", "5000", "--seq-len", "256"], "keep every key"),
+                      (["--needle-tokens", "500", "--seq-len", "256"], "does not fit"),
+                      (["--seeds", "-1"], "seeds")]:
+        r = runner.invoke(main, ["kvplan", str(run), *args])
+        assert r.exit_code == 2 and msg in r.output and len(r.output.strip().splitlines()) == 1, (args, r.output)
+    assert not run.exists()
+    (run).mkdir()
+    (run / "notes.txt").write_text("mine")
+    r = runner.invoke(main, ["kvplan", str(run)])
+    assert r.exit_code == 2 and "not a headscope run directory" in r.output
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
+
+
+def test_scan_cli_long_context_refusals(tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "x"
+    for args, msg in [(["--long-context", "--seq-len", "64", "--window", "64"], "keep every key"),
+                      (["--sinks", "2"], "add --long-context"),
+                      (["--long-context", "--needle-tokens", "0"], "needle_tokens")]:
+        r = runner.invoke(main, ["scan", "smollm2-135m", "--out", str(out), *args])
+        assert r.exit_code == 2 and msg in r.output, (args, r.output)
+        assert not out.exists()
+
+
+def test_long_context_run_saves_needles_and_reloads(tmp_path, tiny_gpt2):
+    from headscope.config import ScanConfig
+    from headscope.rundir import load_run
+    from headscope.runner import scan_to_dir
+
+    cfg = ScanConfig(long_context=True, seq_len=128, n_prompts=2, window=16, needle_tokens=4, bootstrap=20)
+    res = scan_to_dir(tiny_gpt2, tmp_path / "run", cfg, figures=False)
+    recs = [json.loads(line) for line in (tmp_path / "run" / "tokens.jsonl").read_text().splitlines()]
+    needles = [r for r in recs if r["probe"] == "needle"]
+    lengths = next(p for p in res.probes if p.name == "needle").settings["lengths"]
+    assert lengths[-1] == 128 and len(lengths) >= 2  # the full length and shorter ones that fit a needle
+    assert len(needles) == 5 * len(lengths) and all("needle" in r for r in needles)  # x 5 depths
+    back = load_run(tmp_path / "run")
+    probe = next(p for p in back.probes if p.name == "needle")
+    assert probe.targets(0) == next(p for p in res.probes if p.name == "needle").targets(0)
+    assert {"streaming", "retrieval", "retrieval_soft"} <= set(back.scores.metric)
