@@ -76,8 +76,8 @@ def worker(spec: dict) -> dict:
 
     import headscope
     from headscope.extract import score_probe
-    from headscope.metrics import REGISTRY
     from headscope.long_probes import long_text_probe
+    from headscope.metrics import REGISTRY
     from headscope.timing import best_time
 
     torch.set_grad_enabled(False)
