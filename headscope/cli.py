@@ -152,9 +152,20 @@ def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, seq_len, long
 
 
 @main.command()
-def models() -> None:
+@click.option("--support", is_flag=True, help="Instead: which model families each engine scores exactly, as "
+              "the conformance suite found (tests/test_conformance.py).")
+def models(support) -> None:
     """List the known models and whether each is available offline right now."""
     from headscope.sources import COMMON_HUB, PACKAGED, cache_root, cached_snapshot, hub_alias
+
+    if support:
+        from headscope.support import support_meta, support_text
+
+        meta = support_meta()
+        click.echo(support_text())
+        click.echo(f"\nexact = every score, chance and n within {meta['tolerance']:g} of HF eager attention on a tiny "
+                   f"random model of the family (transformers {meta['transformers']}); made by {meta['generated_by']}.")
+        return
 
     click.echo(f"{'model':<20} {'source':<46} status")
     for name, pm in PACKAGED.items():

@@ -127,6 +127,22 @@ def test_models_and_metrics_commands():
     assert "A[q, q-L+1]" in res.stdout
 
 
+def test_models_support_prints_the_conformance_table():
+    from headscope.support import load_support
+
+    res = run("models", "--support")
+    assert res.exit_code == 0
+    lines = res.stdout.splitlines()
+    assert lines[0].split()[:6] == ["family", "model_type", "kind", "fused", "blocked", "hooks"]
+    table = load_support()
+    for name, row in table.items():  # every family, with each engine's verdict in its engine's column
+        line = next(ln for ln in lines if ln.startswith(name + " "))
+        cells = line[len(name):].split()
+        assert cells[0] == row["model_type"] and cells[2:5] == [row["engines"][e]["status"] for e in
+                                                                 ("fused", "blocked", "hooks")]
+    assert "Gemma 2" in res.stdout and "softcap" in res.stdout and "within 1e-05" in res.stdout
+
+
 def test_thresholds_relabel(tmp_path, tiny_gpt2_dir):
     out = tmp_path / "run"
     res = run("scan", str(tiny_gpt2_dir), "--out", str(out), *FAST, "--no-figures",
