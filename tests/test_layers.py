@@ -11,47 +11,63 @@ import headscope
 ROOT = Path(headscope.__file__).parent
 LAYERS = [  # top to bottom, as the package docstring draws them
     ["errors"],
-    ["result", "outputs", "timing", "uncertainty"],
+    ["result", "outputs", "timing", "uncertainty", "support"],
     ["sources", "attention", "metrics", "probes"],
-    ["models", "kernels"],
-    ["engines"],
+    ["models", "kernels", "corpus"],
+    ["engines", "long_probes"],
     ["extract"],
-    ["effects", "examples"],
+    ["effects", "examples", "scale"],
     ["circuits"],
     ["catalog"],
     ["config"],
-    ["report", "plots"],
+    ["report", "plots", "kvplan"],
     ["html_report"],
     ["rundir"],
     ["runner", "compare", "views", "scoring"],
-    ["analysis"],
-    ["cli_views"],
+    ["analysis", "scale.sweep"],
+    ["cli_views", "cli_long", "cli_scale"],
     ["cli"],
     ["__main__"],
 ]
 LEVEL = {name: i for i, names in enumerate(LAYERS) for name in names}
 
 
+#: scale/ is two layers: sharding (below the runner, which uses it) and sweeps (above it, using it).
+SWEEP = ("sweep", "sweep_plots")
+
+
+def unit(dotted: str) -> str:
+    """The layer unit of ``headscope.<dotted>``: its top-level module, or ``scale.sweep``."""
+    parts = dotted.split(".")
+    if parts[0] == "scale" and len(parts) > 1 and parts[1] in SWEEP:
+        return "scale.sweep"
+    return parts[0]
+
+
+def top_of(path: Path) -> str:
+    return unit(".".join(path.relative_to(ROOT).with_suffix("").parts))
+
+
 def imports(path: Path) -> set[str]:
-    """Top-level headscope modules imported anywhere in ``path`` (function bodies included)."""
+    """Layer units of headscope imported anywhere in ``path`` (function bodies included)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("headscope."):
-            found.add(node.module.split(".")[1])
+            found.add(unit(node.module.split(".", 1)[1]))
         elif isinstance(node, ast.Import):
-            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("headscope.")}
+            found |= {unit(a.name.split(".", 1)[1]) for a in node.names if a.name.startswith("headscope.")}
     return found
 
 
 def test_every_module_has_a_layer():
-    tops = {p.relative_to(ROOT).parts[0].removesuffix(".py") for p in ROOT.rglob("*.py")} - {"__init__"}
+    tops = {top_of(p) for p in ROOT.rglob("*.py")} - {"__init__"}
     assert tops == set(LEVEL), f"add {sorted(tops - set(LEVEL))} to LAYERS and to the package docstring"
 
 
 def test_imports_only_go_up():
     wrong = []
     for path in ROOT.rglob("*.py"):
-        top = path.relative_to(ROOT).parts[0].removesuffix(".py")
+        top = top_of(path)
         if top == "__init__":
             continue  # the lazy facade re-exports everything
         if top in {"analysis"}:  # helpers must name the module they need, not go through the facade
