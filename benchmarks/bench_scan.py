@@ -185,10 +185,12 @@ def plan(quick: bool) -> list[tuple[str, int, int, list[str]]]:
         (smol, 8192, 1, ["scan", "sdpa"]),
         ("gpt2-small-shape", 128, 8, ["scan", "scan-blocked", "scan-hooks", "logits", "sdpa"]),
         ("gpt2-small-shape", 1024, 1, ["scan", "scan-blocked", "scan-hooks", "sdpa", "eager", "tl-pat", "tl-all"]),
+        # sliding-window layers (512 keys on 15 of 18 layers): the kernel skips the tiles outside the window
+        ("gemma3-270m", 4096, 1, ["scan", "scan-blocked", "sdpa"]),
     ]
 
 
-TL_BYTES = {"smollm2-135m": (30, 9), "gpt2-small-shape": (12, 12)}
+TL_BYTES = {"smollm2-135m": (30, 9), "gpt2-small-shape": (12, 12), "gemma3-270m": (18, 4)}
 
 
 def main() -> None:

@@ -46,6 +46,8 @@ METRICS = {  # metric -> probe
     "induction": "repeat",
     "duplicate_token": "repeat",
 }
+# Long-context metrics (a scan with --long-context): recomputed when the run holds them.
+LONG_METRICS = {"streaming": "text", "retrieval": "needle", "retrieval_soft": "needle"}
 
 OFFLINE = ("smollm2-135m", "all-minilm-l6-v2", "gemma3-270m")
 
@@ -236,6 +238,42 @@ def score_repeat(A: torch.Tensor, ids: list[int], L: int, causal: bool, accs: di
     accs["duplicate_token"].add(A[:, :, q, q - L].sum(-1).numpy(), chance(L), len(q))
 
 
+def score_streaming(A: torch.Tensor, ids: list[int], causal: bool, accs: dict, sinks: int, window: int,
+                    windows: list[int | None]):
+    """Mass on keys k < sinks or q - window < k <= q, over queries sinks + window <= q <= n-1."""
+    n = len(ids)
+    q = torch.arange(sinks + window, n)
+    if not causal or len(q) == 0:
+        accs["streaming"].add(np.zeros(A.shape[:2]), np.zeros(A.shape[0]), 0)
+        return
+    k = torch.arange(n)
+    band = (k[None, :] < sinks) | ((q[:, None] - k[None, :] < window) & (k[None, :] <= q[:, None]))  # [q, k]
+    f = (A[:, :, q, :] * band.double()).sum(-1).sum(-1)
+
+    def one(w):
+        vis = visibility(n, causal, w)[q]
+        return ((vis & band).sum(1).double() / vis.sum(1)).sum().item()
+    accs["streaming"].add(f.numpy(), _per_layer(windows, one), len(q))
+
+
+def score_needle(A: torch.Tensor, ids: list[int], causal: bool, accs: dict, needle: dict,
+                 windows: list[int | None]):
+    """Answer query q = answer_start + j - 1 copies key needle_start + j: arg-max hit, and weight."""
+    n = len(ids)
+    j = torch.arange(int(needle["k"]))
+    q = int(needle["answer_start"]) - 1 + j
+    key = int(needle["needle_start"]) + j
+    hits = (A[:, :, q, :].argmax(-1) == key).double().sum(-1)
+    soft = A[:, :, q, key].sum(-1)
+
+    def one(w):
+        vis = visibility(n, causal, w)
+        return (vis[q, key].double() / vis[q].sum(1)).sum().item()
+    chance = _per_layer(windows, one)  # a head picking a visible key at random
+    accs["retrieval"].add(hits.numpy(), chance, len(q))
+    accs["retrieval_soft"].add(soft.numpy(), chance, len(q))
+
+
 def read_tokens(run_dir: Path) -> list[dict]:
     with open(run_dir / "tokens.jsonl") as fh:
         return [json.loads(line) for line in fh if line.strip()]
@@ -273,14 +311,24 @@ def _recompute(run_dir: Path, model_dir, device: str, progress: bool) -> pd.Data
 
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     windows = layer_windows(cfg, int(cfg.num_hidden_layers), causal)
+    settings = meta.get("settings") or {}
+    scanned = set(pd.read_csv(run_dir / "scores.csv", usecols=["metric"]).metric) if (run_dir / "scores.csv").is_file() \
+        else set()
+    long = bool(settings.get("long_context")) or bool(scanned & set(LONG_METRICS))
+    sinks, window = int(settings.get("sinks", 4)), int(settings.get("window", 64))
+    names = {**METRICS, **(LONG_METRICS if long else {})}
     accs = None
     for j, rec in enumerate(records):
         ids = [int(i) for i in rec["token_ids"]]
         A = attentions(model, ids, device, rec.get("token_type_ids"))
         if accs is None:
-            accs = {m: Acc(A.shape[0], A.shape[1]) for m in METRICS}
+            accs = {m: Acc(A.shape[0], A.shape[1]) for m in names}
         if rec["probe"] == "text":
             score_text(A, ids, causal, sep_id, punct_ids, accs, windows)
+            if long:
+                score_streaming(A, ids, causal, accs, sinks, window, windows)
+        elif rec["probe"] == "needle":
+            score_needle(A, ids, causal, accs, rec["needle"], windows)
         elif rec["probe"] == "repeat":
             score_repeat(A, ids, int(rec["repeat_len"]), causal, accs,
                          where=f"repeat sequence {rec.get('index')}", windows=windows)
@@ -292,7 +340,7 @@ def _recompute(run_dir: Path, model_dir, device: str, progress: bool) -> pd.Data
         raise ValueError(f"{run_dir / 'tokens.jsonl'} holds no sequence")
 
     rows = []
-    for metric, probe in METRICS.items():
+    for metric, probe in names.items():
         score, chance, n = accs[metric].result(nan_score=(metric == "next_token" and causal))
         for layer in range(score.shape[0]):
             for head in range(score.shape[1]):

@@ -223,3 +223,19 @@ def test_long_context_run_saves_needles_and_reloads(tmp_path, tiny_gpt2):
     probe = next(p for p in back.probes if p.name == "needle")
     assert probe.targets(0) == next(p for p in res.probes if p.name == "needle").targets(0)
     assert {"streaming", "retrieval", "retrieval_soft"} <= set(back.scores.metric)
+
+
+def test_recompute_script_agrees_on_a_long_context_run(tmp_path, tiny_gpt2_dir):
+    """scripts/recompute_scores.py (no headscope metric code) recomputes streaming and retrieval from
+    tokens.jsonl and HF eager attention, and agrees with the run."""
+    from headscope.config import ScanConfig
+    from headscope.runner import scan_to_dir
+    from scripts import recompute_scores as rc
+
+    cfg = ScanConfig(long_context=True, seq_len=128, n_prompts=2, sinks=2, window=16, needle_tokens=4, bootstrap=0,
+                     metrics=("sink", "streaming", "retrieval", "retrieval_soft", "induction"))
+    scan_to_dir(str(tiny_gpt2_dir), tmp_path / "run", cfg, figures=False)
+    theirs = pd.read_csv(tmp_path / "run" / "scores.csv")
+    ours = rc.recompute(tmp_path / "run")
+    summary, problems = rc.compare(ours, theirs, tol=1e-5)
+    assert problems == [] and {"streaming", "retrieval", "retrieval_soft"} <= set(summary.index)
