@@ -1,6 +1,6 @@
 """Benchmark: the long-context view's cost, as ratios measured in one run.
 
-Each measurement runs in a fresh subprocess (its own peak memory), one torch thread, best of 2:
+Each measurement runs in a fresh subprocess (its own peak memory), one torch thread:
 
 * ``sdpa``          the model's own sdpa forward over the tokens, no logits (the base model);
 * ``scan``          headscope's scan of every text metric plus ``streaming`` (fused engine: the kernel
@@ -11,7 +11,7 @@ Each measurement runs in a fresh subprocess (its own peak memory), one torch thr
 * ``half-logits``   the same with half of the heads (the plan's 50% budget) restricted to 4 sinks +
                     a 64-token window by the kernel, which skips their key tiles outside the band.
 
-Usage: ``python benchmarks/bench_long.py [--seq-len 8192] [--model smollm2-135m] [--rounds 2]``.
+Usage: ``python benchmarks/bench_long.py [--seq-len 8192] [--model smollm2-135m] [--rounds 1] [--repeats 1]``.
 Not a test: timings on a shared machine are noisy, so the methods are interleaved over rounds and
 the fastest run of each is kept; ratios are taken within this one run only.
 """
@@ -72,7 +72,7 @@ def worker(spec: dict) -> dict:
     run = runs[method]
     base = _rss_kb("VmRSS")
     best = float("inf")
-    for _ in range(2):
+    for _ in range(spec.get("repeats", 1)):
         t0 = time.perf_counter()
         run()
         best = min(best, time.perf_counter() - t0)
@@ -85,6 +85,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--seq-len", type=int, default=8192)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=1, help="runs per worker (the fastest is kept)")
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
@@ -93,7 +94,7 @@ def main() -> None:
     best: dict[str, dict] = {}
     for _ in range(args.rounds):
         for method in METHODS:
-            spec = {"model": args.model, "seq_len": args.seq_len, "method": method}
+            spec = {"model": args.model, "seq_len": args.seq_len, "method": method, "repeats": args.repeats}
             proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True,
                                   text=True, env=env)
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -104,7 +105,7 @@ def main() -> None:
             if method not in best or r["wall_s"] < best[method]["wall_s"]:
                 best[method] = {**r, "peak_extra_gb": max(r["peak_extra_gb"], best.get(method, r)["peak_extra_gb"])}
             print(f"  {method:<12} {r['wall_s']:7.1f} s  peak +{r['peak_extra_gb']:.2f} GB", file=sys.stderr)
-    print(f"{args.model}, {args.seq_len} tokens, 1 thread, best of {2 * args.rounds}")
+    print(f"{args.model}, {args.seq_len} tokens, 1 thread, best of {args.repeats * args.rounds}")
     print(f"{'method':<12} {'wall s':>8} {'peak+GB':>8}  ratio")
     pairs = {"scan": "sdpa", "scan-needle": "sdpa-needle", "half-logits": "full-logits"}
     for method, r in best.items():

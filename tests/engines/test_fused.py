@@ -78,3 +78,18 @@ def test_fused_flags_are_the_key_sets_key_set_mass_counts(tiny_gpt2):
     assert set(flags) == {"separator", "punctuation"}
     assert not flags["punctuation"][:, 0].any() and not flags["separator"][:, 0].any()  # never position 0
     assert torch.equal(flags["separator"][:, 1:], batch.separator[:, 1:])
+
+
+def test_a_fallback_is_said_in_one_line(tiny_gpt2, monkeypatch):
+    """Where the kernel cannot take a call (a per-head mask), the scan says so once per forward, in one
+    line naming the layer, and the scores are still the blocked engine's."""
+    heard = []
+    monkeypatch.setattr(fused, "on_fallback", heard.append)
+    probe = packed_text_probe(tiny_gpt2, None, seq_len=30, n_sequences=2)
+    window = RestrictKeys(layer=1, heads=[0], keep=lambda call: torch.ones(call.shape[-2:], dtype=torch.bool).tril())
+    metrics = [REGISTRY["sink"], REGISTRY["entropy"]]
+    got = score_probe(tiny_gpt2, probe, metrics, batch_size=2, engine="fused", interventions=[window])
+    assert len(heard) == 1 and "\n" not in heard[0] and heard[0].startswith("layer 1's attention has a per-head mask")
+    want = score_probe(tiny_gpt2, probe, metrics, batch_size=2, engine="blocked", interventions=[window])
+    for name in want:
+        torch.testing.assert_close(got[name].score, want[name].score, atol=1e-5, rtol=0)
