@@ -101,6 +101,12 @@ def main() -> None:
               help="Resamples of the sequences for every score's interval and every label's stability (0: none).")
 @click.option("--ci", type=float, default=DEFAULTS.ci, show_default=True, help="Coverage of the intervals.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps.")
+@click.option("--device-map", default=None,
+              help="A model bigger than one device: let accelerate place its layers across the GPUs (and CPU, "
+                   "offloading what fits nowhere): auto, balanced, balanced_low_0 or sequential. Blocked and "
+                   "fused engines; not with --ray or --effects.")
+@click.option("--max-memory", default=None, metavar="DEV=SIZE,...",
+              help="With --device-map: memory per device, e.g. 0=20GiB,1=20GiB,cpu=60GiB.")
 @click.option("--dtype", default=None,
               help=f"Model weights dtype: {', '.join(DTYPE_NAMES)}. [default: float32] Patterns are scored in float32.")
 @click.option("--threads", type=int, default=None,
@@ -115,14 +121,15 @@ def main() -> None:
 def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, seq_len, long_context, sinks, window, needle_tokens,
          engine, prompts, text_join, token_types,
          metric_names,
-         thresholds, effects, ablation, effects_sequences, bootstrap, ci, device, dtype, threads, ray_address, workers,
-         force, no_figures, quiet) -> None:
+         thresholds, effects, ablation, effects_sequences, bootstrap, ci, device, device_map, max_memory, dtype, threads,
+         ray_address, workers, force, no_figures, quiet) -> None:
     """Score every head of MODEL and write a run directory.
 
     MODEL is an offline model (smollm2-135m, all-minilm-l6-v2), a transformer-lens name such as
     gpt2-small, a Hugging Face repo id (NAME@REVISION for a branch, tag or commit), or a local
     checkpoint folder.
     """
+    from headscope.models import parse_max_memory
     from headscope.report import console_summary
     from headscope.runner import default_out, scan_to_dir
 
@@ -147,7 +154,8 @@ def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, seq_len, long
             return tqdm(total=total, desc=desc, unit="seq", file=sys.stderr, leave=False)
 
     result = scan_to_dir(model_name, out, config, force=force, figures=not no_figures, device=device,
-                         dtype=dtype, threads=threads, say=say, progress=progress, ray=ray_address, workers=workers)
+                         dtype=dtype, threads=threads, say=say, progress=progress, ray=ray_address, workers=workers,
+                         device_map=device_map, max_memory=parse_max_memory(max_memory))
     click.echo(console_summary(result, out, figures=not no_figures))
 
 

@@ -82,6 +82,63 @@ def resolve_dtype(dtype: str) -> torch.dtype:
     return DTYPES[dtype]
 
 
+#: ``device_map`` strategies accelerate places a model by (besides an explicit ``{module: device}`` dict).
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def check_device_map(device_map, max_memory=None) -> None:
+    """One line for a ``device_map`` / ``max_memory`` accelerate cannot use (before any loading)."""
+    if device_map is None:
+        if max_memory is not None:
+            raise HeadscopeError("max_memory (--max-memory) goes with a device map; add --device-map auto.")
+        return
+    if isinstance(device_map, str) and device_map not in DEVICE_MAPS:
+        raise HeadscopeError(f"Unknown device map '{device_map}'; use {', '.join(DEVICE_MAPS)} "
+                             "(or, from Python, a {module name: device} dict).")
+    if not isinstance(device_map, (str, dict)):
+        raise HeadscopeError(f"A device map is one of {', '.join(DEVICE_MAPS)} or a {{module name: device}} dict, "
+                             f"not a {type(device_map).__name__}.")
+    if max_memory is not None and not isinstance(max_memory, dict):
+        raise HeadscopeError("max_memory is a {device: size} dict, e.g. {0: '20GiB', 'cpu': '60GiB'}.")
+    try:
+        import accelerate  # noqa: F401
+    except ImportError:
+        raise HeadscopeError("--device-map needs accelerate: pip install 'accelerate>=1.0'.") from None
+
+
+def parse_max_memory(text: str | None) -> dict | None:
+    """``"0=20GiB,1=20GiB,cpu=60GiB"`` -> ``{0: 20 GiB, 1: 20 GiB, "cpu": 60 GiB}`` in bytes (None stays None).
+
+    >>> parse_max_memory("0=2GiB,cpu=500MB")
+    {0: 2147483648, 'cpu': 500000000}
+    """
+    if text is None:
+        return None
+    out: dict = {}
+    for part in text.split(","):
+        key, sep, size = part.strip().partition("=")
+        key, size = key.strip(), size.strip().upper().replace(" ", "")
+        num = size.rstrip("KMGIB")
+        unit = size[len(num):]
+        if not sep or not key or unit not in _SIZE_UNITS or not num.replace(".", "", 1).isdigit():
+            raise HeadscopeError(f"--max-memory '{part.strip()}' is not DEVICE=SIZE; write it like "
+                                 "0=20GiB,1=20GiB,cpu=60GiB (DEVICE: a GPU index, cpu or mps).")
+        if not (key.isdigit() or key in ("cpu", "mps", "disk")):
+            raise HeadscopeError(f"--max-memory device '{key}' is not a GPU index, cpu or mps.")
+        out[int(key) if key.isdigit() else key] = int(float(num) * _SIZE_UNITS[unit])
+    return out
+
+
+def _map_device(placement) -> torch.device:
+    """The torch device accelerate executes a ``hf_device_map`` entry on (offloaded ones: the CPU)."""
+    if isinstance(placement, int):
+        return torch.device("cuda", placement)
+    if placement in ("disk", "meta"):
+        return torch.device("cpu")
+    return torch.device(placement)
+
+
 @dataclass(frozen=True)
 class CircuitWeights:
     """A pre-norm decoder's weights, as its heads' OV circuits read them (float32, CPU).
@@ -135,6 +192,9 @@ class Model:
     #: Every layer's attention runs through transformers' attention interface, so
     #: :meth:`run` can hand it to a handler (the blocked and fused engines, interventions).
     attention_interface: bool = False
+    #: Where accelerate put each module (``--device-map``): ``{module: device}``; None when the
+    #: whole model sits on ``device``.
+    device_map: dict | None = None
     _make_bridge: Callable[[], object] | None = field(default=None, repr=False)
     _bridge: object | None = field(default=None, repr=False)
     _bridge_error: str | None = field(default=None, repr=False)  # why the bridge could not be built
@@ -176,7 +236,7 @@ class Model:
     @property
     def n_params(self) -> int:
         """Parameters of the model, tied weights counted once."""
-        return sum({p.data_ptr(): p.numel() for p in self.hf.parameters()}.values())
+        return sum({p.data_ptr() or id(p): p.numel() for p in self.hf.parameters()}.values())  # offloaded: meta, ptr 0
 
     # ------------------------------------------------------------------ tokens
 
@@ -616,7 +676,7 @@ def _quiet_loading():
     """Silence transformers' load reports and progress bars (e.g. the random MLM head of a BertModel)."""
     from transformers.utils import logging as tf_logging
 
-    old = tf_logging.get_verbosity()
+    old, bars = tf_logging.get_verbosity(), tf_logging.is_progress_bar_enabled()
     tf_logging.set_verbosity_error()
     tf_logging.disable_progress_bar()
     try:
@@ -625,7 +685,8 @@ def _quiet_loading():
             yield
     finally:
         tf_logging.set_verbosity(old)
-        tf_logging.enable_progress_bar()
+        if bars:  # as the caller had them: a notebook that turned them off keeps them off
+            tf_logging.enable_progress_bar()
 
 
 def _model_class(config):
@@ -649,6 +710,9 @@ def load_model(
     dtype: str | None = None,
     progress: Callable[[str], None] | None = None,
     name: str | None = None,
+    device_map: str | dict | None = None,
+    max_memory: dict | None = None,
+    offload_folder: str | os.PathLike | None = None,
 ) -> Model:
     """A :class:`Model` from a name, or from a model you already hold in memory.
 
@@ -667,6 +731,14 @@ def load_model(
     ``name`` labels an in-memory model in tables (default: its ``name_or_path``, else its class).
     A :class:`Model` is returned as it is.
 
+    ``device_map`` (a named model too big for one device): ``auto``, ``balanced``,
+    ``balanced_low_0``, ``sequential`` or a ``{module name: device}`` dict, placed by accelerate
+    (``max_memory``: ``{0: "20GiB", "cpu": "60GiB"}``; what fits nowhere is offloaded to
+    ``offload_folder``, a temporary folder by default). Its layers may then sit on different
+    devices (or be offloaded, their weights brought in for each forward); the blocked and fused
+    engines score every layer where it runs. The hooks engine (a second, one-device copy through
+    transformer-lens) and ``--effects`` (they read weights directly) are refused with one line.
+
     >>> model = load_model("all-minilm-l6-v2")          # doctest: +SKIP
     >>> model.n_layers, model.n_heads, model.causal      # doctest: +SKIP
     (6, 12, False)
@@ -676,7 +748,12 @@ def load_model(
     if isinstance(model, (str, os.PathLike)):
         if tokenizer is not None:
             raise HeadscopeError("tokenizer= goes with an in-memory model; a named model brings its own.")
-        return _load_named(str(model), device, dtype or "float32", progress or (lambda _msg: None))
+        check_device_map(device_map, max_memory)
+        placement = None if device_map is None else (device_map, max_memory, offload_folder)
+        return _load_named(str(model), device, dtype or "float32", progress or (lambda _msg: None), placement)
+    if device_map is not None or max_memory is not None:
+        raise HeadscopeError("device_map= loads a model by name; an in-memory model is used where it is "
+                             "(dispatch it with accelerate first).")
     if _is_bridge(model):
         return _wrap_bridge(model, name, device)
     if hasattr(model, "config") and hasattr(model, "forward") and hasattr(model, "parameters"):
@@ -687,9 +764,11 @@ def load_model(
                          "model with its tokenizer, or a transformer-lens TransformerBridge.")
 
 
-def _load_named(name: str, device: str, dtype: str, progress: Callable[[str], None]) -> Model:
+def _load_named(name: str, device: str, dtype: str, progress: Callable[[str], None], placement=None) -> Model:
     source = resolve(name)
-    dev = resolve_device(device)
+    if placement is not None and device != "auto":
+        raise HeadscopeError(f"--device {device} and --device-map both place the model; give one of them.")
+    dev = resolve_device(device) if placement is None else None
     torch_dtype = resolve_dtype(dtype)
     ref, provenance = materialize(source, progress, convert_gguf=_dequantize_gguf)
     local_only = source.kind != "hub" or bool(provenance.get("cached"))
@@ -709,9 +788,16 @@ def _load_named(name: str, device: str, dtype: str, progress: Callable[[str], No
         except OSError as exc:
             raise HeadscopeError(f"Could not load '{name}' from {ref_s}: {str(exc).splitlines()[0]}") from None
         cls, causal = _model_class(config)
+        spread = {} if placement is None else _placement_kwargs(*placement)
         hf = cls.from_pretrained(ref_s, config=config, dtype=torch_dtype, attn_implementation=IMPLEMENTATION,
-                                 local_files_only=local_only, **at)
-    hf.to(dev).eval()
+                                 local_files_only=local_only, **at, **spread)
+    if placement is None:
+        hf.to(dev)
+    else:  # accelerate placed it: inputs go where the embeddings run, its hooks move them on
+        devmap = getattr(hf, "hf_device_map", None) or {"": "cpu"}
+        dev = _map_device(next(iter(devmap.values())))
+        progress("placed by device_map: " + ", ".join(f"{k or 'all'} -> {v}" for k, v in devmap.items()))
+    hf.eval()
 
     def make_bridge():
         with _quiet_loading():
@@ -731,7 +817,25 @@ def _load_named(name: str, device: str, dtype: str, progress: Callable[[str], No
         if weights is not None and "weights_sha256" not in provenance:
             provenance["weights_sha256"] = sha256_file(weights)
             provenance["weights_file"] = weights.name
-    return _model(name, source, provenance, hf, tok, causal, dev, torch_dtype, make_bridge)
+    model = _model(name, source, provenance, hf, tok, causal, dev, torch_dtype, make_bridge)
+    if placement is not None:
+        model.device_map = {k: str(v) for k, v in hf.hf_device_map.items()} if hasattr(hf, "hf_device_map") else {}
+        # the bridge would be a second full copy on one device, which is what a device map avoids
+        model._bridge_error = ("a --device-map model has no transformer-lens bridge (the hooks engine needs a second "
+                               "full copy on one device)")
+    return model
+
+
+def _placement_kwargs(device_map, max_memory, offload_folder) -> dict:
+    """``from_pretrained`` arguments that let accelerate place the model (and offload what fits nowhere)."""
+    import tempfile
+
+    if offload_folder is None:
+        offload_folder = tempfile.mkdtemp(prefix="headscope-offload-")
+    kwargs = {"device_map": device_map, "offload_folder": str(offload_folder), "offload_state_dict": True}
+    if max_memory is not None:
+        kwargs["max_memory"] = max_memory
+    return kwargs
 
 
 def _wrap_hf(hf, tokenizer, name: str | None, device: str, dtype: str | None) -> Model:

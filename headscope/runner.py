@@ -32,7 +32,7 @@ from headscope.errors import HeadscopeError, at_least
 from headscope.examples import example_patterns, pick_heads
 from headscope.extract import MetricScores, score_probe
 from headscope.metrics import Metric, default_metrics, get_metric
-from headscope.models import load_model
+from headscope.models import check_device_map, load_model
 from headscope.probes import (
     NULL_PROBE,
     load_pairs,
@@ -290,6 +290,8 @@ def scan_to_dir(
     progress=None,
     ray: str | None = None,
     workers: int | None = None,
+    device_map: str | dict | None = None,
+    max_memory: dict | None = None,
 ) -> ScanResult:
     """``headscope scan``: check everything, load ``model_name``, scan, and save the run to ``out``.
 
@@ -304,6 +306,9 @@ def scan_to_dir(
     ``ray`` shards the pattern scan's batches over ``workers`` Ray actors (:mod:`headscope.scale`):
     ``"local"`` starts a local instance, else a cluster address (``HOST:PORT``, ``auto``,
     ``ray://HOST:PORT``). The scores and tokens are those of the plain scan, bit for bit.
+
+    ``device_map`` / ``max_memory``: a model bigger than one device, placed by accelerate (see
+    :func:`headscope.models.load_model`); not with ``ray`` or effects.
     """
     import contextlib
 
@@ -331,6 +336,18 @@ def scan_to_dir(
         if isinstance(model_name, str):
             resolve(model_name)  # a typo is answered in milliseconds, before any loading
         check_options(ray, workers, model_name, config.effects is not None)
+        check_device_map(device_map, max_memory)
+        if device_map is not None:
+            if ray is not None:
+                raise HeadscopeError("--device-map with --ray is not supported: each Ray actor holds a whole replica; "
+                                     "scan a device-mapped model in one process.")
+            if config.effects is not None:
+                raise HeadscopeError("--effects with --device-map is not supported (circuit scores read the weights "
+                                     "directly, which a device map may have offloaded); scan without --effects.")
+            if device != "auto":
+                raise HeadscopeError(f"--device {device} and --device-map both place the model; give one of them.")
+            if not isinstance(model_name, str):
+                raise HeadscopeError("--device-map loads a model by name; an in-memory model is used where it is.")
         stack = contextlib.ExitStack()
         try:
             scorer = None
@@ -342,7 +359,8 @@ def scan_to_dir(
             kernels.on_build = say
             fused.on_fallback = say_once
             t0 = time.perf_counter()
-            model = load_model(model_name, tokenizer, device=device, dtype=dtype, progress=say)
+            placed = {} if device_map is None else {"device_map": device_map, "max_memory": max_memory}
+            model = load_model(model_name, tokenizer, device=device, dtype=dtype, progress=say, **placed)
             t_load = time.perf_counter() - t0
             chosen = config.metric_objects()
             probes = default_probes(model, config.n_prompts, config.repeat_len, config.seed, config.prompts,
@@ -394,6 +412,7 @@ def run_metadata(model, result: ScanResult, config: ScanConfig, t_load: float) -
         **({k: result.metadata[k] for k in ("effects", "bootstrap", "ray") if k in result.metadata}),
         "batch_size": result.metadata.get("batch_size"),
         "device": str(model.device),
+        **({"device_map": model.device_map} if getattr(model, "device_map", None) is not None else {}),
         "threads": torch.get_num_threads(),
         "dtype": str(model.dtype).replace("torch.", ""),
         "versions": {

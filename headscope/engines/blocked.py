@@ -96,8 +96,10 @@ class BlockHandler:
 
     engine = "blocked"
 
-    def __init__(self, on_rows: OnRows, layers: Sequence[int], block_bytes: int | None = None):
+    def __init__(self, on_rows: OnRows, layers: Sequence[int], block_bytes: int | None = None,
+                 device: torch.device | None = None):
         self.on_rows = on_rows
+        self.device = device  # where the metrics accumulate; a layer placed elsewhere (device_map) is moved here
         self.layers = frozenset(layers)
         self.last = max(layers)
         self.block_bytes = BLOCK_BYTES if block_bytes is None else block_bytes
@@ -107,8 +109,11 @@ class BlockHandler:
         refuse_unmodelled(call, self.engine)
         b, h, _, n_k = call.shape
         rows = block_rows(b, h, n_k, self.block_bytes)
-        for qs, block, log_block in pattern_blocks(call.query, call.key, call.mask, call.scale, call.causal,
-                                                   rows, with_log=True):
+        query, key, mask = call.query, call.key, call.mask
+        if self.device is not None and query.device != self.device:  # a layer on another device of a device map
+            query, key = query.to(self.device), key.to(self.device)
+            mask = None if mask is None else mask.to(self.device)
+        for qs, block, log_block in pattern_blocks(query, key, mask, call.scale, call.causal, rows, with_log=True):
             self.on_rows(call.layer, DenseRows(block, log_block), qs)
 
     def __call__(self, call: AttentionCall) -> Tensor:
@@ -130,7 +135,7 @@ class BlockedEngine(Engine):
 
     def run(self, model, tokens, mask, batch, on_rows, layers=None, interventions=(), token_types=None) -> None:
         layers = range(model.n_layers) if layers is None else layers
-        model.run(tokens, mask, handler=BlockHandler(on_rows, layers), interventions=interventions,
+        model.run(tokens, mask, handler=BlockHandler(on_rows, layers, device=model.device), interventions=interventions,
                   token_types=token_types)
 
 

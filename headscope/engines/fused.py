@@ -86,6 +86,9 @@ class FusedEngine(Engine):
             return "its attention does not run through transformers' attention interface"
         if model.device.type != "cpu":
             return f"the kernel runs on the CPU only, not {model.device}"
+        elsewhere = sorted({d for d in (getattr(model, "device_map", None) or {}).values() if d not in ("cpu", "disk")})
+        if elsewhere:
+            return f"the kernel runs on the CPU only, and the device map puts layers on {', '.join(elsewhere)}"
         need_pattern = [m.name for m in metrics if not m.fused]
         if need_pattern:
             return f"metric(s) {', '.join(need_pattern)} need the pattern itself (Metric.fused is False)"
