@@ -44,7 +44,8 @@ def test_what_passes_and_what_it_means():
     record = ScanConfig(metrics=("sink",), thresholds={"sink": 0.2}).record()
     assert record == {"n_prompts": 64, "repeat_len": 50, "seed": 0, "seq_len": None, "prompts": None,
                       "text_join": "plain", "token_types": False, "metrics": ["sink"], "thresholds": {"sink": 0.2}, "batch_size": None, "engine": "auto",
-                      "effects": None, "ablation": "mean", "effects_sequences": 16, "bootstrap": 1000, "ci": 0.95}
+                      "effects": None, "ablation": "mean", "effects_sequences": 16, "bootstrap": 1000, "ci": 0.95,
+                      "long_context": False, "sinks": 4, "window": 64, "needle_tokens": 8}
 
 
 def test_parse_thresholds():
