@@ -25,16 +25,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench_scan import (
+    _rss_kb,  # the same resident-memory reader (this folder is on sys.path when run)
+)
+
 REPO = Path(__file__).resolve().parents[1]
 METHODS = ["sdpa", "scan", "sdpa-needle", "scan-needle", "full-logits", "half-logits"]
-
-
-def _rss_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
 
 
 def worker(spec: dict) -> dict:

@@ -152,7 +152,8 @@ def _decoder_tokenizer():
                                    unk_token="<|endoftext|>", pad_token="<pad>")
 
 
-def _encoder_tokenizer():
+def encoder_tokenizer():
+    """A WordPiece tokenizer with [CLS]/[SEP]/[PAD]/[MASK], trained on CORPUS (also the tests' tiny BERT's)."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -172,7 +173,7 @@ def tiny_model(family: Family, seed: int = 0):
     """(a random eager-attention model of ``family`` in eval mode, its tokenizer)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
-    tok = _encoder_tokenizer() if family.encoder else _decoder_tokenizer()
+    tok = encoder_tokenizer() if family.encoder else _decoder_tokenizer()
     ids = dict(pad_token_id=tok.pad_token_id)
     if family.encoder:
         ids.update(bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id, sep_token_id=tok.sep_token_id,

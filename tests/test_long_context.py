@@ -239,3 +239,25 @@ def test_recompute_script_agrees_on_a_long_context_run(tmp_path, tiny_gpt2_dir):
     ours = rc.recompute(tmp_path / "run")
     summary, problems = rc.compare(ours, theirs, tol=1e-5)
     assert problems == [] and {"streaming", "retrieval", "retrieval_soft"} <= set(summary.index)
+
+
+def test_kvplan_cli_writes_the_plan_into_the_run(tmp_path, tiny_gpt2_dir):
+    from headscope.config import ScanConfig
+    from headscope.rundir import foreign_entries
+    from headscope.runner import scan_to_dir
+
+    run = tmp_path / "run"
+    scan_to_dir(str(tiny_gpt2_dir), run, ScanConfig(long_context=True, seq_len=128, n_prompts=2, window=16,
+                                                    needle_tokens=4, bootstrap=0), figures=False)
+    args = ["kvplan", str(run), "--budgets", "0.5", "--seeds", "1", "--window", "16", "--seq-len", "128",
+            "--texts", "1", "--depths", "0.5", "--needles-per-depth", "1", "--needle-tokens", "4", "-q"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in (run / "kvplan").iterdir()) == ["kvplan.csv", "kvplan.json", "kvplan.md",
+                                                                  "kvplan.png"]
+    df = pd.read_csv(run / "kvplan" / "kvplan.csv")
+    assert list(df.condition) == ["full", "streaming_all", "window_all", "plan", "random"]
+    assert foreign_entries(run) == []  # the plan counts as headscope's own inside the run
+    again = CliRunner().invoke(main, args)
+    assert again.exit_code == 2 and "already exists" in again.output
+    assert CliRunner().invoke(main, [*args, "--force"]).exit_code == 0

@@ -6,13 +6,7 @@ from pathlib import Path
 
 import torch
 
-CORPUS = [
-    "The river bank flooded after the storm, and the path was closed.",
-    "A cat sat on the mat; the dog slept by the door.",
-    "Where is the key? It is on the table, next to the book.",
-    "She ran to the station, but the train had already left!",
-    "Numbers like 1, 2 and 3 are small; 1000 is larger.",
-] * 20
+from scripts.conformance import CORPUS  # one training text for every tiny tokenizer
 
 
 def _bpe_tokenizer(vocab_size: int = 300):
@@ -37,19 +31,11 @@ def make_tiny_gpt2(path: Path, n_layer: int = 2, n_head: int = 4, n_ctx: int = 1
 
 
 def make_tiny_bert(path: Path, n_layer: int = 2, n_head: int = 4) -> Path:
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerFast
+    from transformers import BertConfig, BertForMaskedLM
 
-    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.train_from_iterator(CORPUS, trainers.WordPieceTrainer(vocab_size=200, special_tokens=special))
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]",
-                                   cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+    from scripts.conformance import encoder_tokenizer
+
+    fast = encoder_tokenizer()
     cfg = BertConfig(vocab_size=len(fast), hidden_size=32, num_hidden_layers=n_layer, num_attention_heads=n_head,
                      intermediate_size=64, max_position_embeddings=128, pad_token_id=fast.pad_token_id)
     torch.manual_seed(0)
