@@ -26,6 +26,7 @@ import contextlib
 import copy
 import hashlib
 import os
+import shutil
 import sys
 import threading
 import warnings
@@ -734,7 +735,7 @@ def load_model(
     ``device_map`` (a named model too big for one device): ``auto``, ``balanced``,
     ``balanced_low_0``, ``sequential`` or a ``{module name: device}`` dict, placed by accelerate
     (``max_memory``: ``{0: "20GiB", "cpu": "60GiB"}``; what fits nowhere is offloaded to
-    ``offload_folder``, a temporary folder by default). Its layers may then sit on different
+    ``offload_folder``; by default a temporary folder, removed when the model is freed). Its layers may then sit on different
     devices (or be offloaded, their weights brought in for each forward); the blocked and fused
     engines score every layer where it runs. The hooks engine (a second, one-device copy through
     transformer-lens) and ``--effects`` (they read weights directly) are refused with one line.
@@ -788,9 +789,17 @@ def _load_named(name: str, device: str, dtype: str, progress: Callable[[str], No
         except OSError as exc:
             raise HeadscopeError(f"Could not load '{name}' from {ref_s}: {str(exc).splitlines()[0]}") from None
         cls, causal = _model_class(config)
-        spread = {} if placement is None else _placement_kwargs(*placement)
-        hf = cls.from_pretrained(ref_s, config=config, dtype=torch_dtype, attn_implementation=IMPLEMENTATION,
-                                 local_files_only=local_only, **at, **spread)
+        spread, scratch = ({}, None) if placement is None else _placement_kwargs(*placement)
+        try:
+            hf = cls.from_pretrained(ref_s, config=config, dtype=torch_dtype, attn_implementation=IMPLEMENTATION,
+                                     local_files_only=local_only, **at, **spread)
+        except BaseException:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+            raise
+    if scratch is not None:
+        # the offload folder headscope made goes when the model does (or when Python exits)
+        weakref.finalize(hf, shutil.rmtree, scratch, ignore_errors=True)
     if placement is None:
         hf.to(dev)
     else:  # accelerate placed it: inputs go where the embeddings run, its hooks move them on
@@ -826,16 +835,19 @@ def _load_named(name: str, device: str, dtype: str, progress: Callable[[str], No
     return model
 
 
-def _placement_kwargs(device_map, max_memory, offload_folder) -> dict:
-    """``from_pretrained`` arguments that let accelerate place the model (and offload what fits nowhere)."""
+def _placement_kwargs(device_map, max_memory, offload_folder) -> tuple[dict, str | None]:
+    """``from_pretrained`` arguments that let accelerate place the model (and offload what fits nowhere),
+    and the temporary offload folder headscope made for it (None when the caller gave one: that folder
+    is the caller's and is never removed)."""
     import tempfile
 
+    scratch = None
     if offload_folder is None:
-        offload_folder = tempfile.mkdtemp(prefix="headscope-offload-")
+        offload_folder = scratch = tempfile.mkdtemp(prefix="headscope-offload-")
     kwargs = {"device_map": device_map, "offload_folder": str(offload_folder), "offload_state_dict": True}
     if max_memory is not None:
         kwargs["max_memory"] = max_memory
-    return kwargs
+    return kwargs, scratch
 
 
 def _wrap_hf(hf, tokenizer, name: str | None, device: str, dtype: str | None) -> Model:

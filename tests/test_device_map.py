@@ -65,6 +65,33 @@ def test_scores_equal_the_unsplit_models(four_layer_dir, split, engine):
     assert (whole["score"] - parts["score"]).abs().max() <= 1e-6
 
 
+def test_the_offload_folder_headscope_made_goes_with_the_model(four_layer_dir, tmp_path, monkeypatch):
+    import gc
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where mkdtemp makes its folders
+    model = headscope.load_model(str(four_layer_dir), device_map="auto", max_memory=SPLIT)
+    made = list(tmp_path.glob("headscope-offload-*"))
+    assert len(made) == 1 and made[0].is_dir()  # (safetensors weights are read in place, so it may stay empty)
+    assert set(model.device_map.values()) == {"cpu", "disk"}
+    del model
+    gc.collect()
+    assert not made[0].exists()
+
+
+def test_an_offload_folder_the_caller_gave_is_never_removed(four_layer_dir, tmp_path):
+    import gc
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    model = headscope.load_model(str(four_layer_dir), device_map="auto", max_memory=SPLIT, offload_folder=mine)
+    assert set(model.device_map.values()) == {"cpu", "disk"}
+    del model
+    gc.collect()
+    assert (mine / "notes.txt").read_text() == "keep me"
+
+
 def test_the_hooks_engine_is_refused_in_one_line(split):
     with pytest.raises(HeadscopeError, match="hooks engine cannot run here: a --device-map model has no "
                                              "transformer-lens bridge.*use --engine"):
