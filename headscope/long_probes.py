@@ -55,7 +55,8 @@ def needle_min_length(model, k: int) -> int:
     return 2 + len(model.encode(INTRO)) + len(model.encode(".")) + len(model.encode(REQUEST)) + 2 * k
 
 
-def _check(model, seq_len: int, decoder: bool = True) -> None:
+def check_fits(model, seq_len: int, decoder: bool = True) -> None:
+    """One line when ``seq_len`` is outside the model's context, or (``decoder``) the model is an encoder."""
     if decoder and not model.causal:
         raise HeadscopeError("Long-context probes are for decoders (a KV cache is a decoding structure); "
                              f"{model.name} is an encoder.")
@@ -66,7 +67,7 @@ def _check(model, seq_len: int, decoder: bool = True) -> None:
 
 def long_text_probe(model, seq_len: int, n_sequences: int = 1, part: str = "scan", progress=None) -> Probe:
     """``n_sequences`` distinct windows of real prose, each ``BOS`` + ``seq_len - 1`` corpus tokens."""
-    _check(model, seq_len, decoder=False)
+    check_fits(model, seq_len, decoder=False)
     at_least("n_prompts", n_sequences)
     ids = corpus_ids(model, part, progress)
     body = seq_len - 1 - (model.eos_id is not None)  # room between BOS/[CLS] and an encoder's final [SEP]
@@ -97,7 +98,7 @@ def needle_probe(model, lengths: Sequence[int], depths: Sequence[float] = DEPTHS
     gen = torch.Generator().manual_seed(seed)
     seqs, needles, start = [], [], 0
     for length in lengths:
-        _check(model, length)
+        check_fits(model, length)
         hay = length - 1 - len(intro) - k - len(period) - len(request) - k
         if hay < 1:
             raise HeadscopeError(

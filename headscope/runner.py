@@ -83,8 +83,16 @@ def default_probes(
     streaming metric's ``band`` (sinks, window); and ``"needle"`` in ``probes`` adds a needle probe of
     ``needle_tokens`` tokens at lengths ``seq_len / 4, / 2, x 1`` and 5 depths.
     """
-    from headscope.long_probes import corpus_ids, long_text_probe, needle_min_length, needle_probe
+    from headscope.long_probes import (
+        check_fits,
+        corpus_ids,
+        long_text_probe,
+        needle_min_length,
+        needle_probe,
+    )
 
+    if long_context:  # an encoder or a context too short is refused before any corpus is fetched
+        check_fits(model, seq_len or _LONG)
     out = []
     if "text" in probes:
         if long_context:

@@ -207,6 +207,20 @@ def test_scan_cli_long_context_refusals(tmp_path):
         assert not out.exists()
 
 
+def test_long_context_on_an_encoder_is_refused_before_any_corpus_is_read(tmp_path, monkeypatch):
+    from headscope import long_probes
+    from tests.tiny_models import make_tiny_bert
+
+    def fetched(*_args, **_kw):
+        raise AssertionError("the corpus was read before the encoder was refused")
+
+    monkeypatch.setattr(long_probes, "corpus_ids", fetched)
+    bert, out = make_tiny_bert(tmp_path / "bert"), tmp_path / "x"
+    r = CliRunner().invoke(main, ["scan", str(bert), "--out", str(out), "--long-context", "--quiet"])
+    assert r.exit_code == 2 and r.output.strip().splitlines()[-1].endswith("is an encoder."), r.output
+    assert "are for decoders" in r.output and not out.exists()
+
+
 def test_long_context_run_saves_needles_and_reloads(tmp_path, tiny_gpt2):
     from headscope.config import ScanConfig
     from headscope.rundir import load_run
