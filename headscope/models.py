@@ -1,4 +1,4 @@
-"""The one module that knows how transformers and transformer-lens load and run a model.
+"""A loaded model, as transformers and transformer-lens run it: the one place that knows how.
 
 Everything else sees a :class:`Model`: its shape (``n_layers``, ``n_heads``, ``n_kv_heads``,
 ``d_head``, ``n_ctx``), whether it is causal, its special tokens, and a few methods:
@@ -10,10 +10,10 @@ Everything else sees a :class:`Model`: its shape (``n_layers``, ``n_heads``, ``n
 * :meth:`Model.attention_activations`, :meth:`Model.attention_inputs`, :meth:`Model.circuit_weights`:
   what the analysis helpers need from the bridge, by meaning rather than by hook name.
 
-When transformer-lens or transformers change their APIs again (they have, twice), this file changes
-and nothing else. A model comes from a name (offline model, hub name with an optional
-``@revision``, local folder; see :mod:`headscope.sources`) or from memory: a Hugging Face model plus
-its tokenizer, or a ``TransformerBridge`` (see :func:`load_model`).
+It also holds the attention function headscope registers with transformers' attention interface.
+How a Model is made (from a name, a folder, a device map, or a model you hold in memory) is
+:mod:`headscope.loading`. When transformer-lens or transformers change their APIs again (they have,
+twice), these two files change and nothing else.
 
 transformer-lens 4.x: ``TransformerBridge.boot_transformers(name, hf_model=..., tokenizer=...)``
 wraps an already-loaded HF model in place and switches it to eager attention, so the bridge always
@@ -23,17 +23,12 @@ gets a copy of its own, built on first use.
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
-import os
-import shutil
 import sys
 import threading
-import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -42,102 +37,12 @@ from torch import Tensor
 from headscope import attention
 from headscope.attention import AttentionCall, Handler, Intervention, StopForward
 from headscope.errors import HeadscopeError
-from headscope.sources import (
-    DTYPE_NAMES,
-    Source,
-    cached_snapshot,
-    check_dtype,
-    materialize,
-    resolve,
-    sha256_file,
-)
+from headscope.sources import Source
 
-DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16, torch.float16), strict=True))
-_ENCODER_TYPES = {"bert", "roberta", "distilbert", "albert", "electra", "xlm-roberta", "mpnet",
-                  "deberta", "deberta-v2", "camembert", "modernbert"}
 #: Softmax changes passed to the attention function that plain ``softmax(q k^T * scale + mask)``
 #: does not capture: logit soft-capping (Gemma 2), learned sinks (gpt-oss), T5-style position biases.
 UNMODELLED = ("position_bias", "softcap", "s_aux", "sinks")
 IMPLEMENTATION = "headscope"  # the name our attention function is registered under in transformers
-
-
-def resolve_device(device: str = "auto") -> torch.device:
-    """``auto`` picks cuda, then mps, then cpu; anything else must be available."""
-    if device == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise HeadscopeError(f"Unknown device '{device}'; use auto, cpu, cuda or cuda:N.") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise HeadscopeError(f"Device '{device}' asked for but no CUDA GPU is visible; use --device cpu.")
-    return dev
-
-
-def resolve_dtype(dtype: str) -> torch.dtype:
-    check_dtype(dtype)
-    return DTYPES[dtype]
-
-
-#: ``device_map`` strategies accelerate places a model by (besides an explicit ``{module: device}`` dict).
-DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
-_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-
-
-def check_device_map(device_map, max_memory=None) -> None:
-    """One line for a ``device_map`` / ``max_memory`` accelerate cannot use (before any loading)."""
-    if device_map is None:
-        if max_memory is not None:
-            raise HeadscopeError("max_memory (--max-memory) goes with a device map; add --device-map auto.")
-        return
-    if isinstance(device_map, str) and device_map not in DEVICE_MAPS:
-        raise HeadscopeError(f"Unknown device map '{device_map}'; use {', '.join(DEVICE_MAPS)} "
-                             "(or, from Python, a {module name: device} dict).")
-    if not isinstance(device_map, (str, dict)):
-        raise HeadscopeError(f"A device map is one of {', '.join(DEVICE_MAPS)} or a {{module name: device}} dict, "
-                             f"not a {type(device_map).__name__}.")
-    if max_memory is not None and not isinstance(max_memory, dict):
-        raise HeadscopeError("max_memory is a {device: size} dict, e.g. {0: '20GiB', 'cpu': '60GiB'}.")
-    try:
-        import accelerate  # noqa: F401
-    except ImportError:
-        raise HeadscopeError("--device-map needs accelerate: pip install 'accelerate>=1.0'.") from None
-
-
-def parse_max_memory(text: str | None) -> dict | None:
-    """``"0=20GiB,1=20GiB,cpu=60GiB"`` -> ``{0: 20 GiB, 1: 20 GiB, "cpu": 60 GiB}`` in bytes (None stays None).
-
-    >>> parse_max_memory("0=2GiB,cpu=500MB")
-    {0: 2147483648, 'cpu': 500000000}
-    """
-    if text is None:
-        return None
-    out: dict = {}
-    for part in text.split(","):
-        key, sep, size = part.strip().partition("=")
-        key, size = key.strip(), size.strip().upper().replace(" ", "")
-        num = size.rstrip("KMGIB")
-        unit = size[len(num):]
-        if not sep or not key or unit not in _SIZE_UNITS or not num.replace(".", "", 1).isdigit():
-            raise HeadscopeError(f"--max-memory '{part.strip()}' is not DEVICE=SIZE; write it like "
-                                 "0=20GiB,1=20GiB,cpu=60GiB (DEVICE: a GPU index, cpu or mps).")
-        if not (key.isdigit() or key in ("cpu", "mps", "disk")):
-            raise HeadscopeError(f"--max-memory device '{key}' is not a GPU index, cpu or mps.")
-        out[int(key) if key.isdigit() else key] = int(float(num) * _SIZE_UNITS[unit])
-    return out
-
-
-def _map_device(placement) -> torch.device:
-    """The torch device accelerate executes a ``hf_device_map`` entry on (offloaded ones: the CPU)."""
-    if isinstance(placement, int):
-        return torch.device("cuda", placement)
-    if placement in ("disk", "meta"):
-        return torch.device("cpu")
-    return torch.device(placement)
 
 
 @dataclass(frozen=True)
@@ -660,7 +565,7 @@ def _own_attention(module, extras: dict) -> Callable:
     return run
 
 
-def _register_attention() -> None:
+def register_attention() -> None:
     """Make ``attn_implementation="headscope"`` known to transformers (sdpa-style masks)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
@@ -669,245 +574,11 @@ def _register_attention() -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sdpa_mask)
 
 
-# ---------------------------------------------------------------------------- loading
-
-
-@contextlib.contextmanager
-def _quiet_loading():
-    """Silence transformers' load reports and progress bars (e.g. the random MLM head of a BertModel)."""
-    from transformers.utils import logging as tf_logging
-
-    old, bars = tf_logging.get_verbosity(), tf_logging.is_progress_bar_enabled()
-    tf_logging.set_verbosity_error()
-    tf_logging.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        tf_logging.set_verbosity(old)
-        if bars:  # as the caller had them: a notebook that turned them off keeps them off
-            tf_logging.enable_progress_bar()
-
-
-def _model_class(config):
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
-
-    archs = list(getattr(config, "architectures", None) or [])
-    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
-        return AutoModelForCausalLM, True
-    if config.model_type in _ENCODER_TYPES:
-        # BertModel checkpoints (sentence-transformers) have no MLM head; the bridge wants one.
-        # It is initialised at random, which does not touch attention.
-        return AutoModelForMaskedLM, False
-    return AutoModelForCausalLM, True
-
-
-def load_model(
-    model,
-    tokenizer=None,
-    *,
-    device: str = "auto",
-    dtype: str | None = None,
-    progress: Callable[[str], None] | None = None,
-    name: str | None = None,
-    device_map: str | dict | None = None,
-    max_memory: dict | None = None,
-    offload_folder: str | os.PathLike | None = None,
-) -> Model:
-    """A :class:`Model` from a name, or from a model you already hold in memory.
-
-    ``model`` is one of:
-
-    * a name: an offline model (``smollm2-135m``, ``all-minilm-l6-v2``), a transformer-lens name or
-      Hugging Face repo id with an optional ``@revision`` (``EleutherAI/pythia-70m@step1000``), or
-      a local checkpoint folder. ``device`` and ``dtype`` (default float32) choose where and how
-      it loads;
-    * a Hugging Face ``PreTrainedModel`` plus its ``tokenizer`` (a fine-tuned or patched model in a
-      notebook). It is used where it is, in its own dtype, and never modified: during a scan it is
-      switched to headscope's attention function and switched back after;
-    * a transformer-lens ``TransformerBridge`` (its own tokenizer). Its attention modules are
-      transformer-lens components, so it is scanned with the hooks engine.
-
-    ``name`` labels an in-memory model in tables (default: its ``name_or_path``, else its class).
-    A :class:`Model` is returned as it is.
-
-    ``device_map`` (a named model too big for one device): ``auto``, ``balanced``,
-    ``balanced_low_0``, ``sequential`` or a ``{module name: device}`` dict, placed by accelerate
-    (``max_memory``: ``{0: "20GiB", "cpu": "60GiB"}``; what fits nowhere is offloaded to
-    ``offload_folder``; by default a temporary folder, removed when the model is freed). Its layers may then sit on different
-    devices (or be offloaded, their weights brought in for each forward); the blocked and fused
-    engines score every layer where it runs. The hooks engine (a second, one-device copy through
-    transformer-lens) and ``--effects`` (they read weights directly) are refused with one line.
-
-    >>> model = load_model("all-minilm-l6-v2")          # doctest: +SKIP
-    >>> model.n_layers, model.n_heads, model.causal      # doctest: +SKIP
-    (6, 12, False)
-    """
-    if isinstance(model, Model):
-        return model  # already loaded
-    if isinstance(model, (str, os.PathLike)):
-        if tokenizer is not None:
-            raise HeadscopeError("tokenizer= goes with an in-memory model; a named model brings its own.")
-        check_device_map(device_map, max_memory)
-        placement = None if device_map is None else (device_map, max_memory, offload_folder)
-        return _load_named(str(model), device, dtype or "float32", progress or (lambda _msg: None), placement)
-    if device_map is not None or max_memory is not None:
-        raise HeadscopeError("device_map= loads a model by name; an in-memory model is used where it is "
-                             "(dispatch it with accelerate first).")
-    if _is_bridge(model):
-        return _wrap_bridge(model, name, device)
-    if hasattr(model, "config") and hasattr(model, "forward") and hasattr(model, "parameters"):
-        if tokenizer is None:
-            raise HeadscopeError("An in-memory model needs its tokenizer: load_model(model, tokenizer).")
-        return _wrap_hf(model, tokenizer, name, device, dtype)
-    raise HeadscopeError(f"Cannot load a {type(model).__name__}; give a model name or folder, a Hugging Face "
-                         "model with its tokenizer, or a transformer-lens TransformerBridge.")
-
-
-def _load_named(name: str, device: str, dtype: str, progress: Callable[[str], None], placement=None) -> Model:
-    source = resolve(name)
-    if placement is not None and device != "auto":
-        raise HeadscopeError(f"--device {device} and --device-map both place the model; give one of them.")
-    dev = resolve_device(device) if placement is None else None
-    torch_dtype = resolve_dtype(dtype)
-    ref, provenance = materialize(source, progress, convert_gguf=_dequantize_gguf)
-    local_only = source.kind != "hub" or bool(provenance.get("cached"))
-    if local_only:
-        # Nothing needs the hub: lookups would otherwise hang for ~20 s before failing offline.
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    progress(f"loading {name}")
-    ref_s = str(ref)
-    at = {"revision": source.revision} if source.revision else {}
-    with _quiet_loading():
-        from transformers import AutoConfig, AutoTokenizer
-
-        _register_attention()
-        try:
-            config = AutoConfig.from_pretrained(ref_s, local_files_only=local_only, **at)
-            tok = AutoTokenizer.from_pretrained(ref_s, local_files_only=local_only, **at)
-        except OSError as exc:
-            raise HeadscopeError(f"Could not load '{name}' from {ref_s}: {str(exc).splitlines()[0]}") from None
-        cls, causal = _model_class(config)
-        spread, scratch = ({}, None) if placement is None else _placement_kwargs(*placement)
-        try:
-            hf = cls.from_pretrained(ref_s, config=config, dtype=torch_dtype, attn_implementation=IMPLEMENTATION,
-                                     local_files_only=local_only, **at, **spread)
-        except BaseException:
-            if scratch is not None:
-                shutil.rmtree(scratch, ignore_errors=True)
-            raise
-    if scratch is not None:
-        # the offload folder headscope made goes when the model does (or when Python exits)
-        weakref.finalize(hf, shutil.rmtree, scratch, ignore_errors=True)
-    if placement is None:
-        hf.to(dev)
-    else:  # accelerate placed it: inputs go where the embeddings run, its hooks move them on
-        devmap = getattr(hf, "hf_device_map", None) or {"": "cpu"}
-        dev = _map_device(next(iter(devmap.values())))
-        progress("placed by device_map: " + ", ".join(f"{k or 'all'} -> {v}" for k, v in devmap.items()))
-    hf.eval()
-
-    def make_bridge():
-        with _quiet_loading():
-            from transformer_lens.model_bridge import TransformerBridge
-
-            eager = cls.from_pretrained(ref_s, dtype=torch_dtype, attn_implementation="eager",
-                                        local_files_only=local_only, **at)
-            eager.eval()
-            bridge = TransformerBridge.boot_transformers(ref_s, hf_model=eager, tokenizer=tok,
-                                                         device=str(dev), dtype=torch_dtype)
-        bridge.eval()
-        return bridge
-
-    provenance = dict(provenance)
-    if source.kind in ("local", "hub"):
-        weights = _find_weights(source, ref_s)
-        if weights is not None and "weights_sha256" not in provenance:
-            provenance["weights_sha256"] = sha256_file(weights)
-            provenance["weights_file"] = weights.name
-    model = _model(name, source, provenance, hf, tok, causal, dev, torch_dtype, make_bridge)
-    if placement is not None:
-        model.device_map = {k: str(v) for k, v in hf.hf_device_map.items()} if hasattr(hf, "hf_device_map") else {}
-        # the bridge would be a second full copy on one device, which is what a device map avoids
-        model._bridge_error = ("a --device-map model has no transformer-lens bridge (the hooks engine needs a second "
-                               "full copy on one device)")
-    return model
-
-
-def _placement_kwargs(device_map, max_memory, offload_folder) -> tuple[dict, str | None]:
-    """``from_pretrained`` arguments that let accelerate place the model (and offload what fits nowhere),
-    and the temporary offload folder headscope made for it (None when the caller gave one: that folder
-    is the caller's and is never removed)."""
-    import tempfile
-
-    scratch = None
-    if offload_folder is None:
-        offload_folder = scratch = tempfile.mkdtemp(prefix="headscope-offload-")
-    kwargs = {"device_map": device_map, "offload_folder": str(offload_folder), "offload_state_dict": True}
-    if max_memory is not None:
-        kwargs["max_memory"] = max_memory
-    return kwargs, scratch
-
-
-def _wrap_hf(hf, tokenizer, name: str | None, device: str, dtype: str | None) -> Model:
-    """A Model over a Hugging Face model the caller holds (used in place, never modified)."""
-    param = next(hf.parameters())
-    dev, torch_dtype = param.device, param.dtype
-    if device != "auto" and resolve_device(device) != dev:
-        raise HeadscopeError(f"The model is on {dev}, not {device}; move it first (model.to('{device}')) "
-                             "or leave device='auto'.")
-    if dtype is not None and resolve_dtype(dtype) != torch_dtype:
-        raise HeadscopeError(f"The model is in {str(torch_dtype).replace('torch.', '')}, not {dtype}; convert it "
-                             "first or leave dtype unset.")
-    label = name or getattr(hf.config, "_name_or_path", None) or type(hf).__name__
-    with _quiet_loading():
-        _register_attention()
-    causal = _is_causal_lm(hf)
-
-    def make_bridge():
-        with _quiet_loading():
-            from transformer_lens.model_bridge import TransformerBridge
-
-            eager = copy.deepcopy(hf)  # boot_transformers switches its model to eager in place
-            eager.eval()
-            bridge = TransformerBridge.boot_transformers(label, hf_model=eager, tokenizer=_bridge_tokenizer(tokenizer),
-                                                         device=str(dev), dtype=torch_dtype)
-        bridge.eval()
-        return bridge
-
-    source = Source(typed=label, kind="memory", ref=type(hf).__name__)
-    provenance = {"source": f"in-memory {type(hf).__name__}", "name_or_path": getattr(hf.config, "_name_or_path", "")}
-    model = _model(label, source, provenance, hf, tokenizer, causal, dev, torch_dtype, make_bridge)
-    # transformers only switches the implementation of classes it can (not ones defined elsewhere)
-    switchable = getattr(hf, "_can_set_attn_implementation", lambda: True)()
-    model.attention_interface = model.attention_interface and (
-        hf.config._attn_implementation == IMPLEMENTATION or bool(switchable))
-    return model
-
-
-def _wrap_bridge(bridge, name: str | None, device: str) -> Model:
-    """A Model over a TransformerBridge the caller holds: hooks engine only (see :func:`load_model`)."""
-    hf = bridge.original_model
-    label = name or getattr(hf.config, "_name_or_path", None) or type(hf).__name__
-    param = next(hf.parameters())
-    if device != "auto" and resolve_device(device) != param.device:
-        raise HeadscopeError(f"The bridge is on {param.device}, not {device}; move it first or leave device='auto'.")
-    source = Source(typed=label, kind="memory", ref="TransformerBridge")
-    provenance = {"source": f"in-memory TransformerBridge over {type(hf).__name__}",
-                  "name_or_path": getattr(hf.config, "_name_or_path", "")}
-    model = _model(label, source, provenance, hf, bridge.tokenizer, _is_causal_lm(hf), param.device, param.dtype,
-                   None)
-    model._bridge = bridge
-    model.attention_interface = False  # its attention modules are transformer-lens components
-    return model
-
-
 #: Layer numbers of attention modules that carry no ``layer_idx`` (DistilBERT), without touching them.
 _LAYER_OF: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _attention_layers(hf, n_layers: int) -> list[int]:
+def attention_layers(hf, n_layers: int) -> list[int]:
     """The layers whose attention module headscope can name: by their ``layer_idx``, or, for a
     family without one, by order when there is exactly one distinct innermost attention module per
     layer (a family that shares one module across layers, as ALBERT does, gets none)."""
@@ -924,109 +595,6 @@ def _attention_layers(hf, n_layers: int) -> list[int]:
     return list(range(n_layers))
 
 
-def _model(name, source, provenance, hf, tok, causal, dev, torch_dtype, make_bridge) -> Model:
-    cfg = hf.config
-    n_layers = int(cfg.num_hidden_layers)
-    attn_layers = _attention_layers(hf, n_layers)
-    n_heads = int(cfg.num_attention_heads)
-    d_model = int(getattr(cfg, "hidden_size", 0) or getattr(cfg, "n_embd", 0))
-    return Model(
-        name=name,
-        source=source,
-        provenance=provenance,
-        hf=hf,
-        tokenizer=tok,
-        n_layers=n_layers,
-        n_heads=n_heads,
-        n_kv_heads=int(getattr(cfg, "num_key_value_heads", None) or n_heads),
-        d_model=d_model,
-        d_head=int(getattr(cfg, "head_dim", None) or d_model // n_heads),
-        n_ctx=_context_length(cfg),
-        causal=causal,
-        **_special_tokens(tok, causal),
-        device=torch.device(dev),
-        dtype=torch_dtype,
-        attention_interface=attn_layers == list(range(n_layers)),
-        reach=attention_reach(cfg, n_layers),
-        _make_bridge=make_bridge,
-    )
-
-
-#: The context of a model whose config names none (ALiBi models such as BLOOM have no learned
-#: positions): what headscope lets a probe use.
-UNBOUNDED_CONTEXT = 8192
-
-
-def _context_length(cfg) -> int:
-    for key in ("max_position_embeddings", "n_positions", "seq_length", "max_sequence_length"):
-        value = getattr(cfg, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return UNBOUNDED_CONTEXT
-
-
-def attention_reach(cfg, n_layers: int) -> tuple[int | None, ...]:
-    """Per layer, the largest ``|q - k|`` a query can attend over (None: no window), from the config.
-
-    The rules transformers' masks follow (checked against each family's eager attention by the
-    conformance suite, ``scripts/conformance.py``):
-
-    * ``layer_types`` naming ``sliding_attention`` layers: causal models see ``q - w < k <= q``
-      (``w = sliding_window``), so the reach is ``w - 1``; ModernBERT's bidirectional local layers
-      see ``|q - k| <= sliding_window`` (its config stores half the local window there);
-    * no ``layer_types`` but a ``sliding_window`` (Mistral, Mixtral, Phi-3, Starcoder2): every layer;
-    * GPT-Neo: its ``local`` layers see ``q - window_size < k <= q``.
-
-    >>> from types import SimpleNamespace as NS
-    >>> attention_reach(NS(model_type="gemma3", sliding_window=4,
-    ...                    layer_types=["sliding_attention", "full_attention"]), 2)
-    (3, None)
-    >>> attention_reach(NS(model_type="llama"), 2)
-    (None, None)
-    """
-    window = getattr(cfg, "sliding_window", None)
-    types = getattr(cfg, "layer_types", None)
-    if cfg.model_type == "gpt_neo":
-        kinds = list(getattr(cfg, "attention_layers", None) or [])
-        return tuple(int(cfg.window_size) - 1 if k == "local" else None for k in kinds[:n_layers]) + \
-            (None,) * max(0, n_layers - len(kinds))
-    if types is not None:
-        if len(types) != n_layers:
-            raise HeadscopeError(f"The config names {len(types)} layer types for {n_layers} layers.")
-        if any(t == "sliding_attention" for t in types) and window is None:
-            raise HeadscopeError("The config has sliding-attention layers but no sliding_window.")
-        unknown = sorted({t for t in types} - {"sliding_attention", "full_attention"})
-        if unknown:  # chunked or other masks: not modelled, so never scored as if they were full
-            raise HeadscopeError(f"This model has {', '.join(unknown)} layers, whose mask headscope does not "
-                                 "model (it knows full_attention and sliding_attention).")
-        reach = int(window) if cfg.model_type == "modernbert" else (None if window is None else int(window) - 1)
-        return tuple(reach if t == "sliding_attention" else None for t in types)
-    if window is not None and getattr(cfg, "use_sliding_window", True):
-        return (int(window) - 1,) * n_layers
-    return (None,) * n_layers
-
-
-def _is_bridge(obj) -> bool:
-    return type(obj).__name__ == "TransformerBridge" and hasattr(obj, "original_model")
-
-
-def _is_causal_lm(hf) -> bool:
-    """Decoders (with or without their LM head) are causal; the encoder families are not, unless
-    configured as decoders."""
-    if hf.config.model_type in _ENCODER_TYPES:
-        return bool(getattr(hf.config, "is_decoder", False))
-    return True
-
-
-def _bridge_tokenizer(tok):
-    """A copy of an in-memory tokenizer the bridge accepts: it reloads tokenizers by
-    ``init_kwargs["name_or_path"]`` unless ``add_bos_token`` is set (headscope feeds token ids)."""
-    tok = copy.deepcopy(tok)
-    tok.init_kwargs.setdefault("name_or_path", "")
-    tok.init_kwargs["add_bos_token"] = True
-    return tok
-
-
 def _state_sha256(hf) -> str:
     """sha256 over the state dict's names, shapes, dtypes and bytes (an in-memory model has no file).
     Tensors that hold no data here (meta, offloaded) are hashed by name and shape only."""
@@ -1039,57 +607,3 @@ def _state_sha256(hf) -> str:
         h.update(memoryview(flat.view(torch.uint8).numpy()))
     return h.hexdigest()
 
-
-def _find_weights(source: Source, ref: str) -> Path | None:
-    """The weights file of a local folder or cached hub snapshot (for its sha256)."""
-    folder = Path(ref) if Path(ref).is_dir() else cached_snapshot(ref, source.revision)
-    if folder is None:
-        return None
-    for pattern in ("model.safetensors", "*.safetensors", "pytorch_model.bin"):
-        found = sorted(folder.glob(pattern))
-        if found:
-            return found[0].resolve()
-    return None
-
-
-def _special_tokens(tok, causal: bool) -> dict:
-    """BOS/[CLS], separator, padding and the set of ids that are not ordinary tokens."""
-    special = set(getattr(tok, "all_special_ids", []) or [])
-    special |= {int(i) for i in (getattr(tok, "added_tokens_decoder", None) or {})}
-    sep = tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id
-    if causal:
-        bos = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
-        eos = None
-    else:
-        bos = tok.cls_token_id if tok.cls_token_id is not None else tok.bos_token_id
-        eos = sep
-    if bos is None or sep is None:
-        raise HeadscopeError(
-            "The tokenizer has no BOS/[CLS] or separator token (sep or eos); headscope needs both "
-            "to build its probes."
-        )
-    pad = tok.pad_token_id if tok.pad_token_id is not None else sep
-    return {"bos_id": int(bos), "sep_id": int(sep), "pad_id": int(pad),
-            "eos_id": None if eos is None else int(eos), "special_ids": frozenset(special)}
-
-
-def _dequantize_gguf(gguf: Path, out: Path) -> None:
-    """Dequantize a GGUF checkpoint to an fp32 safetensors folder with its tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    with _quiet_loading():
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, attn_implementation="eager"
-        )
-        # A GGUF-loaded model refuses save_pretrained (it carries a quantization config); copy its
-        # dequantized weights into a plain model of the same config and save that instead.
-        cfg = model.config.to_dict()
-        cfg.pop("quantization_config", None)
-        cfg.pop("_model_name_or_path", None)
-        config = type(model.config).from_dict(cfg)
-        config.architectures = [type(model).__name__]
-        plain = type(model)(config)
-        plain.load_state_dict(model.state_dict())
-        plain.save_pretrained(out)
-        tok.save_pretrained(out)

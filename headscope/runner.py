@@ -31,8 +31,8 @@ from headscope.engines import AUTO, resolve_engine
 from headscope.errors import HeadscopeError, at_least
 from headscope.examples import example_patterns, pick_heads
 from headscope.extract import MetricScores, score_probe
+from headscope.loading import check_device_map, load_model
 from headscope.metrics import Metric, default_metrics, get_metric
-from headscope.models import check_device_map, load_model
 from headscope.probes import (
     NULL_PROBE,
     load_pairs,
@@ -307,7 +307,7 @@ def scan_to_dir(
     written) is refused with one line before the model loads; nothing is written unless the whole
     run succeeds. ``model_name`` may also be a model in memory: a loaded :class:`Model`, a
     transformer-lens bridge, or a Hugging Face model with its ``tokenizer`` (``device`` and
-    ``dtype`` then stay the model's own; see :func:`headscope.models.load_model`). ``out``
+    ``dtype`` then stay the model's own; see :func:`headscope.loading.load_model`). ``out``
     defaults to :func:`default_out`. ``say`` gets progress lines; ``progress`` is a ``tqdm``-like
     factory for the probes' progress bars. ``threads`` sets torch's CPU threads for the scan only.
 
@@ -316,7 +316,7 @@ def scan_to_dir(
     ``ray://HOST:PORT``). The scores and tokens are those of the plain scan, bit for bit.
 
     ``device_map`` / ``max_memory``: a model bigger than one device, placed by accelerate (see
-    :func:`headscope.models.load_model`); not with ``ray`` or effects.
+    :func:`headscope.loading.load_model`); not with ``ray`` or effects.
     """
     import contextlib
 

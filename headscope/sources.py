@@ -13,7 +13,7 @@ local folder that ``transformers`` can read:
   installed or imported: their dependencies would compile llama.cpp), checked against a pinned
   sha256, converted once to fp32 safetensors and cached under
   ``$HEADSCOPE_CACHE`` (default ``~/.cache/headscope``). The conversion itself is handed in by
-  :mod:`headscope.models` (the module that knows transformers), so this one imports no model code.
+  :mod:`headscope.loading` (which knows transformers), so this one imports no model code.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ PACKAGED: dict[str, PackagedModel] = {
 
 OFFLINE_NAMES = tuple(PACKAGED)
 
-#: Weight dtypes a named model can be loaded in (:mod:`headscope.models` maps them to torch dtypes).
+#: Weight dtypes a named model can be loaded in (:mod:`headscope.loading` maps them to torch dtypes).
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 

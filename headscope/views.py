@@ -340,7 +340,7 @@ def show_head(model, head: str, text: str = DEFAULT_TEXT, out: str | Path | None
     the way, default path included) is refused before the model loads; the head's range is
     checked once it has.
     """
-    from headscope.models import load_model
+    from headscope.loading import load_model
 
     layer, h = parse_head(head)
     name = model if isinstance(model, str) else getattr(model, "name", "model")
@@ -358,7 +358,7 @@ def show_layer(model, layer: int, text: str = DEFAULT_TEXT, out: str | Path | No
                html_view: bool = False, device: str = "auto", dtype: str | None = None, progress=None) -> list[Path]:
     """``headscope show --layer L``: every head of layer ``layer`` in one figure (and one page with
     ``html_view``); return the paths written. Checks that need no model come first."""
-    from headscope.models import load_model
+    from headscope.loading import load_model
 
     if layer < 0:
         raise HeadscopeError(f"Layer {layer} is negative; layers are 0-based, e.g. --layer 0.")

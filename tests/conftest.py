@@ -100,4 +100,4 @@ def no_model(monkeypatch):
     def refuse(*_a, **_k):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr("headscope.models.load_model", refuse)
+    monkeypatch.setattr("headscope.loading.load_model", refuse)

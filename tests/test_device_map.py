@@ -18,7 +18,7 @@ from click.testing import CliRunner
 import headscope
 from headscope.cli import main
 from headscope.errors import HeadscopeError
-from headscope.models import parse_max_memory
+from headscope.loading import parse_max_memory
 from tests.tiny_models import make_tiny_gpt2
 
 pytest.importorskip("accelerate")

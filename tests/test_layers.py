@@ -14,7 +14,7 @@ LAYERS = [  # top to bottom, as the package docstring draws them
     ["result", "outputs", "timing", "uncertainty", "support"],
     ["sources", "attention", "metrics", "probes"],
     ["models", "kernels", "corpus"],
-    ["engines", "long_probes"],
+    ["engines", "long_probes", "loading"],
     ["extract"],
     ["effects", "examples", "scale"],
     ["circuits"],

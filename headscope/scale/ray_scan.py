@@ -91,7 +91,7 @@ class ScanWorker:
                  threads: int | None = None):
         import torch
 
-        from headscope.models import load_model
+        from headscope.loading import load_model
 
         if threads:
             torch.set_num_threads(threads)
