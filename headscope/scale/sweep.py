@@ -7,7 +7,9 @@ columns, and draws each labelled head's score against the training step (``steps
 models side by side (``models.png``).
 
 * Rerunning resumes: a job whose run directory exists is finished (it appears only complete) and
-  is skipped.
+  is skipped, but only when the spec still asks for the scan it ran (same source, same settings,
+  as ``sweep.json`` recorded them); a finished job the spec now scans differently is refused in one
+  line, never passed off as the new scan.
 * A failed job is retried (``retries``); if it still fails, it is reported with its error (stderr,
   ``failures.json``, and a ``status = failed`` row in the atlas), never dropped.
 * With Ray (``address``) the jobs run as Ray tasks, ``workers`` at a time, on a local instance or
@@ -187,6 +189,46 @@ def read_spec(path: str | Path) -> list[Job]:
     return jobs
 
 
+def _record(job: Job) -> dict:
+    """A job as ``sweep.json`` records it (JSON types: a tuple reads back as a list)."""
+    return json.loads(json.dumps({**asdict(job), "id": job.id}))
+
+
+def _check_resume(out: Path, jobs: list[Job]) -> list[dict]:
+    """A finished job is reused only when this spec asks for the very scan it ran (same source, same
+    settings); otherwise one line, before anything is written, and nothing of the old sweep is touched.
+
+    Returns the records of finished jobs this spec no longer names, kept in ``sweep.json`` so that a
+    later spec naming them again can still reuse them."""
+    marker = out / MARKER
+    if not any((out / "runs").glob("*/scores.csv")):
+        return []
+    try:
+        record = json.loads(marker.read_text())
+        before = {j["id"]: j for j in record["jobs"] + record.get("earlier_jobs", [])}
+    except (OSError, ValueError, KeyError, TypeError):
+        raise HeadscopeError(f"'{marker}' is unreadable, so the finished jobs in '{out}' cannot be matched to this "
+                             "spec; sweep into a new --out.") from None
+    finished = [j for j in jobs if (out / "runs" / j.id / "scores.csv").is_file()]
+    for job in finished:
+        now, old = _record(job), before.get(job.id)
+        if old is None:
+            what = "a run this sweep's record does not list"
+        else:
+            keys = sorted({*now["config"], *old.get("config", {})})
+            changed = [f"{k} {old.get('config', {}).get(k)!r} -> {now['config'].get(k)!r}"
+                       for k in keys if old.get("config", {}).get(k) != now["config"].get(k)]
+            if old.get("source") != now["source"]:
+                changed.insert(0, f"source {old.get('source')!r} -> {now['source']!r}")
+            if not changed:
+                continue
+            what = "other settings (" + ", ".join(changed) + ")"
+        raise HeadscopeError(f"Job {job.id} in '{out}' was run with {what}; sweep into a new --out, or delete "
+                             f"'{out / 'runs' / job.id}' to run it again.")
+    named = {j.id for j in jobs}
+    return [r for i, r in before.items() if i not in named and (out / "runs" / i / "scores.csv").is_file()]
+
+
 def run_job(job: Job, out_dir: str) -> str:
     """One job: an ordinary scan written atomically to ``out_dir`` (also what a Ray task runs)."""
     from headscope.runner import scan_to_dir
@@ -215,6 +257,7 @@ def run_sweep(spec: str | Path, out: str | Path, address: str | None = None, wor
         raise HeadscopeError(f"retries (--retries) must be at least 0, got {retries}.")
     check_options(address, workers, "sweep", effects=False)
     _check_out(out)
+    earlier = _check_resume(out, jobs)
     todo = [j for j in jobs if not (out / "runs" / j.id / "scores.csv").is_file()]
     skipped = len(jobs) - len(todo)
     if skipped:
@@ -223,7 +266,8 @@ def run_sweep(spec: str | Path, out: str | Path, address: str | None = None, wor
     (out / "runs").mkdir(parents=True, exist_ok=True)
     try:
         (out / MARKER).write_text(json.dumps({"spec": str(Path(spec).resolve()),
-                                              "jobs": [{**asdict(j), "id": j.id} for j in jobs]}, indent=1))
+                                              "jobs": [_record(j) for j in jobs], "earlier_jobs": earlier},
+                                             indent=1))
         failures = (_run_on_ray(todo, out, address, workers, retries, say) if address is not None
                     else _run_here(todo, out, retries, say))
     except BaseException:

@@ -77,6 +77,25 @@ def test_sweep_writes_every_job_an_atlas_and_figures_and_resumes(ckpts, tmp_path
     assert res.exit_code == 0 and "6 done (6 already)" in res.stdout, res.output
     assert (run_dir / "metadata.json").stat().st_mtime_ns == stamp
 
+    # the spec changed under a finished sweep: its old runs are never passed off as the new scans
+    record = (out / "sweep.json").read_text()
+    changed = ckpts / "changed.toml"
+    changed.write_text((ckpts / "good.toml").read_text().replace("repeat_len = 6", "repeat_len = 7"))
+    res = run("sweep", changed, "--out", out, "--quiet")
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1, res.output
+    assert "was run with other settings (repeat_len 6 -> 7)" in lines[0] and "new --out" in lines[0]
+    assert (out / "sweep.json").read_text() == record
+    assert (run_dir / "metadata.json").stat().st_mtime_ns == stamp
+
+    # a smaller spec reuses what it names; the jobs it leaves out stay reusable for a later spec
+    fewer = ckpts / "fewer.toml"
+    fewer.write_text((ckpts / "good.toml").read_text().split("[[checkpoints]]")[0] + SCAN)
+    res = run("sweep", fewer, "--out", out, "--quiet")
+    assert res.exit_code == 0 and "2 job(s): 2 done (2 already)" in res.stdout, res.output
+    res = run("sweep", ckpts / "good.toml", "--out", out, "--quiet")
+    assert res.exit_code == 0 and "6 done (6 already)" in res.stdout, res.output
+
 
 def test_a_failed_job_is_retried_then_reported_never_dropped(ckpts, tmp_path, monkeypatch):
     calls = []
