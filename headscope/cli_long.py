@@ -49,7 +49,8 @@ def kvplan(source, out, budgets, seeds, sinks, window, seq_len, texts, depths, n
     """Choose heads to restrict to a sink + window KV cache, and check each plan by running the model.
 
     SOURCE is a run directory scanned with --long-context (its streaming and retrieval scores choose
-    the heads), or a model name (scanned first, with --long-context at --seq-len, into --out).
+    the heads), or a model: a name or a checkpoint folder (scanned first, with --long-context at
+    --seq-len, into --out, once the plan's own inputs are known to fit).
     Writes kvplan.csv, kvplan.png, kvplan.md and kvplan.json to <run>/kvplan/.
     """
     import torch
@@ -67,10 +68,11 @@ def kvplan(source, out, budgets, seeds, sinks, window, seq_len, texts, depths, n
     if threads is not None:
         torch.set_num_threads(threads)
     src = Path(source)
-    if src.is_dir():
+    from_run = src.is_dir() and not (src / "config.json").is_file()  # a checkpoint folder is a model
+    if from_run:
         if not is_run_dir(src):
-            raise HeadscopeError(f"'{source}' is a folder but not a headscope run directory; give a run scanned "
-                                 "with --long-context, or a model name.")
+            raise HeadscopeError(f"'{source}' is a folder but neither a headscope run directory nor a model "
+                                 "checkpoint (no config.json); give a run scanned with --long-context, or a model.")
         if out is not None:
             raise HeadscopeError("--out is for a MODEL source; a run's plan goes into <run>/kvplan/.")
         run_dir = src
@@ -82,7 +84,7 @@ def kvplan(source, out, budgets, seeds, sinks, window, seq_len, texts, depths, n
             raise HeadscopeError(f"'{target}' already exists; pass --force to replace that plan.")
         if not is_kvplan_dir(target):
             raise HeadscopeError(f"'{target}' holds files headscope did not write; move it first.")
-    if src.is_dir():
+    if from_run:
         result = load_run(run_dir)
         model_name = result.metadata.get("model") or result.model_name
         kv.ranking(result.scores)  # a run without streaming scores is refused before the model loads
@@ -90,6 +92,7 @@ def kvplan(source, out, budgets, seeds, sinks, window, seq_len, texts, depths, n
 
         say(f"loading {model_name}")
         model = load_model(model_name, progress=say)
+        kv.plan_inputs(model, settings)  # what the plan needs, refused before any forward pass
     else:
         from headscope.config import ScanConfig
         from headscope.loading import load_model
@@ -98,8 +101,10 @@ def kvplan(source, out, budgets, seeds, sinks, window, seq_len, texts, depths, n
         config = ScanConfig(long_context=True, seq_len=seq_len, sinks=sinks, window=window,
                             needle_tokens=needle_tokens, metrics=("streaming", "retrieval", "retrieval_soft"),
                             n_prompts=8, bootstrap=200)
-        result = scan_to_dir(source, run_dir, config, force=force, say=say)
+        config.validate()
         model = load_model(source, progress=say)
+        kv.plan_inputs(model, settings)  # refused here, before the scan writes its run directory
+        result = scan_to_dir(model, run_dir, config, force=force, say=say)
     df = kv.kv_plan(model, result.scores, settings, say=say)
     plans = kv.plan_heads(result.scores, settings.budgets)
     meta = {"run": str(run_dir), "model_provenance": model.provenance}

@@ -166,23 +166,33 @@ def needle_accuracy(model, probe, handler) -> tuple[float, float]:
 # ------------------------------------------------------------------------------ the plan
 
 
-def kv_plan(model, scores: pd.DataFrame, settings: PlanSettings = PlanSettings(),
-            say: Callable[[str], None] | None = None) -> pd.DataFrame:
-    """Every condition, verified: one row per (condition, budget, seed) with heads restricted, KV
-    heads dropped, memory saved, loss, loss change and needle accuracy."""
+def plan_inputs(model, settings: PlanSettings, say: Callable[[str], None] | None = None):
+    """The held-out texts and needle probe a plan is verified on: ``(texts, needles)``; one line
+    when the model or the settings cannot make them (an encoder, attention headscope cannot
+    restrict, a held-out corpus too short for ``n_texts`` sequences). Cheap: no forward pass, so
+    ``headscope kvplan MODEL`` calls it before it scans anything."""
     from headscope.long_probes import long_text_probe, needle_probe
 
-    say = say or (lambda _m: None)
     settings.validate(model.n_ctx)
     if not model.causal:
         raise HeadscopeError(f"A KV-cache plan is for decoders; {model.name} is an encoder.")
     if not model.attention_interface:
         raise HeadscopeError(f"{model.name}: its attention does not run through transformers' attention interface, "
                              "so heads cannot be restricted.")
-    order = ranking(scores)
     texts = long_text_probe(model, settings.seq_len, settings.n_texts, part="heldout", progress=say).sequences
     needles = needle_probe(model, [settings.seq_len] * settings.needles_per_depth, settings.depths,
                            settings.needle_tokens, seed=0, part="heldout", progress=say)
+    return texts, needles
+
+
+def kv_plan(model, scores: pd.DataFrame, settings: PlanSettings = PlanSettings(),
+            say: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """Every condition, verified: one row per (condition, budget, seed) with heads restricted, KV
+    heads dropped, memory saved, loss, loss change and needle accuracy."""
+    say = say or (lambda _m: None)
+    settings.validate(model.n_ctx)
+    order = ranking(scores)
+    texts, needles = plan_inputs(model, settings, say)
     total = model.n_layers * model.n_heads
     every = HeadSet((la, h) for la in range(model.n_layers) for h in range(model.n_heads))
     s, w = settings.sinks, settings.window

@@ -192,7 +192,7 @@ def test_kvplan_cli_refuses_bad_input_and_writes_nothing(tmp_path, llama):
     (run).mkdir()
     (run / "notes.txt").write_text("mine")
     r = runner.invoke(main, ["kvplan", str(run)])
-    assert r.exit_code == 2 and "not a headscope run directory" in r.output
+    assert r.exit_code == 2 and "neither a headscope run directory nor a model checkpoint" in r.output
     assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
 
 
@@ -275,3 +275,19 @@ def test_kvplan_cli_writes_the_plan_into_the_run(tmp_path, tiny_gpt2_dir):
     again = CliRunner().invoke(main, args)
     assert again.exit_code == 2 and "already exists" in again.output
     assert CliRunner().invoke(main, [*args, "--force"]).exit_code == 0
+
+
+def test_kvplan_cli_from_a_model_checks_the_plan_before_it_scans(tmp_path, tiny_gpt2_dir):
+    out = tmp_path / "planned"
+    small = ["--budgets", "0.5", "--seeds", "1", "--window", "16", "--seq-len", "128", "--depths", "0.5",
+             "--needles-per-depth", "1", "--needle-tokens", "4", "-q"]
+    # far more held-out text than the corpus holds: refused before the scan writes its run directory
+    r = CliRunner().invoke(main, ["kvplan", str(tiny_gpt2_dir), "--out", str(out), *small, "--texts", "100000"])
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and "distinct" in lines[0], r.output
+    assert not out.exists()
+    r = CliRunner().invoke(main, ["kvplan", str(tiny_gpt2_dir), "--out", str(out), *small, "--texts", "1"])
+    assert r.exit_code == 0, r.output
+    assert (out / "scores.csv").is_file() and (out / "kvplan" / "kvplan.csv").is_file()
+    scores = pd.read_csv(out / "scores.csv")
+    assert {"streaming", "retrieval"} <= set(scores["metric"])
