@@ -159,6 +159,24 @@ def test_greedy_decoding_matches_full_forwards(llama):
     assert got == ids[len(prompt):]
 
 
+@pytest.mark.parametrize("path", ["kernel", "mask"])
+def test_restricted_greedy_decoding_matches_restricted_full_forwards(llama, monkeypatch, path):
+    """Needle accuracy decodes with a KV cache: one query against every cached key at each step. The
+    restriction must hold there exactly as in a full forward (same band, counted from the query's
+    own position), on the kernel and on the mask path."""
+    if path == "mask":
+        monkeypatch.setattr(kvplan.kernels, "supports", lambda *a: False)
+    prompt = long_text_probe(llama, 120, 1).sequences[0]
+    every = frozenset((la, h) for la in range(llama.n_layers) for h in range(llama.n_heads))
+    handler = kvplan.Restricted(every, llama.n_heads, 1, 4)
+    got = llama.greedy(prompt, 6, handler=handler)
+    ids = list(prompt)
+    for _ in range(6):  # no cache: the argmax of a full restricted forward, one token at a time
+        ids.append(int(llama.run(torch.tensor([ids]), handler=handler, output="logits")[0, -1].argmax()))
+    assert got == ids[len(prompt):]
+    assert got != llama.greedy(prompt, 6)  # the restriction changes what is decoded: the check has teeth
+
+
 def test_kv_plan_runs_every_condition(llama):
     text = long_text_probe(llama, 200, 2)
     text.settings["band"] = [2, 16]
