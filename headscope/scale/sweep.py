@@ -4,7 +4,7 @@ Every job is one ordinary scan (:func:`headscope.runner.scan_to_dir`) written at
 ``OUT/runs/<job>/``; the sweep then gathers every job's ``scores.csv`` into one tidy atlas
 (``atlas.csv``, ``atlas.parquet``) with ``job, model, source, checkpoint, step, seed, setting``
 columns, and draws each labelled head's score against the training step (``steps.png``) and the
-models side by side (``models.png``).
+models side by side (``models.png``), one pair per probe setting (``steps-s1.png``, ... after the first).
 
 * Rerunning resumes: a job whose run directory exists is finished (it appears only complete) and
   is skipped, but only when the spec still asks for the scan it ran (same source, same settings,
@@ -353,10 +353,14 @@ def _write_outputs(out: Path, atlas: pd.DataFrame, failures: dict) -> list[Path]
         pass
     _replace(out / "failures.json", lambda p: p.write_text(json.dumps(failures, indent=1)))
     files.append(out / "failures.json")
-    for name, fig in (("steps.png", steps_figure(atlas)), ("models.png", models_figure(atlas))):
-        if fig is not None:
-            _replace(out / name, lambda p, fig=fig: fig.savefig(p, dpi=110, format="png"))
-            files.append(out / name)
+    settings = sorted(int(s) for s in atlas["setting"].dropna().unique())
+    for setting in settings:  # the first setting's figures keep the plain names; others get -s<k>
+        tag = "" if setting == settings[0] else f"-s{setting}"
+        for name, fig in ((f"steps{tag}.png", steps_figure(atlas, setting=setting)),
+                          (f"models{tag}.png", models_figure(atlas, setting=setting))):
+            if fig is not None:
+                _replace(out / name, lambda p, fig=fig: fig.savefig(p, dpi=110, format="png"))
+                files.append(out / name)
     return files
 
 

@@ -11,9 +11,18 @@ from matplotlib.figure import Figure
 __all__ = ["labelled_heads", "models_figure", "steps_figure"]
 
 
-def _done(atlas: pd.DataFrame) -> pd.DataFrame:
+def _done(atlas: pd.DataFrame, setting: int | None = None) -> pd.DataFrame:
+    """Finished rows of one probe setting (``setting``; None: the lowest): scores of different
+    settings are different measurements and are never pooled in one curve."""
     done = atlas[(atlas["status"] == "done") & atlas["score"].notna()]
-    return done[done["setting"] == done["setting"].min()] if len(done) else done
+    if not len(done):
+        return done
+    return done[done["setting"] == (done["setting"].min() if setting is None else setting)]
+
+
+def _suffix(atlas: pd.DataFrame, setting: int | None) -> str:
+    """`` (setting k)`` in a title when the sweep has several probe settings."""
+    return f" (setting {setting})" if setting is not None and atlas["setting"].nunique() > 1 else ""
 
 
 def labelled_heads(atlas: pd.DataFrame) -> pd.DataFrame:
@@ -23,11 +32,12 @@ def labelled_heads(atlas: pd.DataFrame) -> pd.DataFrame:
     return labelled[["model", "metric", "head_name"]].drop_duplicates().reset_index(drop=True)
 
 
-def steps_figure(atlas: pd.DataFrame, top: int = 3) -> Figure | None:
+def steps_figure(atlas: pd.DataFrame, top: int = 3, setting: int | None = None) -> Figure | None:
     """Each labelled head's score against the training step (mean over seeds), one panel per
     (model, metric), chance dashed; a metric with no labelled head shows its ``top`` heads at the
-    last step instead, and says so. None when no job has a step."""
-    done = _done(atlas)
+    last step instead, and says so. One probe ``setting`` (None: the lowest). None when no job has
+    a step."""
+    done = _done(atlas, setting)
     done = done[done["step"].notna()]
     if not len(done):
         return None
@@ -49,17 +59,18 @@ def steps_figure(atlas: pd.DataFrame, top: int = 3) -> Figure | None:
             ax.plot(curve.index.astype(int), curve.values, marker="o", ms=3, label=name)
         chance = part.groupby("step")["chance"].mean()
         ax.plot(chance.index.astype(int), chance.values, "k--", lw=1, label="chance")
-        ax.set_title(f"{model}: {metric}, {note}", fontsize=8)
+        ax.set_title(f"{model}: {metric}, {note}{_suffix(atlas, setting)}", fontsize=8)
         ax.set_xlabel("training step")
         ax.set_ylabel("score")
         ax.legend(fontsize=7, ncol=2)
     return fig
 
 
-def models_figure(atlas: pd.DataFrame) -> Figure | None:
+def models_figure(atlas: pd.DataFrame, setting: int | None = None) -> Figure | None:
     """The models side by side: per metric, each model's top head score (its last step, mean over
-    seeds) beside its chance. None for a sweep of one model."""
-    done = _done(atlas)
+    seeds) beside its chance, for one probe ``setting`` (None: the lowest). None for a sweep of one
+    model."""
+    done = _done(atlas, setting)
     if not len(done) or done["model"].nunique() < 2:
         return None
     parts = []
@@ -79,6 +90,6 @@ def models_figure(atlas: pd.DataFrame) -> Figure | None:
         ax.scatter(x, chance[model].reindex(top.index).values, color="k", marker="_", s=80, zorder=3)
     ax.set_xticks([i + width * (top.shape[1] - 1) / 2 for i in range(len(top))], top.index, rotation=30, ha="right")
     ax.set_ylabel("top head score (— chance)")
-    ax.set_title("models side by side: top head per metric")
+    ax.set_title(f"models side by side: top head per metric{_suffix(atlas, setting)}")
     ax.legend(fontsize=8)
     return fig

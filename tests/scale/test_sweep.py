@@ -156,3 +156,42 @@ def test_bad_sweep_input_exits_2_with_one_line_and_nothing_left(ckpts, tmp_path)
     (tmp_path / "thesis" / "chapter1.tex").write_text("x")
     res = run("sweep", ckpts / "good.toml", "--out", tmp_path / "thesis")
     assert res.exit_code == 2 and "not a headscope sweep" in res.stderr
+
+
+def test_hub_revisions_and_several_probe_settings(tmp_path):
+    """Checkpoints named by hub revision (a local hub cache, offline: refs/step10 holds 2 layers,
+    refs/step20 3) x two [[settings]]: every job in the atlas with its step and setting, the right
+    snapshot behind each revision, and one pair of figures per setting."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.tiny_models import install_in_hub_cache, make_tiny_gpt2
+
+    hf_home = tmp_path / "hf"
+    install_in_hub_cache(make_tiny_gpt2(tmp_path / "a"), hf_home, repo_ids=("tiny-org/run",), commit="a" * 40,
+                         ref="step10")
+    install_in_hub_cache(make_tiny_gpt2(tmp_path / "b", n_layer=3), hf_home, repo_ids=("tiny-org/run",),
+                         commit="b" * 40, ref="step20")
+    spec = tmp_path / "revs.toml"
+    spec.write_text('[[checkpoints]]\nmodel = "tiny-org/run"\nrevisions = ["step10", "step20"]\n' + SCAN
+                    + "[[settings]]\nrepeat_len = 6\n[[settings]]\nrepeat_len = 8\n")
+    out = tmp_path / "sweep"
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_CACHE"}
+    env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    proc = subprocess.run([sys.executable, "-m", "headscope", "sweep", str(spec), "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "4 job(s): 4 done (0 already), 0 failed" in proc.stdout
+    atlas = pd.read_csv(out / "atlas.csv")
+    jobs = atlas.groupby("job").agg(step=("step", "first"), setting=("setting", "first"), layers=("layer", "max"))
+    assert sorted(zip(jobs["step"], jobs["setting"], jobs["layers"], strict=True)) == [(10, 0, 1), (10, 1, 1), (20, 0, 2),
+                                                                          (20, 1, 2)]
+    induction = atlas[atlas["metric"] == "induction"]
+    assert induction.groupby("setting")["n"].max().to_dict() == {0: 3 * 6, 1: 3 * 8}  # R of 6, then 8 tokens
+    for job in jobs.index:
+        meta = json.loads((out / "runs" / job / "metadata.json").read_text())
+        assert meta["source"]["revision"] in ("step10", "step20")
+    assert {p.name for p in out.glob("*.png")} == {"steps.png", "steps-s1.png"}  # one model: no models.png
