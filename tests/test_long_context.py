@@ -221,7 +221,8 @@ def test_scan_cli_long_context_refusals(tmp_path):
                       (["--sinks", "2"], "add --long-context"),
                       (["--long-context", "--needle-tokens", "0"], "needle_tokens")]:
         r = runner.invoke(main, ["scan", "smollm2-135m", "--out", str(out), *args])
-        assert r.exit_code == 2 and msg in r.output, (args, r.output)
+        lines = r.stderr.strip().splitlines()
+        assert r.exit_code == 2 and len(lines) == 1 and msg in lines[0], (args, r.output)
         assert not out.exists()
 
 
