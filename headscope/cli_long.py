@@ -92,7 +92,7 @@ def kvplan(source, out, budgets, seeds, sinks, window, seq_len, texts, depths, n
 
         say(f"loading {model_name}")
         model = load_model(model_name, progress=say)
-        kv.plan_inputs(model, settings)  # what the plan needs, refused before any forward pass
+        inputs = kv.plan_inputs(model, settings)  # what the plan needs, refused before any forward pass
     else:
         from headscope.config import ScanConfig
         from headscope.loading import load_model
@@ -103,9 +103,9 @@ def kvplan(source, out, budgets, seeds, sinks, window, seq_len, texts, depths, n
                             n_prompts=8, bootstrap=200)
         config.validate()
         model = load_model(source, progress=say)
-        kv.plan_inputs(model, settings)  # refused here, before the scan writes its run directory
+        inputs = kv.plan_inputs(model, settings)  # refused here, before the scan writes its run directory
         result = scan_to_dir(model, run_dir, config, force=force, say=say)
-    df = kv.kv_plan(model, result.scores, settings, say=say)
+    df = kv.kv_plan(model, result.scores, settings, say=say, inputs=inputs)
     plans = kv.plan_heads(result.scores, settings.budgets)
     meta = {"run": str(run_dir), "model_provenance": model.provenance}
     tmp = Path(tempfile.mkdtemp(prefix=".kvplan-", dir=run_dir))

@@ -186,13 +186,13 @@ def plan_inputs(model, settings: PlanSettings, say: Callable[[str], None] | None
 
 
 def kv_plan(model, scores: pd.DataFrame, settings: PlanSettings = PlanSettings(),
-            say: Callable[[str], None] | None = None) -> pd.DataFrame:
+            say: Callable[[str], None] | None = None, inputs=None) -> pd.DataFrame:
     """Every condition, verified: one row per (condition, budget, seed) with heads restricted, KV
-    heads dropped, memory saved, loss, loss change and needle accuracy."""
+    heads dropped, memory saved, loss, loss change and needle accuracy. ``inputs``: what
+    :func:`plan_inputs` returned for this model and these settings (made here when None)."""
     say = say or (lambda _m: None)
-    settings.validate(model.n_ctx)
+    texts, needles = inputs if inputs is not None else plan_inputs(model, settings, say)
     order = ranking(scores)
-    texts, needles = plan_inputs(model, settings, say)
     total = model.n_layers * model.n_heads
     every = HeadSet((la, h) for la in range(model.n_layers) for h in range(model.n_heads))
     s, w = settings.sinks, settings.window
