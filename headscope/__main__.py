@@ -1,5 +1,5 @@
 """``python -m headscope`` is the ``headscope`` command."""
 
-from headscope.cli import main
+from headscope.cli.main import main
 
 main()

@@ -1,38 +1,116 @@
-"""Every named score a scores table may hold, and what it means.
+"""Every named score a scores table may hold, and what it means: data, not code.
 
 A run's ``scores.csv`` holds pattern metrics (:mod:`headscope.metrics`), and, when effects were
 asked for, causal effects (``effect_*``, ``attribution_*``: :mod:`headscope.effects`) and circuit
-scores (``copying``, ``value_sink``: :mod:`headscope.circuits`). The report, the figures and
-``compare`` ask :func:`describe` what a name means: its definition, its label and threshold,
-whether low scores are the notable ones, and why it may be NaN.
+scores (``copying``, ``value_sink``: :mod:`headscope.circuits`). The report, the figures, the page,
+``compare`` and the CLI's checks ask :func:`describe` what a name means (its definition, label and
+threshold, whether low scores are the notable ones, why it may be NaN) without importing the code
+that computes it, so re-plotting an old run or refusing a misspelt name loads no torch.
+
+This table is also where a built-in pattern metric is registered: its entry names the module that
+implements it (``impl``), and :mod:`headscope.metrics` registers exactly these, in this order (a
+metric a user registers at run time is described by its own :class:`~headscope.metrics.base.Metric`).
 
 >>> describe("induction").label, describe("effect_repeat_loss").label, describe("copying").label
 ('induction head', 'matters for copying', 'copying head')
->>> describe("no_such_score") is None
-True
+>>> describe("Induction").name, describe("no_such_score") is None
+('induction', True)
 """
 
 from __future__ import annotations
 
-from headscope.circuits.copying import COPYING
-from headscope.circuits.value_weighted import VALUE_SINK
-from headscope.effects.targets import TARGETS
+import sys
+
 from headscope.errors import HeadscopeError, did_you_mean
-from headscope.metrics import REGISTRY
+from headscope.result import ScoreInfo
+
+_NEEDLE_NAN = "no needle probe (scan with --long-context)"
+
+#: The built-in pattern metrics, in registry order (``impl``: the module and attribute that computes it).
+PATTERN: dict[str, ScoreInfo] = {i.name: i for i in [
+    ScoreInfo("previous_token", "text", "mean of A[q, q-1] over queries 1 <= q <= n-1", "previous-token head", 0.5,
+              impl="headscope.metrics.previous_token:METRIC"),
+    ScoreInfo("next_token", "text", "mean of A[q, q+1] over queries 0 <= q <= n-2 (NaN on causal models)",
+              "next-token head", 0.5,
+              nan_reason="causal model: the mask hides every later token, so A[q, q+1] is 0 by construction",
+              impl="headscope.metrics.next_token:METRIC"),
+    ScoreInfo("sink", "text", "mean of A[q, 0] over queries 1 <= q <= n-1", "sink head", 0.5,
+              impl="headscope.metrics.sink:METRIC"),
+    ScoreInfo("separator", "text", "mean attention mass on visible separator keys k >= 1, over queries that see one",
+              "separator head", 0.5, impl="headscope.metrics.separator:METRIC"),
+    ScoreInfo("punctuation", "text",
+              "mean attention mass on visible punctuation keys k >= 1, over queries that see one",
+              "punctuation head", 0.5, impl="headscope.metrics.punctuation:METRIC"),
+    ScoreInfo("entropy", "text", "mean of -sum_k A[q,k] ln A[q,k] (nats) over queries 1 <= q <= n-1",
+              "focused head", 0.3, below=True, unit="nats", impl="headscope.metrics.entropy:METRIC"),
+    ScoreInfo("induction", "repeat", "on BOS+R+R (|R|=L): mean of A[q, q-L+1] over queries L+1 <= q <= 2L",
+              "induction head", 0.4, impl="headscope.metrics.induction:METRIC"),
+    ScoreInfo("duplicate_token", "repeat", "on BOS+R+R (|R|=L): mean of A[q, q-L] over queries L+1 <= q <= 2L",
+              "duplicate-token head", 0.4, impl="headscope.metrics.duplicate_token:METRIC"),
+    # long-context metrics: scanned when named (or with --long-context), never by default
+    ScoreInfo("streaming", "text",
+              "mean over queries q >= s + w of the mass on keys k < s (sinks) and q - w < k <= q (window); "
+              "s = 4, w = 64 unless set", "streaming head", 0.9,
+              nan_reason="encoder: no KV cache to keep, or no query lies past the sinks and the window "
+                         "(use longer text)", default=False, impl="headscope.metrics.streaming:METRIC"),
+    ScoreInfo("retrieval", "needle",
+              "share of needle answer queries whose arg-max key is the needle token being copied",
+              "retrieval head", 0.1, nan_reason=_NEEDLE_NAN, default=False, impl="headscope.metrics.retrieval:METRIC"),
+    ScoreInfo("retrieval_soft", "needle",
+              "mean A[q, k] over needle answer queries q, k = the needle token being copied", "", float("nan"),
+              nan_reason=_NEEDLE_NAN, default=False, impl="headscope.metrics.retrieval:SOFT"),
+]}
+
+COPYING_K = 50  # copying@k: the own-token logit must be among the k highest (0.1% of a 49k vocab)
+
+#: Scores read from a head's circuit (``--effects``).
+CIRCUIT: dict[str, ScoreInfo] = {i.name: i for i in [
+    ScoreInfo("copying", "repeat",
+              f"copying@{COPYING_K}: share of first-copy positions of the repeat probe whose own token's logit is "
+              f"among the {COPYING_K} highest through the head's OV circuit (W_V W_O, final norm, W_U)",
+              "copying head", 0.5, nan_reason="encoders have no unembedding to read the OV circuit through"),
+    ScoreInfo("value_sink", "text",
+              "mean over queries 1 <= q <= n-1 of A[q,0]||f(x_0)|| / sum_k A[q,k]||f(x_k)||, f(x_k) = v_k W_O^h "
+              "(Kobayashi et al. 2020): position 0's share of the head's output, not of its weight",
+              "sink head (by norm)", 0.5,
+              nan_reason="no single chance: a uniform head's value-weighted share depends on its value norms"),
+]}
 
 
-def _others() -> dict:
-    out = {COPYING.name: COPYING, VALUE_SINK.name: VALUE_SINK}
-    for t in TARGETS.values():
-        out[t.info().name] = t.info()
-        if t.output == "logits":  # a first-order estimate exists for losses only
-            out[t.attribution_info().name] = t.attribution_info()
+def _effect(name: str, probe: str, definition: str, label: str, threshold: float, unit: str) -> list[ScoreInfo]:
+    out = [ScoreInfo(f"effect_{name}", probe, definition, label, threshold, unit=unit)]
+    if unit == "nats":  # a first-order estimate exists for losses only (an embedding has no gradient signal)
+        out.append(ScoreInfo(f"attribution_{name}", probe, "attribution-patching estimate (first order) of "
+                             + definition, "", float("inf"), unit=unit))
     return out
 
 
+#: Causal effects (``--effects``): ``effect_<target>`` (exact where the run says so) and, for losses,
+#: ``attribution_<target>`` (first-order estimates, never labelled).
+EFFECTS: dict[str, ScoreInfo] = {i.name: i for i in [
+    *_effect("repeat_loss", "repeat", "change in mean next-token loss (nats) of the second copy of R (targets "
+             "L+2..2L) when the head is ablated", "matters for copying", 0.25, "nats"),
+    *_effect("text_loss", "text", "change in mean next-token loss (nats) over positions 1..n-1 of the text probe "
+             "when the head is ablated", "matters for next-token prediction", 0.05, "nats"),
+    *_effect("embedding", "text", "mean over text sequences of 1 - cos(e, e_ablated), e = mean-pooled last hidden "
+             "state", "moves the embedding", 0.01, "1 - cos"),
+]}
+
+BUILT_IN: dict[str, ScoreInfo] = {**PATTERN, **CIRCUIT, **EFFECTS}
+
+
+def _registered() -> dict:
+    """Metrics registered at run time (only when :mod:`headscope.metrics` is already loaded: this
+    module never imports the code that computes a score)."""
+    metrics = sys.modules.get("headscope.metrics.base")
+    return getattr(metrics, "REGISTRY", {}) if metrics is not None else {}
+
+
 def describe(name: str):
-    """The :class:`~headscope.metrics.Metric` or :class:`~headscope.result.ScoreInfo` named ``name``, or None."""
-    return REGISTRY.get(name) or _others().get(name)
+    """What the score called ``name`` means (a :class:`~headscope.result.ScoreInfo`, or the
+    registered :class:`~headscope.metrics.base.Metric`), or None. Names match without case."""
+    key = str(name).lower()
+    return BUILT_IN.get(key) or _registered().get(name) or _registered().get(key)
 
 
 def is_below(name: str) -> bool:
@@ -42,8 +120,13 @@ def is_below(name: str) -> bool:
 
 
 def names() -> list[str]:
-    """Every score name, pattern metrics first."""
-    return list(REGISTRY) + list(_others())
+    """Every score name, pattern metrics first (then any registered at run time)."""
+    return list(PATTERN) + [n for n in _registered() if n not in BUILT_IN] + list(CIRCUIT) + list(EFFECTS)
+
+
+def pattern_names() -> list[str]:
+    """Every pattern metric a scan can compute: the built-in ones and any registered at run time."""
+    return list(PATTERN) + [n for n in _registered() if n not in BUILT_IN]
 
 
 def check_score_name(name: str):

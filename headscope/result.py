@@ -23,8 +23,10 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # pragma: no cover - pandas loads where a table is made, not to read a constant
+    import pandas as pd
 
 from headscope.errors import HeadscopeError
 
@@ -34,14 +36,17 @@ COLUMNS = ["model", "metric", "probe", "layer", "head", "head_name", "score", "c
 FLOAT_FORMAT = "%.8g"
 #: What a metric's name may look like (it names files: ``<metric>.png``).
 METRIC_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-#: ``metadata.json`` key that marks a folder as a headscope run (see :mod:`headscope.rundir`).
+#: The probe name of the repeat probe's positional null (sequences with no repetition, scored at
+#: the repeat metrics' positions): saved apart, in ``controls.jsonl``.
+NULL_PROBE = "repeat_null"
+#: ``metadata.json`` key that marks a folder as a headscope run (see :mod:`headscope.rundir.store`).
 RUN_FORMAT = "headscope-run/1"
 
 
 @dataclass(frozen=True)
 class ScoreInfo:
-    """What a named score in a table means, for scores that are not pattern metrics (effects,
-    circuit scores): the report, the figures and ``compare`` describe rows with it."""
+    """What a named score in a table means (:mod:`headscope.catalog` holds one per built-in score):
+    the report, the figures, the page and ``compare`` describe rows with it."""
 
     name: str  # the metric column value, e.g. "effect_repeat_loss"
     probe: str
@@ -51,6 +56,8 @@ class ScoreInfo:
     below: bool = False  # label heads at or below the threshold
     nan_reason: str | None = None
     unit: str = ""
+    default: bool = True  # pattern metrics: scanned when no metrics are named (long-context ones are not)
+    impl: str = ""  # built-in pattern metrics: "module:attribute" of the Metric that computes it
 
     def passes(self, score: float, threshold: float | None = None) -> bool:
         t = self.threshold if threshold is None else threshold
@@ -97,9 +104,27 @@ class ScanResult:
     #: ``{"probe": str, "total": array [sequence, layer, head], "count": array [sequence]}``.
     per_sequence: dict = field(default_factory=dict)
     #: The strongest heads' patterns on one example of each probe, for the report
-    #: (:mod:`headscope.examples`): ``{"heads": [(layer, head)], "examples": [{"probe", "token_ids",
+    #: (:mod:`headscope.scanner.examples`): ``{"heads": [(layer, head)], "examples": [{"probe", "token_ids",
     #: "n_full", "pattern" [head, query, key]}]}``; empty when not kept.
     views: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HeadPattern:
+    """One head's pattern on one sequence, with what is needed to label it."""
+
+    model: str  # the model name as typed
+    layer: int
+    head: int
+    text: str
+    token_ids: list[int]
+    tokens: list[str]  # display strings (see :func:`display_token`)
+    pattern: object  # numpy [query, key], float32, post-softmax
+    causal: bool
+
+    @property
+    def head_name(self) -> str:
+        return head_name(self.layer, self.head)
 
 
 def head_name(layer: int, head: int) -> str:
@@ -142,6 +167,7 @@ def fmt(x: float | None, digits: int = 3) -> str:
 def matrix(scores: pd.DataFrame, metric: str) -> pd.DataFrame:
     """The ``layer x head`` matrix of one metric (rows = layers, columns = heads).
 
+    >>> import pandas as pd
     >>> t = pd.DataFrame({"metric": ["sink"] * 2, "layer": [0, 0], "head": [0, 1], "score": [0.5, 1.0]})
     >>> matrix(t, "sink").to_numpy().tolist()
     [[0.5, 1.0]]

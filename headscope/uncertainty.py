@@ -13,6 +13,7 @@ the pooled score from their kept per-sequence sums and counts (no model needed):
 The generator is seeded, so the same per-sequence sums and settings give the same intervals.
 When every sequence gives the same score the interval is that point.
 
+>>> import torch
 >>> seq_total = torch.tensor([[[1.0]], [[1.0]], [[1.0]]], dtype=torch.float64)  # [sequence, layer, head]
 >>> seq_count = torch.tensor([2.0, 2.0, 2.0], dtype=torch.float64)           # every sequence scores 0.5
 >>> b = bootstrap(seq_total, seq_count, lambda s: s >= 0.4)
@@ -24,12 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import torch
-from jaxtyping import Float
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from headscope.errors import HeadscopeError, setting
+
+if TYPE_CHECKING:  # pragma: no cover - torch is imported where a bootstrap runs, so reading a run needs none
+    from jaxtyping import Float
+    from torch import Tensor
 
 RESAMPLES = 1000
 LEVEL = 0.95
@@ -67,6 +69,8 @@ def bootstrap(
     ``passes(scores) -> bool tensor`` says which scores earn the label (None: no stability).
     Sequences whose count is NaN (a head that was not measured on them) are kept out.
     """
+    import torch
+
     check(resamples, level)
     n = seq_total.shape[0]
     flat = seq_total.reshape(n, -1).double()  # [sequence, layer * head]

@@ -12,4 +12,4 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 .venv/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 # Compile the fused scan kernel now (once, ~1 min; torch caches it). Without a C++ compiler scans
 # still work (blocked engine), so a failed build only prints why.
-.venv/bin/python -c "from headscope import kernels; kernels.available() and print('headscope: fused kernel ready')"
+.venv/bin/python -c "from headscope.engines.registry import kernel as kernels; kernels.available() and print('headscope: fused kernel ready')"

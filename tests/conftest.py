@@ -100,4 +100,14 @@ def no_model(monkeypatch):
     def refuse(*_a, **_k):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr("headscope.loading.load_model", refuse)
+    monkeypatch.setattr("headscope.models.loading.load_model", refuse)
+
+
+# One real local Ray instance for the whole test session (starting one takes a few seconds).
+@pytest.fixture(scope="session")
+def ray_session():
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()

@@ -1,7 +1,7 @@
 """The worked examples in docstrings are tests too: every module of the package, found by walking it.
 
 ``headscope.__main__`` is left out: importing it runs the CLI (``main()`` then ``sys.exit``).
-``headscope.cli`` only builds its click group on import, so it is included. Examples that need a
+``headscope.cli.main`` only builds its click group on import, so it is included. Examples that need a
 model are marked ``# doctest: +SKIP`` in their module and are parsed but not run.
 """
 
@@ -32,7 +32,7 @@ def test_every_module_is_found():
     on_disk = {".".join(("headscope", *p.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
                for p in root.rglob("*.py")}
     assert on_disk == set(MODULES) | NOT_IMPORTED
-    assert {"headscope.views", "headscope.compare", "headscope.metrics.sink", "headscope.cli"} <= set(MODULES)
+    assert {"headscope.apps.show", "headscope.apps.compare", "headscope.metrics.sink", "headscope.cli.main"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -41,8 +41,8 @@ def test_docstring_examples(name):
     assert result.failed == 0, f"{result.failed} of {result.attempted} examples in {name} failed (see the output)"
 
 
-@pytest.mark.parametrize("name, at_least", [("headscope.views", 2), ("headscope.compare", 2),
-                                            ("headscope.result", 6), ("headscope.probes", 1)])
+@pytest.mark.parametrize("name, at_least", [("headscope.apps.show", 2), ("headscope.apps.compare", 2),
+                                            ("headscope.result", 6), ("headscope.probes.pairs", 1)])
 def test_modules_with_examples_run_them(name, at_least):
     """views.py and compare.py mark their model-loading examples +SKIP; the others still run."""
     assert run_doctests(name).attempted >= at_least
@@ -50,7 +50,7 @@ def test_modules_with_examples_run_them(name, at_least):
 
 def test_skipped_examples_are_still_parsed():
     finder = doctest.DocTestFinder()
-    for name in ("headscope.views", "headscope.compare"):
+    for name in ("headscope.apps.show", "headscope.apps.compare"):
         module = importlib.import_module(name)
         examples = [ex for t in finder.find(module) for ex in t.examples]
         skipped = [ex for ex in examples if ex.options.get(doctest.SKIP)]

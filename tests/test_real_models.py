@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import headscope
-from headscope.extract import score_probe
+from headscope.engines.extract import score_probe
 from headscope.metrics import REGISTRY
 
 pytestmark = pytest.mark.real

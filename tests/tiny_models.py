@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from scripts.conformance import CORPUS  # one training text for every tiny tokenizer
+from headscope.apps.conformance import CORPUS  # one training text for every tiny tokenizer
 
 
 def _bpe_tokenizer(vocab_size: int = 300):
@@ -33,7 +33,7 @@ def make_tiny_gpt2(path: Path, n_layer: int = 2, n_head: int = 4, n_ctx: int = 1
 def make_tiny_bert(path: Path, n_layer: int = 2, n_head: int = 4) -> Path:
     from transformers import BertConfig, BertForMaskedLM
 
-    from scripts.conformance import encoder_tokenizer
+    from headscope.apps.conformance import encoder_tokenizer
 
     fast = encoder_tokenizer()
     cfg = BertConfig(vocab_size=len(fast), hidden_size=32, num_hidden_layers=n_layer, num_attention_heads=n_head,

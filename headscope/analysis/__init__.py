@@ -13,9 +13,13 @@
 * :mod:`headscope.analysis.model_checks`: from-scratch attention against a real model (every layer's
   pattern and head outputs, the KV-cache property, shuffled tokens).
 * :mod:`headscope.analysis.cost`: the score grid's size and FLOPs beside measured scan time (the
-  timer and quadratic fit are :mod:`headscope.timing`, shared with ``benchmarks/``).
+  timer and quadratic fit are :mod:`headscope.analysis.timing`, shared with ``benchmarks/``).
 * :mod:`headscope.analysis.atlas`: several models' scores on one relative-depth axis (layer /
   (n_layers - 1)): a tidy table, per-depth-bin summaries (early/middle/late), a figure.
+* :mod:`headscope.analysis.recompute`: every score of a run recomputed from its tokens alone with
+  plain HF eager attention, sharing no code with the metrics (``scripts/recompute_scores.py``).
+* :mod:`headscope.analysis.phase_change`: the induction phase change of a small trained model.
+* :mod:`headscope.analysis.timing`: one timer and one quadratic fit (notebooks and ``benchmarks/``).
 
 Import the submodules directly (``from headscope.analysis import copying``); nothing is imported
 here, so a missing or broken submodule never breaks the others.

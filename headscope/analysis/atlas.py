@@ -52,7 +52,7 @@ def _table(run, name: str | None) -> tuple[pd.DataFrame, str, int | None]:
     """(scores, model name, n_layers if known) of one run given as a path, ScanResult or DataFrame."""
     n_layers = None
     if isinstance(run, (str, Path)):
-        from headscope.rundir import load_run
+        from headscope.rundir.store import load_run
 
         run = load_run(run)
     if hasattr(run, "scores") and isinstance(run.scores, pd.DataFrame):  # a ScanResult

@@ -142,8 +142,8 @@ def repeat_length_sweep(
     metrics: Sequence[str] = ("induction",),
 ) -> pd.DataFrame:
     """Scan a repeat probe for each ``L`` in ``lengths``; the tidy scores with a ``repeat_len`` column."""
-    from headscope.probes import repeat_probe
-    from headscope.runner import scan
+    from headscope.probes.pairs import repeat_probe
+    from headscope.scanner.runner import scan
 
     frames = []
     for L in lengths:

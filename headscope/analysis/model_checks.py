@@ -7,8 +7,8 @@ fed to :func:`~headscope.analysis.attention_math.attention` give back its patter
 cache relies on (:func:`prefix_check`), and positions, not the formula, are what make attention
 depend on word order (:func:`permutation_table`).
 
-Everything a model gives comes through :class:`headscope.models.Model`
-(:meth:`~headscope.models.Model.attention_activations`, :meth:`~headscope.models.Model.run_patterns`),
+Everything a model gives comes through :class:`headscope.models.model.Model`
+(:meth:`~headscope.models.model.Model.attention_activations`, :meth:`~headscope.models.model.Model.run_patterns`),
 so nothing here knows a hook name. Grouped-query models: query head ``h`` reads KV head
 ``h // (n_heads // n_kv_heads)`` (:func:`~headscope.analysis.attention_math.repeat_kv`).
 """
@@ -31,7 +31,7 @@ def recompute_layer(
 ) -> tuple[Float[Tensor, "head query d_head"], Float[Tensor, "head query key"]]:
     """Redo one layer's attention from its captured queries, keys and values: (z, pattern).
 
-    ``acts`` is one layer of :meth:`~headscope.models.Model.attention_activations`. Uses the
+    ``acts`` is one layer of :meth:`~headscope.models.model.Model.attention_activations`. Uses the
     post-rotary ``rot_q``/``rot_k`` when the model has them, shares KV heads across query heads
     (:func:`~headscope.analysis.attention_math.repeat_kv`) and scales by ``1 / sqrt(d_head)``.
 

@@ -20,7 +20,7 @@ attend at fixed offsets (the span lengths of the training data), which repeat-un
 rewards, and the previous-token head it needs grew only slowly.
 
 The model classes come from ``transformers``, imported inside the functions (training is not
-scanning: :mod:`headscope.models` stays the only module that scans through them).
+scanning: :mod:`headscope.models.model` stays the only module that scans through them).
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def side_by_side(runs: Mapping[str, pd.DataFrame], metric: str | Mapping[str, st
     ``metric`` is one metric for every panel, or ``{label: metric}`` to draw a different metric
     in each panel (e.g. one model's ``sink`` next to its ``separator``).
     """
-    from headscope.plots import draw_heatmap
+    from headscope.report.figures import draw_heatmap
 
     chosen = {label: metric if isinstance(metric, str) else metric[label] for label in runs}
     shapes = {label: (s["layer"].nunique(), s["head"].nunique()) for label, s in runs.items()}

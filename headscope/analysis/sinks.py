@@ -51,7 +51,7 @@ def without_first_token(probe):
     Decoders: ``BOS a SEP b`` becomes ``a SEP b``, so position 0 holds the first word of ``a``.
     Encoders: ``[CLS] a [SEP] b [SEP]`` becomes ``a [SEP] b [SEP]``.
     """
-    from headscope.probes import Probe
+    from headscope.probes.pairs import Probe
 
     if probe.repeat_len is not None:
         raise HeadscopeError("without_first_token is for text probes; on a repeat probe it would shift "
@@ -84,7 +84,7 @@ def attention_to_position(model, probe, position: int, batch_size: int = 8) -> p
     attention a token gets when it is *not* first (e.g. the first word, at position 1 behind BOS).
     Padding never counts. One row per head: model, layer, head, head_name, score, n (queries).
     """
-    from headscope.extract import pad_batch
+    from headscope.engines.extract import pad_batch
 
     if position < 0 or any(len(s) <= position + 1 for s in probe.sequences):
         raise HeadscopeError(f"Every sequence needs a query after position {position}; the shortest has "
@@ -137,7 +137,7 @@ def gu_probe(model, pairs: list[tuple[str, str]] | None = None, n_sequences: int
     (pairs joined by spaces, wrapping around), tokenized with the tokenizer's own special tokens
     (a BOS only if the tokenizer adds one) and cut to exactly ``length`` tokens."""
     from headscope.errors import at_least
-    from headscope.probes import Probe, load_pairs
+    from headscope.probes.pairs import Probe, load_pairs
 
     if not model.causal:
         raise HeadscopeError("Gu et al.'s sink rate is defined for causal language models; this model is an encoder.")
@@ -169,7 +169,7 @@ def gu_sink_rate(model, probe, epsilon: float = SINK_EPSILON, batch_size: int = 
     ``A[0, 0] = 1``); the rate is the share of (sequence, layer, head) triples with
     ``alpha > epsilon``. ``per_layer``: a Series of the rate by layer.
     """
-    from headscope.extract import score_probe
+    from headscope.engines.extract import score_probe
     from headscope.metrics import get_metric
 
     if not model.causal:

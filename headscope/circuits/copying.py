@@ -44,11 +44,11 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from headscope.catalog import CIRCUIT, COPYING_K
 from headscope.errors import HeadscopeError
 from headscope.result import Probe, ScoreInfo, head_name
 
-COPYING_K = 50  # copying@k: the own-token logit must be among the k highest (0.1% of a 49k vocab)
-COPYING_THRESHOLD = 0.5  # a head copies when at least half of the attended tokens pass copying@k
+COPYING_THRESHOLD = CIRCUIT["copying"].threshold  # a head copies when half of the attended tokens pass copying@k
 
 
 # ------------------------------------------------------------------------------ weights
@@ -119,7 +119,7 @@ def head_weights(model) -> HeadWeights:
 
 def attention_inputs(model, tokens: Int[Tensor, "batch pos"], layers: Sequence[int]) -> dict[int, Tensor]:
     """The post-norm input of each wanted layer's attention, ``{layer: [batch, pos, d_model]}``
-    (what ``W_V`` multiplies; :meth:`headscope.models.Model.attention_inputs`)."""
+    (what ``W_V`` multiplies; :meth:`headscope.models.model.Model.attention_inputs`)."""
     return model.attention_inputs(tokens, layers)
 
 
@@ -170,11 +170,13 @@ def copying_ranks(
     weights: HeadWeights | None = None,
     batch_size: int = 4,
     null: bool = False,
+    progress=None,
 ) -> tuple[dict[tuple[int, int], Tensor], int]:
     """Own-token ranks through each head's OV circuit at every first-copy position of a repeat
     ``probe``: ``({(layer, head): ranks [sequence, L]}, vocabulary size)``, sequences in the
     probe's order (0 = the highest logit). With ``null``, ranks ``[sequence, L, 2]``: the own
-    token's, then the control token's (:func:`null_columns`)."""
+    token's, then the control token's (:func:`null_columns`). ``progress``: a ``tqdm``-like factory
+    (one step per head: the ranking against the whole vocabulary is where the time goes)."""
     if probe.repeat_len is None:
         raise HeadscopeError("ov_copying needs a repeat probe (headscope.repeat_probe).")
     w = head_weights(model) if weights is None else weights
@@ -193,10 +195,15 @@ def copying_ranks(
     if null:
         columns = torch.stack([columns, null_columns(columns.view(-1, L)).reshape(-1)], 1)  # [sequence * L, 2]
     ranks = {}
+    bar = progress(total=len(heads), desc="copying (OV circuit)") if progress is not None else None
     for layer, head in heads:
         x = torch.cat(xs[layer])  # [sequence * L, d_model]
         r = own_token_ranks(x, columns, w.W_V[layer, head], w.W_O[layer, head], w.unembed)
         ranks[(layer, head)] = r.reshape(len(probe), L, *r.shape[1:])  # [sequence, L(, 2)]
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
     return ranks, len(w.token_ids)
 
 
@@ -226,11 +233,7 @@ def ov_copying(
     return pd.DataFrame(rows)
 
 
-COPYING = ScoreInfo(
-    "copying", "repeat",
-    f"copying@{COPYING_K}: share of first-copy positions of the repeat probe whose own token's logit is among "
-    f"the {COPYING_K} highest through the head's OV circuit (W_V W_O, final norm, W_U)",
-    "copying head", COPYING_THRESHOLD, nan_reason="encoders have no unembedding to read the OV circuit through")
+COPYING = CIRCUIT["copying"]
 
 
 @dataclass
@@ -248,10 +251,10 @@ class CopyingScores:
     seq_count: Float[Tensor, " sequence"] | None = None  # positions per sequence
 
 
-def copying_scores(model, probe: Probe, k: int = COPYING_K, max_sequences: int = 16) -> CopyingScores:
+def copying_scores(model, probe: Probe, k: int = COPYING_K, max_sequences: int = 16, progress=None) -> CopyingScores:
     """copying@k for every head on the first ``max_sequences`` sequences of a repeat ``probe``."""
     small = Probe(probe.name, probe.sequences[:max_sequences], probe.repeat_len, probe.settings)
-    ranks, vocab = copying_ranks(model, small, null=True)
+    ranks, vocab = copying_ranks(model, small, null=True, progress=progress)
     n, L = len(small), small.repeat_len
     hits = torch.zeros(n, model.n_layers, model.n_heads, dtype=torch.float64)  # [sequence, layer, head]
     null_hits = torch.zeros(model.n_layers, model.n_heads, dtype=torch.float64)

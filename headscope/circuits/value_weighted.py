@@ -28,18 +28,14 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headscope.attention import AttentionCall
+from headscope.catalog import CIRCUIT
 from headscope.effects.ablation import batches, segment_ids
 from headscope.engines.blocked import block_rows, pattern_blocks
 from headscope.errors import HeadscopeError
+from headscope.models.attention import AttentionCall
 from headscope.result import Probe, ScoreInfo
 
-VALUE_SINK = ScoreInfo(
-    "value_sink", "text",
-    "mean over queries 1 <= q <= n-1 of A[q,0]||f(x_0)|| / sum_k A[q,k]||f(x_k)||, f(x_k) = v_k W_O^h "
-    "(Kobayashi et al. 2020): position 0's share of the head's output, not of its weight",
-    "sink head (by norm)", 0.5,
-    nan_reason="no single chance: a uniform head's value-weighted share depends on its value norms")
+VALUE_SINK = CIRCUIT["value_sink"]
 
 
 @dataclass

@@ -10,10 +10,10 @@ Two things make it cheap (design.md section 6):
 
 * **the clean prefix is reused**: the residual stream entering layer ``l`` does not depend on an
   ablation at ``l``, so each batch runs clean once, keeps every block's output, and an ablated
-  forward at layer ``l`` starts at block ``l`` from it (:meth:`~headscope.models.Model.run`'s
+  forward at layer ``l`` starts at block ``l`` from it (:meth:`~headscope.models.model.Model.run`'s
   ``resume``): on average half a forward per head;
 * **heads of one layer share a forward**: the batch is repeated once per head, each copy ablating
-  its own head (:class:`~headscope.attention.AblateHeads`).
+  its own head (:class:`~headscope.models.attention.AblateHeads`).
 """
 
 from __future__ import annotations
@@ -24,12 +24,11 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headscope.attention import AblateHeads, AttentionCall
+from headscope.effects.settings import ABLATIONS  # noqa: F401 - where callers find it
 from headscope.effects.targets import Target, effect_sums, logits_from, measure
-from headscope.extract import pad_batch
+from headscope.engines.extract import pad_batch
+from headscope.models.attention import AblateHeads, AttentionCall
 from headscope.result import Probe
-
-ABLATIONS = ("mean", "zero")
 
 
 def batches(model, probe: Probe, batch_size: int, with_index: bool = False):

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from headscope.catalog import EFFECTS
 from headscope.result import ScoreInfo
 
 
@@ -50,28 +51,21 @@ class Target:
 
     def info(self) -> ScoreInfo:
         """How ``effect_<name>`` rows are described (exact where the run says so, else estimates)."""
-        return ScoreInfo(self.metric, self.probe, self.definition, self.label, self.threshold, unit=self.unit)
+        return EFFECTS[self.metric]
 
     def attribution_info(self) -> ScoreInfo:
         """``attribution_<name>`` rows: first-order estimates for every head, never labelled."""
-        return ScoreInfo(f"attribution_{self.name}", self.probe,
-                         "attribution-patching estimate (first order) of " + self.definition, "", float("inf"),
-                         unit=self.unit)
+        return EFFECTS[f"attribution_{self.name}"]
 
 
-TARGETS: dict[str, Target] = {
-    t.name: t for t in [
-        Target("repeat_loss", "repeat", "logits", True,
-               "change in mean next-token loss (nats) of the second copy of R (targets L+2..2L) when the head "
-               "is ablated", "matters for copying", 0.25, "nats"),
-        Target("text_loss", "text", "logits", True,
-               "change in mean next-token loss (nats) over positions 1..n-1 of the text probe when the head is "
-               "ablated", "matters for next-token prediction", 0.05, "nats"),
-        Target("embedding", "text", "hidden", False,
-               "mean over text sequences of 1 - cos(e, e_ablated), e = mean-pooled last hidden state",
-               "moves the embedding", 0.01, "1 - cos"),
-    ]
-}
+def _target(name: str, output: str, causal: bool) -> Target:
+    info = EFFECTS[f"effect_{name}"]  # what it means lives in the catalog
+    return Target(name, info.probe, output, causal, info.definition, info.label, info.threshold, info.unit)
+
+
+TARGETS: dict[str, Target] = {t.name: t for t in [_target("repeat_loss", "logits", True),
+                                                  _target("text_loss", "logits", True),
+                                                  _target("embedding", "hidden", False)]}
 
 
 def targets_for(model) -> list[Target]:

@@ -1,82 +1,15 @@
 """Engines: the ways headscope reads attention during a forward pass, behind one registry.
 
-=========  =====================================================================================
-fused      a C++ kernel replaces each layer's attention: output plus per-row statistics, one pass
+=========  ==========================================================================================
+base       what an engine is (:class:`~headscope.engines.base.Engine`)
+registry   the engines by name, in the order ``--engine auto`` tries them; one line registers one
+kernel     the C++ fused kernel (``csrc/head_stats.cpp``), built on first use
 blocked    the model's sdpa for outputs, exact ``softmax`` pattern blocks a few query rows at a time
+fused      the kernel replaces each layer's attention: output plus per-row statistics, one pass
 hooks      transformer-lens ``hook_pattern`` (eager attention), the reference
-=========  =====================================================================================
+extract    streaming per-head sums over a probe's batches, on any engine
+support    which model families each engine scores exactly (the conformance table)
+=========  ==========================================================================================
 
-``auto`` takes the first registered engine that can run (model, device, metrics); a named engine
-that cannot run says why and names the first one that can. Engines are registered by import path
-and imported on first use, so listing them (``--help``) loads no torch.
-
->>> engine_names()
-['fused', 'blocked', 'hooks']
+Nothing is imported here: ``headscope.engines.registry`` lists the engines without loading torch.
 """
-
-from __future__ import annotations
-
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-from headscope.engines.base import (
-    AUTO,
-    Engine,
-    engine_names,
-    get_engine,
-    model_attention_engines,
-    register,
-)
-from headscope.errors import HeadscopeError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from headscope.metrics.base import Metric
-
-
-def resolve_engine(model, name: str = AUTO, metrics: Sequence[Metric] = (), interventions: bool = False) -> Engine:
-    """The engine ``name`` (``auto``: the first that can run), or one clear line saying why not.
-    ``interventions``: the scan applies some (then only engines that take them can run)."""
-
-    def why_not(engine: Engine) -> str | None:
-        if interventions and not engine.takes_interventions:
-            return "it cannot apply interventions"
-        return engine.unavailable(model, metrics)
-
-    if name != AUTO:
-        engine = get_engine(name)
-        reason = why_not(engine)
-        if reason is None:
-            return engine
-        alternative = next((e for e in _usable() if e.name != name and why_not(e) is None), None)
-        hint = f"; use --engine {alternative.name}" if alternative is not None else ""
-        raise HeadscopeError(f"The {name} engine cannot run here: {reason}{hint}.")
-    reasons = []
-    for engine_name in engine_names():
-        try:
-            engine = get_engine(engine_name)
-        except HeadscopeError as exc:  # a plug-in that cannot load: auto moves on
-            reasons.append(str(exc))
-            continue
-        reason = why_not(engine)
-        if reason is None:
-            return engine
-        reasons.append(f"{engine.name}: {reason}")
-    raise HeadscopeError(f"No engine can score this model here ({'; '.join(reasons)}).")
-
-
-def _usable() -> list[Engine]:
-    out = []
-    for n in engine_names():
-        try:
-            out.append(get_engine(n))
-        except HeadscopeError:
-            continue
-    return out
-
-
-# The built-in engines, in the order `auto` tries them: one line per engine.
-register("fused", "headscope.engines.fused")
-register("blocked", "headscope.engines.blocked")
-register("hooks", "headscope.engines.hooks")
-
-__all__ = ["AUTO", "Engine", "engine_names", "get_engine", "model_attention_engines", "register", "resolve_engine"]

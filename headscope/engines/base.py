@@ -7,7 +7,7 @@ calls ``on_rows(layer, rows, q_start)`` with that layer's attention as
 each other); they differ in cost and in what they can run on.
 
 Adding an engine is one file defining a subclass and ``ENGINE = MyEngine()``, plus one
-``register(...)`` line in :mod:`headscope.engines`. The registry's order is the order ``auto``
+``register(...)`` line in :mod:`headscope.engines.registry`. The registry's order is the order ``auto``
 tries them in; the CLI's ``--engine`` choices and the "use --engine X" hints come from it too.
 """
 
@@ -15,17 +15,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from importlib import import_module
 from typing import TYPE_CHECKING, ClassVar
-
-from headscope.errors import HeadscopeError, did_you_mean
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import Tensor
 
     from headscope.metrics.base import Metric, PatternBatch
     from headscope.metrics.rows import Rows
-    from headscope.models import Model
+    from headscope.models.model import Model
 
 #: ``on_rows(layer, rows, q_start)``: one layer's attention, or a block of its query rows.
 OnRows = Callable[[int, "Rows", int], None]
@@ -40,7 +37,7 @@ class Engine(ABC):
     #: (soft-capping, learned sinks, position biases). Engines that recompute ``softmax(q k^T)``
     #: refuse such models and point to one that does.
     reads_model_attention: ClassVar[bool] = False
-    #: Can run a forward with interventions (:mod:`headscope.attention`) applied: a scan of a model
+    #: Can run a forward with interventions (:mod:`headscope.models.attention`) applied: a scan of a model
     #: with some heads ablated or restricted.
     takes_interventions: ClassVar[bool] = True
 
@@ -58,48 +55,3 @@ class Engine(ABC):
 
     def __repr__(self) -> str:
         return f"<{self.name} engine>"
-
-
-# ------------------------------------------------------------------------------ the registry
-
-AUTO = "auto"
-_REGISTRY: dict[str, Engine | str] = {}
-
-
-def register(name: str, engine: Engine | str) -> None:
-    """Add an engine (an instance, or the module path of one defining ``ENGINE``); ``auto`` tries
-    engines in registration order. A second engine of the same name is refused."""
-    if name in _REGISTRY or name == AUTO:
-        raise ValueError(f"An engine named '{name}' is already registered.")
-    _REGISTRY[name] = engine
-
-
-def engine_names() -> list[str]:
-    """Registered engines, in the order ``auto`` tries them."""
-    return list(_REGISTRY)
-
-
-def get_engine(name: str) -> Engine:
-    """The engine called ``name`` (imported on first use); an unknown name gets a did-you-mean."""
-    if name not in _REGISTRY:
-        raise HeadscopeError(f"Unknown engine '{name}'.{did_you_mean(name, [AUTO, *_REGISTRY])} "
-                             f"Known: {', '.join([AUTO, *_REGISTRY])}.")
-    entry = _REGISTRY[name]
-    if isinstance(entry, str):
-        try:
-            entry = _REGISTRY[name] = import_module(entry).ENGINE
-        except (ImportError, AttributeError) as exc:  # a plug-in that cannot load is one line, not a traceback
-            raise HeadscopeError(f"The {name} engine cannot be loaded from {entry} ({exc}).") from None
-    return entry
-
-
-def model_attention_engines() -> list[str]:
-    """Engines that read the model's own attention, whatever its softmax adds (the refusal hint)."""
-    names = []
-    for n in _REGISTRY:
-        try:
-            if get_engine(n).reads_model_attention:
-                names.append(n)
-        except HeadscopeError:
-            continue
-    return names

@@ -17,10 +17,11 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headscope.attention import AttentionCall, StopForward
-from headscope.engines.base import Engine, OnRows, model_attention_engines
+from headscope.engines.base import Engine, OnRows
+from headscope.engines.registry import model_attention_engines
 from headscope.errors import HeadscopeError
 from headscope.metrics.rows import DenseRows
+from headscope.models.attention import AttentionCall, StopForward
 
 NEG = torch.finfo(torch.float32).min  # a masked score (eager attention uses the same)
 BLOCK_BYTES = 32 * 2**20  # one block of scores, fp32: small enough to stay in cache-friendly sizes

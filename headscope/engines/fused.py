@@ -5,32 +5,28 @@ cache-sized tiles of ``q k^T`` with a running maximum, as flash attention does, 
 tiles of exp-scores computes the output ``A v`` and what the metrics read from each query row:
 its entropy, its mass on each flagged key set (separator, punctuation) and its log-sum-exp (so any
 single entry is ``exp(q·k - lse)``). The pattern never exists in memory, and a scanned layer costs
-what its fused attention alone does. See :mod:`headscope.kernels` for the kernel itself.
+what its fused attention alone does. See :mod:`headscope.engines.kernel` for the kernel itself.
 
 CPU only, boolean (or no) masks shared by all heads, and metrics that read patterns only through
 the selectors (``Metric.fused``). Sliding-window layers (``Model.reach``) go through the kernel with
 their mask, and the key tiles outside the window are skipped. A call the kernel cannot take (an
 additive mask, a per-head mask from an intervention) is scored from exact pattern blocks instead,
-as the blocked engine does, and :data:`on_fallback` hears about it once per scan, in one line.
+as the blocked engine does, and the scan hears about it once, in one line (:func:`headscope.errors.notice`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import Tensor
 
-from headscope import kernels
-from headscope.attention import AttentionCall, StopForward
+from headscope.engines import kernel
 from headscope.engines.base import Engine
 from headscope.engines.blocked import BlockHandler, refuse_unmodelled
+from headscope.errors import notice
 from headscope.metrics.base import PatternBatch, key_set_flags
+from headscope.models.attention import AttentionCall, StopForward
 
 FLAG_SETS = ("separator", "punctuation")  # PatternBatch key sets whose mass the kernel sums
-#: Called with one line when some layer of a scan is scored from pattern blocks instead of the
-#: kernel (the CLI prints it; the library stays silent). Once per forward pass at most.
-on_fallback: Callable[[str], None] | None = None
 
 
 def fused_flags(batch: PatternBatch, n_keys: int) -> dict[str, Tensor]:
@@ -56,22 +52,22 @@ class FusedHandler(BlockHandler):
     def __call__(self, call: AttentionCall) -> Tensor:
         if call.layer not in self.layers:
             return super().__call__(call)
-        if not kernels.supports(call.query, call.mask):
-            if not self.fell_back and on_fallback is not None:
+        if not kernel.supports(call.query, call.mask):
+            if not self.fell_back:
                 self.fell_back = True
                 kind = "an additive" if call.mask is not None and call.mask.dtype != torch.bool else "a per-head"
-                on_fallback(f"layer {call.layer}'s attention has {kind} mask, which the fused kernel does not take: "
-                            "scored from exact pattern blocks (same scores, slower).")
+                notice(f"layer {call.layer}'s attention has {kind} mask, which the fused kernel does not take: "
+                       "scored from exact pattern blocks (same scores, slower).", once=True)
             return super().__call__(call)
         refuse_unmodelled(call, self.engine)
         reach = self.reach[call.layer] if call.layer < len(self.reach) else None
         if call.layer == self.last:  # nothing runs after it: statistics only, no output
-            stats = kernels.head_stats(call.query, call.key, call.mask, call.scale, call.causal, self.flags, reach,
+            stats = kernel.head_stats(call.query, call.key, call.mask, call.scale, call.causal, self.flags, reach,
                                        self.band, self.argmax)
             self.on_rows(call.layer, stats, 0)
             raise StopForward
         # the kernel's own output replaces sdpa's: one pass over the scores, not two
-        out, stats = kernels.attention(call.query, call.key, call.value, call.mask, call.scale, call.causal,
+        out, stats = kernel.attention(call.query, call.key, call.value, call.mask, call.scale, call.causal,
                                        self.flags, reach, self.band, self.argmax)
         self.on_rows(call.layer, stats, 0)
         return out.transpose(1, 2).contiguous()  # [batch, head, query, dim] -> [batch, query, head, dim]
@@ -92,8 +88,8 @@ class FusedEngine(Engine):
         need_pattern = [m.name for m in metrics if not m.fused]
         if need_pattern:
             return f"metric(s) {', '.join(need_pattern)} need the pattern itself (Metric.fused is False)"
-        if not kernels.available():
-            return kernels.unavailable_reason()
+        if not kernel.available():
+            return kernel.unavailable_reason()
         return None
 
     def run(self, model, tokens, mask, batch, on_rows, layers=None, interventions=(), token_types=None) -> None:

@@ -3,7 +3,7 @@
 The reference the other engines are tested against: the model runs through a transformer-lens
 ``TransformerBridge`` (eager attention, so any softmax change the model makes is in the pattern),
 and each layer's ``[batch, head, query, key]`` pattern is handed to the metrics inside its hook and
-dropped before the next layer runs (:meth:`headscope.models.Model.run_patterns`). Costs an eager
+dropped before the next layer runs (:meth:`headscope.models.model.Model.run_patterns`). Costs an eager
 forward, a second copy of the model, and one layer's patterns in memory.
 """
 

@@ -1,20 +1,31 @@
-"""Head metrics: one module per behaviour, registered here in one greppable place.
+"""Head metrics: one module per behaviour; the built-in ones are registered from :mod:`headscope.catalog`.
 
-Adding a behaviour = one new module defining ``METRIC = Metric(...)``, one line below, one test.
+================  ====================================================================================
+context           :class:`~headscope.metrics.context.PatternBatch`: what a metric knows about a batch
+rows              one protocol for a full pattern, a block of its query rows, or per-row statistics
+base              :class:`~headscope.metrics.base.Metric`, the selectors every metric reads through,
+                  the registry (a second metric of one name is refused)
+stats             per-row statistics as the fused kernel returns them
+previous_token    A[q, q-1]
+next_token        A[q, q+1] (NaN on causal models)
+sink              A[q, 0]
+separator         mass on separator keys
+punctuation       mass on punctuation keys (and what counts as punctuation)
+entropy           -sum A ln A
+induction         A[q, q-L+1] on BOS + R + R
+duplicate_token   A[q, q-L] on BOS + R + R
+streaming         mass on a sink + window band (a StreamingLLM cache)
+retrieval         needle copy-paste: arg-max on the needle token (and the soft version)
+================  ====================================================================================
+
+Adding a behaviour = one module defining ``METRIC = Metric.of("name", fn)``, one entry in
+:data:`headscope.catalog.PATTERN` (what it means, and ``impl`` naming the module: the registration),
+and one test file. A metric you define at run time: ``register(Metric(name=..., fn=..., ...))``.
 """
 
-from headscope.metrics import (
-    duplicate_token,
-    entropy,
-    induction,
-    next_token,
-    previous_token,
-    punctuation,
-    retrieval,
-    separator,
-    sink,
-    streaming,
-)
+from importlib import import_module
+
+from headscope.catalog import PATTERN
 from headscope.metrics.base import (
     PROBES,
     REGISTRY,
@@ -27,18 +38,9 @@ from headscope.metrics.base import (
     uniform_pattern,
 )
 
-register(previous_token.METRIC)
-register(next_token.METRIC)
-register(sink.METRIC)
-register(separator.METRIC)
-register(punctuation.METRIC)
-register(entropy.METRIC)
-register(induction.METRIC)
-register(duplicate_token.METRIC)
-# long-context metrics: scanned when named (or with --long-context), never by default
-register(streaming.METRIC)
-register(retrieval.METRIC)
-register(retrieval.SOFT)
+for _info in PATTERN.values():  # the built-in metrics, in the catalog's order
+    _module, _attr = _info.impl.split(":")
+    register(getattr(import_module(_module), _attr))
 
 __all__ = ["PROBES", "REGISTRY", "Metric", "PatternBatch", "Pooled", "default_metrics", "get_metric", "register",
            "uniform_pattern"]

@@ -170,6 +170,18 @@ class Metric:
     chance_fn: MetricFn | None = None
     #: What the engine must compute per row besides entries, masses and entropy ("band", "argmax").
     needs: tuple[str, ...] = ()
+    unit: str = ""
+
+    @classmethod
+    def of(cls, name: str, fn: MetricFn, **implementation) -> Metric:
+        """A built-in metric: what it means comes from :mod:`headscope.catalog` (one place), how it is
+        computed from ``fn`` and ``implementation`` (``fused``, ``chance_fn``, ``needs``)."""
+        from headscope.catalog import PATTERN
+
+        info = PATTERN[name]
+        return cls(name=info.name, probe=info.probe, fn=fn, definition=info.definition, label=info.label,
+                   threshold=info.threshold, below=info.below, nan_reason=info.nan_reason, default=info.default,
+                   unit=info.unit, **implementation)
 
     def __call__(self, pattern: Tensor | Rows, batch: PatternBatch) -> Pooled:
         return self.fn(pattern, batch)

@@ -20,12 +20,4 @@ def duplicate_token(pattern, batch: PatternBatch) -> Pooled:
     return pool(vals, query_range(pattern, batch, L + 1, 2 * L))
 
 
-METRIC = Metric(
-    name="duplicate_token",
-    probe="repeat",
-    fn=duplicate_token,
-    definition="on BOS+R+R (|R|=L): mean of A[q, q-L] over queries L+1 <= q <= 2L",
-    label="duplicate-token head",
-    threshold=0.4,
-    fused=True,
-)
+METRIC = Metric.of("duplicate_token", duplicate_token, fused=True)

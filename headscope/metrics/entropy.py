@@ -17,13 +17,4 @@ def entropy(pattern, batch: PatternBatch) -> Pooled:
     return pool(row_entropy(pattern, batch), query_range(pattern, batch, 1, batch.lengths - 1))
 
 
-METRIC = Metric(
-    name="entropy",
-    probe="text",
-    fn=entropy,
-    definition="mean of -sum_k A[q,k] ln A[q,k] (nats) over queries 1 <= q <= n-1",
-    label="focused head",
-    threshold=0.3,
-    below=True,
-    fused=True,
-)
+METRIC = Metric.of("entropy", entropy, fused=True)

@@ -29,12 +29,4 @@ def _repeat_len(batch: PatternBatch) -> int:
     return int(batch.repeat_len)
 
 
-METRIC = Metric(
-    name="induction",
-    probe="repeat",
-    fn=induction,
-    definition="on BOS+R+R (|R|=L): mean of A[q, q-L+1] over queries L+1 <= q <= 2L",
-    label="induction head",
-    threshold=0.4,
-    fused=True,
-)
+METRIC = Metric.of("induction", induction, fused=True)

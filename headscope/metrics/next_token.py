@@ -25,13 +25,4 @@ def next_token(pattern, batch: PatternBatch) -> Pooled:
     return pool(at_offset(pattern, batch, +1), mask)
 
 
-METRIC = Metric(
-    name="next_token",
-    probe="text",
-    fn=next_token,
-    definition="mean of A[q, q+1] over queries 0 <= q <= n-2 (NaN on causal models)",
-    label="next-token head",
-    threshold=0.5,
-    nan_reason=CAUSAL_REASON,
-    fused=True,
-)
+METRIC = Metric.of("next_token", next_token, fused=True)

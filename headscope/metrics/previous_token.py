@@ -17,12 +17,4 @@ def previous_token(pattern, batch: PatternBatch) -> Pooled:
     return pool(vals, query_range(pattern, batch, 1, batch.lengths - 1))
 
 
-METRIC = Metric(
-    name="previous_token",
-    probe="text",
-    fn=previous_token,
-    definition="mean of A[q, q-1] over queries 1 <= q <= n-1",
-    label="previous-token head",
-    threshold=0.5,
-    fused=True,
-)
+METRIC = Metric.of("previous_token", previous_token, fused=True)

@@ -19,12 +19,4 @@ def punctuation(pattern, batch: PatternBatch) -> Pooled:
     return key_set_mass(pattern, batch, "punctuation")
 
 
-METRIC = Metric(
-    name="punctuation",
-    probe="text",
-    fn=punctuation,
-    definition="mean attention mass on visible punctuation keys k >= 1, over queries that see one",
-    label="punctuation head",
-    threshold=0.5,
-    fused=True,
-)
+METRIC = Metric.of("punctuation", punctuation, fused=True)

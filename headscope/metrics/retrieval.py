@@ -47,28 +47,7 @@ def retrieval_soft(pattern, batch: PatternBatch) -> Pooled:
     return pool(rows.at(target.clamp(min=0), batch), answer)
 
 
-METRIC = Metric(
-    name="retrieval",
-    probe="needle",
-    fn=retrieval,
-    definition="share of needle answer queries whose arg-max key is the needle token being copied",
-    label="retrieval head",
-    threshold=0.1,
-    nan_reason="no needle probe (scan with --needle)",
-    fused=True,
-    default=False,
-    chance_fn=retrieval_soft,  # a head picking uniformly: hit probability 1/(keys it sees)
-    needs=("argmax",),
-)
+# chance: a head picking uniformly hits with probability 1/(keys it sees), which is retrieval_soft's
+METRIC = Metric.of("retrieval", retrieval, fused=True, chance_fn=retrieval_soft, needs=("argmax",))
 
-SOFT = Metric(
-    name="retrieval_soft",
-    probe="needle",
-    fn=retrieval_soft,
-    definition="mean A[q, k] over needle answer queries q, k = the needle token being copied",
-    label="",
-    threshold=float("nan"),
-    nan_reason="no needle probe (scan with --needle)",
-    fused=True,
-    default=False,
-)
+SOFT = Metric.of("retrieval_soft", retrieval_soft, fused=True)

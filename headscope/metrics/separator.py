@@ -19,12 +19,4 @@ def separator(pattern, batch: PatternBatch) -> Pooled:
     return key_set_mass(pattern, batch, "separator")
 
 
-METRIC = Metric(
-    name="separator",
-    probe="text",
-    fn=separator,
-    definition="mean attention mass on visible separator keys k >= 1, over queries that see one",
-    label="separator head",
-    threshold=0.5,
-    fused=True,
-)
+METRIC = Metric.of("separator", separator, fused=True)

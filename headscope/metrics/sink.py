@@ -18,12 +18,4 @@ def sink(pattern, batch: PatternBatch) -> Pooled:
     return pool(vals, query_range(pattern, batch, 1, batch.lengths - 1))
 
 
-METRIC = Metric(
-    name="sink",
-    probe="text",
-    fn=sink,
-    definition="mean of A[q, 0] over queries 1 <= q <= n-1",
-    label="sink head",
-    threshold=0.5,
-    fused=True,
-)
+METRIC = Metric.of("sink", sink, fused=True)

@@ -2,7 +2,7 @@
 
 The built-in metrics read a pattern row in three ways only: single entries, the mass on a flagged
 key set, and the entropy. :class:`HeadStats` holds the last two for every row (computed by the
-fused kernel, :mod:`headscope.kernels`) plus each row's log-sum-exp, from which any single entry is
+fused kernel, :mod:`headscope.engines.kernel`) plus each row's log-sum-exp, from which any single entry is
 ``A[q, k] = exp(q·k - lse[q])`` on demand. It implements the
 :class:`~headscope.metrics.rows.Rows` protocol, so a metric written with the selectors of
 :mod:`headscope.metrics.base` runs on it exactly as on a pattern tensor.

@@ -36,16 +36,4 @@ def streaming(pattern, batch: PatternBatch) -> Pooled:
     return pool(vals, qualifies)
 
 
-METRIC = Metric(
-    name="streaming",
-    probe="text",
-    fn=streaming,
-    definition="mean over queries q >= s + w of the mass on keys k < s (sinks) and q - w < k <= q (window); "
-               "s = 4, w = 64 unless set",
-    label="streaming head",
-    threshold=0.9,
-    nan_reason="encoder: no KV cache to keep, or no query lies past the sinks and the window (use longer text)",
-    fused=True,
-    default=False,
-    needs=("band",),
-)
+METRIC = Metric.of("streaming", streaming, fused=True, needs=("band",))

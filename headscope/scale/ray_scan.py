@@ -17,47 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from headscope.engines.extract import BatchScores, score_batch
 from headscope.errors import HeadscopeError
-from headscope.extract import BatchScores, score_batch
+from headscope.scale.options import LOCAL, check_address, require_ray  # noqa: F401
 
 __all__ = ["LOCAL", "RayPool", "check_address", "connect", "require_ray"]
 
-LOCAL = "local"  # --ray with no address
 RETRIES = 2  # restarts of a dead actor, and retries of the batches it held
-
-
-def require_ray():
-    """The ``ray`` module, or one line saying how to install it."""
-    try:
-        import ray
-    except ImportError:
-        raise HeadscopeError("--ray needs Ray, which is not installed: pip install -e \".[ray]\" "
-                             "(or pip install 'ray>=2.60,<3').") from None
-    return ray
-
-
-def check_address(address: str | None) -> None:
-    """Refuse, in about a second, an address that cannot be a reachable Ray head (before any work).
-
-    ``None``/``local`` and ``auto`` are left to Ray; ``HOST:PORT`` and ``ray://HOST:PORT`` must
-    accept a TCP connection."""
-    if address in (None, LOCAL, "auto"):
-        return
-    hostport = address.removeprefix("ray://")
-    host, sep, port = hostport.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise HeadscopeError(f"Ray address '{address}' must look like HOST:PORT (e.g. 10.0.0.1:6379, from "
-                             "`ray start --head`), ray://HOST:10001, or auto.")
-    try:
-        with socket.create_connection((host, int(port)), timeout=3):
-            pass
-    except OSError as exc:
-        raise HeadscopeError(f"Cannot reach a Ray head at {address} ({exc.strerror or exc}); start one with "
-                             f"`ray start --head --port={port}` there, or drop the address for a local instance.") from None
 
 
 @contextlib.contextmanager
@@ -91,7 +60,7 @@ class ScanWorker:
                  threads: int | None = None):
         import torch
 
-        from headscope.loading import load_model
+        from headscope.models.loading import load_model
 
         if threads:
             torch.set_num_threads(threads)
@@ -101,7 +70,7 @@ class ScanWorker:
         return os.getpid()
 
     def score(self, probe, metrics, index: Sequence[int], engine: str, interventions=()) -> BatchScores:
-        from headscope.engines import get_engine
+        from headscope.engines.registry import get_engine
 
         return score_batch(self.model, probe, metrics, index, get_engine(engine), interventions)
 
@@ -180,25 +149,6 @@ class RayPool:
 
         for a in self.actors:
             ray.kill(a)
-
-
-def check_options(address: str | None, workers: int | None, model_name, effects: bool) -> None:
-    """Every ``--ray``/``--workers`` mistake, refused in one line before any model loads."""
-    if address is None:
-        if workers is not None:
-            raise HeadscopeError("--workers goes with --ray (e.g. --ray --workers 2); without --ray a scan runs "
-                                 "in this process.")
-        return
-    if workers is not None and workers < 1:
-        raise HeadscopeError(f"workers (--workers) must be at least 1, got {workers}.")
-    if not isinstance(model_name, (str, os.PathLike)):
-        raise HeadscopeError("--ray needs a model name or checkpoint folder that every worker can load, not a "
-                             "model in memory.")
-    if effects:
-        raise HeadscopeError("--effects runs in one process (exact ablation reuses each prefix); drop --ray, or "
-                             "scan with --ray and measure effects apart.")
-    require_ray()
-    check_address(address)
 
 
 @contextlib.contextmanager

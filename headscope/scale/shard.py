@@ -1,10 +1,10 @@
 """A scan sharded by batches, merged bit for bit: no Ray here, so it is testable anywhere.
 
-A plain scan (:func:`headscope.extract.score_probe`) plans its batches (sequences sorted by length,
+A plain scan (:func:`headscope.engines.extract.score_probe`) plans its batches (sequences sorted by length,
 cut every ``batch_size``), scores each batch, and adds the batches up in plan order. Padding and the
 order of float additions depend on which sequences share a batch, so a shard is a whole batch of
 that plan, never a slice of sequences: each worker scores whole batches with
-:func:`~headscope.extract.score_batch`, and :func:`merge` adds them in plan order, exactly as the
+:func:`~headscope.engines.extract.score_batch`, and :func:`merge` adds them in plan order, exactly as the
 plain loop does. Per-sequence sums land at their probe positions, so the bootstrap sees the same
 arrays too. The batch size must be the same everywhere: the driver fixes it (``auto`` is resolved
 once, on the driver) before any worker runs.
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from headscope.engines import AUTO, resolve_engine
+from headscope.engines.extract import BatchScores, MetricScores, Sums, auto_batch_size, plan_batches
+from headscope.engines.registry import AUTO, resolve_engine
 from headscope.errors import HeadscopeError
-from headscope.extract import BatchScores, MetricScores, Sums, auto_batch_size, plan_batches
 from headscope.metrics import Metric
 from headscope.result import Probe
 
@@ -63,7 +63,7 @@ def merge(model, probe: Probe, metrics: Sequence[Metric], batches: Sequence[Sequ
 
 
 class ShardedScorer:
-    """:func:`~headscope.extract.score_probe`'s signature, with the batches scored by ``run``
+    """:func:`~headscope.engines.extract.score_probe`'s signature, with the batches scored by ``run``
     (e.g. :meth:`headscope.scale.ray_scan.RayPool.run_batches`) and merged here.
 
     Pass it as ``scorer=`` to :func:`headscope.scan`."""

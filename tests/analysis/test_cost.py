@@ -16,7 +16,7 @@ from headscope.analysis.cost import (
     timing_figure,
     with_fit,
 )
-from headscope.timing import fit_quadratic
+from headscope.analysis.timing import fit_quadratic
 
 # ------------------------------------------------------------------------ counted
 

@@ -51,7 +51,7 @@ def test_the_control_tells_a_copier_from_a_head_that_raises_every_token_of_r():
 
 
 def test_copying_null_is_in_the_scan_table(tiny_gpt2):
-    from headscope.effects import EffectSettings
+    from headscope.effects.heads import EffectSettings
 
     probes = headscope.default_probes(tiny_gpt2, n_prompts=3, repeat_len=6)
     result = headscope.scan(tiny_gpt2, probes, metrics=["induction"], bootstrap=0,

@@ -1,5 +1,5 @@
 """Effects recomputed with plain transformers: forward pre-hooks on each layer's output projection,
-one sequence at a time, no padding. Shares no code with headscope.effects or the attention seam."""
+one sequence at a time, no padding. Shares no code with headscope.effects.heads or the attention seam."""
 
 from __future__ import annotations
 

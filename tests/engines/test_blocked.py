@@ -7,12 +7,12 @@ import pytest
 import torch
 
 import headscope
-from headscope.attention import AttentionCall
 from headscope.engines import blocked
 from headscope.engines.blocked import BlockHandler, block_rows, pattern_blocks
-from headscope.extract import score_probe
+from headscope.engines.extract import score_probe
 from headscope.metrics import REGISTRY
-from headscope.probes import packed_text_probe
+from headscope.models.attention import AttentionCall
+from headscope.probes.pairs import packed_text_probe
 from tests.engines.agree import assert_engines_agree
 
 

@@ -8,15 +8,14 @@ import os
 import pytest
 import torch
 
-from headscope import kernels
-from headscope.attention import RestrictKeys
-from headscope.engines import fused
+from headscope.engines import fused, kernel
 from headscope.engines.blocked import BlockHandler
-from headscope.extract import pad_batch, pattern_batch, score_probe
+from headscope.engines.extract import pad_batch, pattern_batch, score_probe
 from headscope.metrics import REGISTRY
 from headscope.metrics.rows import DenseRows
 from headscope.metrics.stats import HeadStats
-from headscope.probes import packed_text_probe
+from headscope.models.attention import RestrictKeys
+from headscope.probes.pairs import packed_text_probe
 from tests.engines.agree import assert_engines_agree
 
 pytestmark = pytest.mark.skipif(os.environ.get("HEADSCOPE_KERNEL") == "0",
@@ -36,14 +35,14 @@ def test_fused_scan_uses_the_kernel_on_every_layer_and_matches_blocked(tiny_gpt2
     score = BlockHandler.score
     monkeypatch.setattr(BlockHandler, "score", lambda self, call: (seen.append(("blocks", call.layer)),
                                                                     score(self, call)))
-    orig_stats = kernels.head_stats
+    orig_stats = kernel.head_stats
 
     def head_stats(*args, **kwargs):
         st = orig_stats(*args, **kwargs)
         seen.append(("stats", type(st)))
         return st
 
-    monkeypatch.setattr(kernels, "head_stats", head_stats)
+    monkeypatch.setattr(kernel, "head_stats", head_stats)
     got = score_probe(tiny_gpt2, probe, metrics, batch_size=2, engine="fused")
     # two batches; the last layer of each runs head_stats (no output needed), the others the kernel's
     # attention; no layer fell back to pattern blocks
@@ -83,12 +82,14 @@ def test_fused_flags_are_the_key_sets_key_set_mass_counts(tiny_gpt2):
 def test_a_fallback_is_said_in_one_line(tiny_gpt2, monkeypatch):
     """Where the kernel cannot take a call (a per-head mask), the scan says so once per forward, in one
     line naming the layer, and the scores are still the blocked engine's."""
+    from headscope.errors import listening
+
     heard = []
-    monkeypatch.setattr(fused, "on_fallback", heard.append)
     probe = packed_text_probe(tiny_gpt2, None, seq_len=30, n_sequences=2)
     window = RestrictKeys(layer=1, heads=[0], keep=lambda call: torch.ones(call.shape[-2:], dtype=torch.bool).tril())
     metrics = [REGISTRY["sink"], REGISTRY["entropy"]]
-    got = score_probe(tiny_gpt2, probe, metrics, batch_size=2, engine="fused", interventions=[window])
+    with listening(heard.append):
+        got = score_probe(tiny_gpt2, probe, metrics, batch_size=2, engine="fused", interventions=[window])
     assert len(heard) == 1 and "\n" not in heard[0] and heard[0].startswith("layer 1's attention has a per-head mask")
     want = score_probe(tiny_gpt2, probe, metrics, batch_size=2, engine="blocked", interventions=[window])
     for name in want:

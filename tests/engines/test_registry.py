@@ -7,13 +7,13 @@ import pytest
 import torch
 
 import headscope
-from headscope import kernels
-from headscope.attention import StopForward
-from headscope.engines import Engine, base, engine_names, get_engine, register, resolve_engine
-from headscope.extract import score_probe
+from headscope.engines import kernel, registry
+from headscope.engines.extract import score_probe
+from headscope.engines.registry import Engine, engine_names, get_engine, register, resolve_engine
 from headscope.metrics import REGISTRY, Metric
 from headscope.metrics.base import pool, query_range
 from headscope.metrics.rows import DenseRows
+from headscope.models.attention import StopForward
 
 OWN = Metric(name="own", probe="text", definition="A[q, 0] read from the pattern itself", label="l",
              threshold=0.5, fn=lambda p, b: pool(p[..., 0], query_range(p, b, 1, b.lengths - 1)))
@@ -28,8 +28,8 @@ def test_auto_takes_the_first_engine_that_can_run(tiny_gpt2, monkeypatch):
     metrics = list(REGISTRY.values())
     assert resolve_engine(tiny_gpt2, "auto", metrics).name == "fused"
     assert resolve_engine(tiny_gpt2, "auto", metrics + [OWN]).name == "blocked"  # OWN needs the pattern
-    monkeypatch.setattr(kernels, "_module", None)
-    monkeypatch.setattr(kernels, "_reason", "no compiler")
+    monkeypatch.setattr(kernel, "_module", None)
+    monkeypatch.setattr(kernel, "_reason", "no compiler")
     assert resolve_engine(tiny_gpt2, "auto", metrics).name == "blocked"
 
 
@@ -78,7 +78,7 @@ class EagerEngine(Engine):
 
 
 def test_a_fourth_engine_is_one_class_and_one_register_line(tiny_gpt2, monkeypatch):
-    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))  # undone after the test
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # undone after the test
     register("eager-test", EagerEngine())
     assert engine_names()[-1] == "eager-test"
     metrics = list(REGISTRY.values())
@@ -100,7 +100,7 @@ def test_an_engine_that_misses_a_layer_is_an_error_not_zero_scores(tiny_gpt2, mo
         def run(self, model, tokens, mask, batch, on_rows, layers=None):
             super().run(model, tokens, mask, batch, lambda layer, rows, qs: layer == 0 and on_rows(layer, rows, qs))
 
-    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     register("lazy-test", Lazy())
     probe = headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4)[1]
     with pytest.raises(headscope.HeadscopeError, match="lazy-test engine never saw layer\\(s\\) 1 of .*use --engine hooks"):
@@ -108,7 +108,7 @@ def test_an_engine_that_misses_a_layer_is_an_error_not_zero_scores(tiny_gpt2, mo
 
 
 def test_a_plug_in_that_cannot_be_imported_is_one_line_and_auto_moves_on(tiny_gpt2, monkeypatch):
-    monkeypatch.setattr(base, "_REGISTRY", {"broken": "headscope.engines.no_such_module", **base._REGISTRY})
+    monkeypatch.setattr(registry, "_REGISTRY", {"broken": "headscope.engines.no_such_module", **registry._REGISTRY})
     with pytest.raises(headscope.HeadscopeError, match="The broken engine cannot be loaded from "
                                                        "headscope.engines.no_such_module"):
         get_engine("broken")
@@ -118,7 +118,7 @@ def test_a_plug_in_that_cannot_be_imported_is_one_line_and_auto_moves_on(tiny_gp
 def test_a_scan_under_an_intervention_uses_an_engine_that_takes_it(tiny_gpt2):
     """Where heads look with another head ablated: the fused and blocked engines apply interventions
     through the seam; the hooks engine (transformer-lens' own forward) cannot, and says so."""
-    from headscope.attention import ReplaceHeadOutput
+    from headscope.models.attention import ReplaceHeadOutput
 
     probe = headscope.default_probes(tiny_gpt2, n_prompts=3, repeat_len=5)[1]
     ablate = [ReplaceHeadOutput(layer=0, head=1, value=0.0)]

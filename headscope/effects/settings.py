@@ -1,0 +1,43 @@
+"""How effects are estimated: the mode and the ablation, checked in one line each. Light: no torch,
+so a scan's settings can be checked before anything heavy loads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from headscope.errors import HeadscopeError, did_you_mean, setting
+from headscope.result import Probe
+
+#: auto: attribution for every head, exact ablation where it counts; the others as named.
+MODES = ("auto", "attribution", "exact", "both")
+#: What an ablated head's output becomes: its mean over the probe, or zero.
+ABLATIONS = ("mean", "zero")
+
+
+@dataclass(frozen=True)
+class EffectSettings:
+    """How effects are estimated: the mode (see the module docstring) and the ablation value."""
+
+    mode: str = "auto"
+    ablation: str = "mean"
+    batch_size: int | None = None  # sequences per forward (None: up to 8, fewer for long sequences)
+    n_sequences: int | None = 16  # the first N sequences of each probe (None: all of them)
+
+    def validate(self) -> EffectSettings:
+        if self.mode not in MODES:
+            raise HeadscopeError(f"Unknown effects mode '{self.mode}'.{did_you_mean(self.mode, MODES)} "
+                                 f"Use one of {', '.join(MODES)}.")
+        if self.ablation not in ABLATIONS:
+            raise HeadscopeError(f"Unknown ablation '{self.ablation}'.{did_you_mean(self.ablation, ABLATIONS)} "
+                                 f"Use one of {', '.join(ABLATIONS)}.")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise HeadscopeError(f"{setting('effects_batch_size')} must be at least 1, got {self.batch_size}.")
+        if self.n_sequences is not None and self.n_sequences < 1:
+            raise HeadscopeError(f"{setting('effects_sequences')} must be at least 1, got {self.n_sequences}.")
+        return self
+
+    def subset(self, probe: Probe) -> Probe:
+        """The sequences of ``probe`` effects are measured on."""
+        if self.n_sequences is None or self.n_sequences >= len(probe):
+            return probe
+        return Probe(probe.name, probe.sequences[: self.n_sequences], probe.repeat_len, probe.settings)

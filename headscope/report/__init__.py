@@ -1,0 +1,13 @@
+"""What a reader sees: tables, figures and the HTML page, drawn from a result or a saved run, never
+from the model.
+
+=========  ==========================================================================================
+tables     the tidy table, labels, summaries (``summary.md``, what ``scan`` prints)
+curves     values against a setting (budgets, steps, lengths): lines, error bars, bands, chance
+figures    layer x head heatmaps, query x key patterns, the effect scatter (Figures, no pyplot state)
+html       ``report.html``: a run on one self-contained page
+pattern_page  one head's (or layer's) pattern on a text as a self-contained page (``show --html``)
+=========  ==========================================================================================
+
+Importing these loads no engine, effect, extraction or attention module (tested).
+"""
