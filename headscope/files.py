@@ -225,9 +225,9 @@ def rename_into(tmp: Path, out: Path, replace: bool = False, keep_existing: bool
         if keep_existing:
             shutil.rmtree(tmp, ignore_errors=True)
             return
-        if not replace:
-            raise HeadscopeError(f"'{out}' already exists; nothing was written. Choose another place, or replace it "
-                                 "(--force).")
+        if not replace:  # callers check before the work starts: so it appeared meanwhile
+            raise Claimed(f"'{out}' appeared while this ran (another headscope writing the same place?); nothing "
+                          "was written. Choose another place, or replace it (--force).")
         if before_replace is not None:
             before_replace()
         old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.absolute().parent))

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import unicodedata
 from pathlib import Path
 

@@ -26,11 +26,9 @@ found. The tiny models and tokenizers here are also what the tests build theirs 
 
 from __future__ import annotations
 
-import json
 import math
 import unicodedata
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch

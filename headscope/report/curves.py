@@ -32,7 +32,7 @@ def error_bars(y: Sequence[float], low: Sequence[float], high: Sequence[float]) 
     A value equal to both ends (every seed scored the same) gives 0, even when its mean differs
     from them in the last bit (``mean([0.2] * 3)`` is ``0.20000000000000004``).
 
-    >>> error_bars([0.20000000000000004], [0.2], [0.2]).tolist()
+    >>> error_bars([0.2], [0.20000000000000004], [0.2]).tolist()
     [[0.0], [0.0]]
     """
     y, low, high = (np.asarray(v, dtype=float) for v in (y, low, high))

@@ -21,6 +21,7 @@ headscope.errors.HeadscopeError: n_prompts (--n-prompts) must be at least 1, got
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 
@@ -167,8 +168,9 @@ class ScanConfig:
             if not isinstance(name, str):
                 raise HeadscopeError(f"{setting('metrics')} holds metric names or Metric objects, not {m!r}.")
             if not METRIC_NAME.match(name):  # a metric names a file of the run (<metric>.png)
+                fixed = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).lstrip(".-") or "metric"
                 raise HeadscopeError(f"Metric name '{name}' is not allowed: use letters, digits, '_', '.' and '-' (it "
-                                     f"names the run's {name}.png).")
+                                     f"names the run's {name}.png), e.g. '{fixed}'.")
             if isinstance(m, str) and name not in known:
                 raise HeadscopeError(f"Unknown metric '{name}'.{did_you_mean(name, known)} Known: {', '.join(known)}.")
 

@@ -53,7 +53,7 @@ def test_compare_prints_and_writes_the_table(cli, runs, tmp_path, no_model):
         assert fields[4] == f"{r.labelled}/{r.heads}"
     assert any(line.startswith("largest per-head differences") for line in lines)  # both 2 x 4
     written = [Path(line) for line in lines if line.startswith(str(out))]
-    assert [p.name for p in written] == ["compare.csv", "distributions.png", "head_diffs.csv", "difference.png"]
+    assert [p.name for p in written] == ["compare.csv", "head_diffs.csv", "distributions.png", "difference.png"]  # tables first
     back = pd.read_csv(out / "compare.csv", keep_default_na=False, na_values=["NaN"])
     pd.testing.assert_frame_equal(back, table, check_dtype=False, rtol=1e-7)
 

@@ -133,7 +133,7 @@ def test_report_to_an_unwritable_place_is_one_line(cli, runs, tmp_path, monkeypa
     def denied(path, write):  # what the OS says for a read-only folder (root would not be refused)
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr("headscope.files.write_atomic", denied)
+    monkeypatch.setattr("headscope.apps.redraw.write_atomic", denied)
     line = _one_line(_invoke(cli, "report", runs["gpt2"], "--out", tmp_path / "x.html"))
     assert line.endswith(f"Cannot write '{tmp_path / 'x.html'}' (Permission denied); choose another --out.")
     assert list(tmp_path.iterdir()) == []
@@ -263,7 +263,7 @@ def test_a_failed_page_never_loses_the_run(tiny_gpt2, tmp_path, monkeypatch):
     run = headscope.save_run(result, tmp_path / "run", figures=False)
     meta = load_run(run).metadata
     assert not (run / REPORT).exists() and REPORT not in meta["files"]
-    assert meta["report_skipped"] == "RuntimeError: drawing failed" and foreign_entries(run) == []
+    assert meta["report_skipped"] == "report.html: RuntimeError: drawing failed" and foreign_entries(run) == []
 
 
 def test_a_metric_name_that_cannot_name_a_file_is_refused_before_any_work(tiny_gpt2):
