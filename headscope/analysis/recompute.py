@@ -3,7 +3,7 @@
 Recomputes every (metric, layer, head) score, its chance value and its n from ``tokens.jsonl`` alone,
 with plain Hugging Face eager attention (one sequence at a time, no padding; token_type_ids only
 where the run saved them, i.e. a scan with ``--token-types``), from
-the definitions in ``docs/design.md`` section 4, and compares with ``scores.csv``.
+the metric definitions (``headscope/catalog.py``), and compares with ``scores.csv``.
 
     python scripts/recompute_scores.py RUN_DIR [--model-dir DIR] [--tol 1e-3]      # the command
     from headscope.analysis.recompute import recompute, compare                   # the functions

@@ -205,7 +205,7 @@ def _is_punctuation(text: str) -> bool:
 
 
 def oracle_scores(model, tok, probes, causal: bool) -> dict:
-    """``{metric: (score [layer, head], chance [layer], n)}``: the 8 metrics of design.md section 4
+    """``{metric: (score [layer, head], chance [layer], n)}``: the 8 built-in metrics (their definitions: headscope/catalog.py)
     from eager attention weights, a key visible to a query exactly where its weight is above 0."""
     sep = tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id
     sums: dict = {}

@@ -3,7 +3,7 @@
 A head's output at query ``q`` is ``sum_k A[q, k] f(x_k)``, with ``f(x_k) = v_k W_O^h`` the vector
 key ``k`` sends through the head. A key with a large weight but a tiny ``f`` contributes little, so
 the weight on position 0 (the ``sink`` score) can overstate what the sink contributes. The
-value-weighted share of position 0 is (design.md section 6)::
+value-weighted share of position 0 is::
 
     A[q, 0] ||f(x_0)|| / sum_k A[q, k] ||f(x_k)||
 

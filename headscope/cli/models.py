@@ -7,7 +7,7 @@ import click
 
 @click.command()
 @click.option("--support", is_flag=True, help="Instead: which model families each engine scores exactly, as "
-              "the conformance suite found (tests/test_conformance.py).")
+              "the conformance suite found (tests/apps/test_conformance.py).")
 def models(support) -> None:
     """List the known models and whether each is available offline right now."""
     from headscope.models.sources import (

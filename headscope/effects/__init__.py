@@ -1,5 +1,5 @@
-"""Causal effects: what happens to the model without each head (design.md section 6), and
-counterfactual patching on the user's own prompt pairs (section 10).
+"""Causal effects: what happens to the model without each head, and
+counterfactual patching on the user's own prompt pairs.
 
 ============  =======================================================================================
 settings      how effects are estimated: mode and ablation (light: checked before anything loads)

@@ -6,7 +6,7 @@ that slice over every real position of every sequence of the probe, from the cle
 ablation, the default), or by 0 (zero ablation). Only the query head changes; with grouped-query
 attention its shared KV head, and so every other head, is untouched.
 
-Two things make it cheap (design.md section 6):
+Two things make it cheap:
 
 * **the clean prefix is reused**: the residual stream entering layer ``l`` does not depend on an
   ablation at ``l``, so each batch runs clean once, keeps every block's output, and an ablated

@@ -1,4 +1,4 @@
-"""Causal effects: what happens to the model without each head (design.md section 6).
+"""Causal effects: what happens to the model without each head.
 
 A pattern score says where a head looks; an effect says whether that matters. For every head,
 :func:`head_effects` measures the change in a target (:mod:`headscope.effects.targets`) when the

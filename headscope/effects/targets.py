@@ -1,4 +1,4 @@
-"""What an ablation is measured on (design.md section 6): the quantity whose change is a head's effect.
+"""What an ablation is measured on: the quantity whose change is a head's effect.
 
 * ``repeat_loss`` (decoders, repeat probe ``BOS + R + R``): mean next-token cross-entropy, in nats,
   of the second copy: the tokens at positions ``L+2 .. 2L``, each predicted from everything before

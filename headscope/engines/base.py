@@ -45,6 +45,11 @@ class Engine(ABC):
         """Why this engine cannot score ``metrics`` on ``model`` here, in a few words (None: it can)."""
         return None
 
+    def auto_unavailable(self, model: Model, metrics: Sequence[Metric]) -> str | None:
+        """Why ``auto`` passes this engine over (default: :meth:`unavailable`): an engine that runs
+        when named but is not the one to choose here (FlexAttention uncompiled on the CPU) says so."""
+        return self.unavailable(model, metrics)
+
     @abstractmethod
     def run(self, model: Model, tokens: Tensor, mask: Tensor, batch: PatternBatch, on_rows: OnRows,
             layers: Sequence[int] | None = None, interventions: Sequence = (), token_types: Tensor | None = None

@@ -64,16 +64,37 @@ def _load():
         name = "headscope_head_stats"
         flags = ["-O3", "-fopenmp"] + (["-mavx2", "-mfma"] if _has_avx2() else [])
         build_dir, source = _build_place(name, flags, Path(cpp_extension._get_build_directory(name, verbose=False)))
-        _clear_stale_lock(build_dir)
-        if not any(build_dir.glob(f"{name}*.so")):
+        _module = _built(name, build_dir, source)
+        if _module is None:  # not built yet (or its source changed): build, under torch's lock
+            _clear_stale_lock(build_dir)
             notice("compiling the fused attention-statistics kernel (once, about a minute)...")
-        _module = cpp_extension.load(name=name, sources=[str(source)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
-                                     build_directory=str(build_dir), verbose=False)
+            _module = cpp_extension.load(name=name, sources=[str(source)], extra_cflags=flags,
+                                         extra_ldflags=["-fopenmp"], build_directory=str(build_dir), verbose=False)
     except Exception as exc:  # no compiler, no ninja, unsupported platform: the blocked engine works
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         _reason = f"the C++ kernel could not be built ({first[:200]})"
         print(f"headscope: {_reason}; using the blocked engine.", file=sys.stderr)
     return _module
+
+
+def _built(name: str, build_dir: Path, source: Path):
+    """The kernel already built in ``build_dir`` from this ``source``, imported directly, or None.
+
+    torch's loader takes a lock file for every load, even when nothing needs building; a process
+    killed while it holds it (Ctrl-C during a first scan) leaves a lock every later process waits
+    on. A built library newer than its source needs no build, so it is imported without the lock."""
+    import importlib.util
+
+    library = build_dir / f"{name}.so"
+    if not library.is_file() or library.stat().st_mtime < source.stat().st_mtime:
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location(name, library)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    except (ImportError, OSError):
+        return None  # a half-written or foreign library: build it again
 
 
 def _build_place(name: str, flags: list[str], default: Path) -> tuple[Path, Path]:

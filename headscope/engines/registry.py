@@ -11,7 +11,7 @@ that cannot run says why and names the first one that can. Engines are registere
 and imported on first use, so listing them (``--help``) loads no torch.
 
 >>> engine_names()
-['fused', 'blocked', 'hooks']
+['fused', 'flex', 'blocked', 'hooks']
 """
 
 from __future__ import annotations
@@ -74,14 +74,14 @@ def resolve_engine(model, name: str = AUTO, metrics: Sequence[Metric] = (), inte
     """The engine ``name`` (``auto``: the first that can run), or one clear line saying why not.
     ``interventions``: the scan applies some (then only engines that take them can run)."""
 
-    def why_not(engine: Engine) -> str | None:
+    def why_not(engine: Engine, auto: bool = True) -> str | None:
         if interventions and not engine.takes_interventions:
             return "it cannot apply interventions"
-        return engine.unavailable(model, metrics)
+        return engine.auto_unavailable(model, metrics) if auto else engine.unavailable(model, metrics)
 
     if name != AUTO:
         engine = get_engine(name)
-        reason = why_not(engine)
+        reason = why_not(engine, auto=False)
         if reason is None:
             return engine
         alternative = next((e for e in _usable() if e.name != name and why_not(e) is None), None)
@@ -113,6 +113,7 @@ def _usable() -> list[Engine]:
 
 # The built-in engines, in the order `auto` tries them: one line per engine.
 register("fused", "headscope.engines.fused")
+register("flex", "headscope.engines.flex")
 register("blocked", "headscope.engines.blocked")
 register("hooks", "headscope.engines.hooks")
 

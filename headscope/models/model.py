@@ -360,7 +360,7 @@ class Model:
         and leaves no hook installed. The bridge's fused-QKV attention modules keep each layer's
         last pattern in a private ``attn._pattern`` (1.15 GB at 2 x 1024 tokens on a GPT-2-small
         shape); it is cleared as soon as the next layer runs and at the end, so at most one layer's
-        pattern is alive at a time (``tests/test_models.py`` checks that no attention module holds
+        pattern is alive at a time (``tests/models/test_model.py`` checks that no attention module holds
         a pattern-shaped tensor afterwards, so a rename upstream cannot go unnoticed).
         """
         layers = self._check_layers(layers)

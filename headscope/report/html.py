@@ -139,12 +139,30 @@ def _settings(result: ScanResult) -> list[tuple[str, str]]:
     pairs += [(label, src[key]) for key, label in (("repo_id", "original"), ("weights_sha256", "weights sha256"))
               if src.get(key)]
     for name, probe in (md.get("probes") or {}).items():
-        pairs.append((f"probe {name}", json.dumps(probe, sort_keys=True, default=str)))
+        pairs.append((f"probe {name}", _readable(probe)))
     for key in ("engine", "device", "dtype", "seed", "bootstrap", "effects", "versions", "timings"):
         if key in md:
-            value = md[key]
-            pairs.append((key, json.dumps(value, sort_keys=True, default=str) if isinstance(value, dict) else str(value)))
+            pairs.append((key, _readable(md[key], seconds=key == "timings")))
+    if md.get("settings_changed"):
+        pairs.append(("settings changed from the defaults", _readable(md["settings_changed"])))
     return pairs
+
+
+def _readable(value, seconds: bool = False) -> str:
+    """A recorded value as a person reads it: ``key: value`` pairs, lists joined, long text kept whole."""
+    if isinstance(value, dict):
+        parts = []
+        for k, v in value.items():
+            if isinstance(v, float) and seconds:
+                parts.append(f"{k.removesuffix('_s')} {v:.1f} s")
+            else:
+                parts.append(f"{k}: {_readable(v)}")
+        return "; ".join(parts) or "(none)"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_readable(v) for v in value) or "(none)"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
 
 
 def _effects_of(scores: pd.DataFrame) -> list[str]:

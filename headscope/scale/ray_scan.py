@@ -41,6 +41,8 @@ def connect(address: str | None = None, workers: int = 1) -> Iterator[object]:
     kwargs = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
     if address in (None, LOCAL):
         kwargs["num_cpus"] = max(workers, os.cpu_count() or 1)
+        # token authentication stays on (Ray's default); saying so explicitly spares every run its banner
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     else:
         kwargs["address"] = address
     try:

@@ -210,6 +210,11 @@ class ScanConfig:
             out["max_memory"] = {str(k): v for k, v in self.max_memory.items()}
         return out
 
+    def changed(self) -> dict:
+        """The recorded settings that differ from their defaults (what a reader wants to see first)."""
+        default = ScanConfig().record()
+        return {k: v for k, v in self.record().items() if v != default[k]}
+
     @classmethod
     def settings(cls) -> list[str]:
         """Every field's name, in order (what ``headscope scan`` has an option for)."""

@@ -341,6 +341,7 @@ def run_metadata(model, probes: Sequence[Probe], config: ScanConfig, scan_meta: 
         "seed": config.seed,
         "prompts": str(Path(config.prompts).resolve()) if config.prompts else "builtin:headscope/data/pairs.tsv",
         "settings": config.record(),
+        "settings_changed": config.changed(),
         "token_type_ids": ("segment ids of each pair, saved in tokens.jsonl" if config.token_types
                            else "all zero (sequences are fed as token ids alone)"),
         "engine": scan_meta.get("engine"),

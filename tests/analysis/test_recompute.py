@@ -2,7 +2,7 @@
 
 ``scripts/recompute_scores.py`` recomputes score, chance and n of every (metric, layer, head) from
 ``tokens.jsonl`` alone, with plain Hugging Face eager attention, one sequence at a time, from the
-definitions in design.md section 4 (it imports nothing from headscope's metrics/extract/scoring).
+definitions in headscope/catalog.py (it imports nothing from headscope's metrics/extract/scoring).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from headscope.cli.main import main
 from headscope.analysis.recompute import compare, recompute
+from headscope.cli.main import main
 
 TOL = 1e-3
 

@@ -8,15 +8,14 @@ engine gives a wrong score or crashes, and when what the run found is what the s
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
-from headscope.engines.support import load_support, support_text
 from headscope.apps import conformance as conf
+from headscope.engines.support import load_support, support_text
 
 SHIPPED = load_support()
 

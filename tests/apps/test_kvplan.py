@@ -1,8 +1,6 @@
-"""Long-context heads: the prose corpus, the long and needle probes, streaming and retrieval on every
-engine, and the KV plan's restricted runs (kernel against masks), memory counting and CLI refusals.
-
-The long prose corpus downloads once from PyPI (``brotli==1.2.1`` sdist, 7.4 MB) into the cache.
-"""
+"""KV-cache plans: memory counted only for fully restricted KV heads, the ranking, restricted runs
+(kernel against masks, greedy decoding against full forwards), every condition verified, the
+figure's ties and a figure that fails keeping the tables."""
 
 from __future__ import annotations
 
@@ -13,10 +11,10 @@ import pytest
 import torch
 
 import headscope
+from headscope.apps import conformance as conf
 from headscope.apps import kvplan
 from headscope.errors import HeadscopeError
 from headscope.probes.long import long_text_probe, needle_probe
-from headscope.apps import conformance as conf
 
 LONG = ["sink", "streaming", "retrieval", "retrieval_soft"]
 

@@ -9,18 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from headscope.apps.show import (
-    HeadPattern,
-    default_out_path,
-    display_token,
-    head_pattern,
-    model_slug,
-    parse_head,
-    pattern_figure,
-    pattern_html,
-    write_views,
-)
+from headscope.apps.show import default_out_path, head_pattern, parse_head, write_views
 from headscope.errors import HeadscopeError
+from headscope.report.figures import pattern_figure
+from headscope.report.pattern_page import pattern_html
+from headscope.result import HeadPattern, display_token, model_slug
 
 TEXT = "The river bank flooded after the storm."
 

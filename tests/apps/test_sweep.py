@@ -195,3 +195,14 @@ def test_hub_revisions_and_several_probe_settings(tmp_path):
         meta = json.loads((out / "runs" / job / "metadata.json").read_text())
         assert meta["source"]["revision"] in ("step10", "step20")
     assert {p.name for p in out.glob("*.png")} == {"steps.png", "steps-s1.png"}  # one model: no models.png
+
+
+def test_the_shipped_example_spec_reads_as_written():
+    """examples/sweep.toml (what the README and `headscope sweep --help` point to) names only the
+    offline models and settings that exist: 2 models x 2 settings x 2 seeds."""
+    from pathlib import Path
+
+    spec = Path(__file__).resolve().parents[2] / "examples" / "sweep.toml"
+    jobs = sweep_mod.read_spec(spec)
+    assert len(jobs) == 8 and {j.model for j in jobs} == {"smollm2-135m", "all-minilm-l6-v2"}
+    assert {j.scan_config().repeat_len for j in jobs} == {20, 40}

@@ -1,4 +1,4 @@
-"""``headscope show / plot / compare`` through click, on a local group wired like the real one."""
+"""``headscope compare``: saved runs side by side, the table printed and written, bad input refused."""
 
 from __future__ import annotations
 
@@ -34,7 +34,6 @@ def one_error_line(result) -> str:
 
 
 
-# ------------------------------------------------------------------------------ compare
 # ------------------------------------------------------------------------------ show --layer
 
 

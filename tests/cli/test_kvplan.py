@@ -1,8 +1,5 @@
-"""Long-context heads: the prose corpus, the long and needle probes, streaming and retrieval on every
-engine, and the KV plan's restricted runs (kernel against masks), memory counting and CLI refusals.
-
-The long prose corpus downloads once from PyPI (``brotli==1.2.1`` sdist, 7.4 MB) into the cache.
-"""
+"""``headscope kvplan`` end to end on tiny models: refusals write nothing, a run gets its plan,
+a model's plan is checked before it is scanned."""
 
 from __future__ import annotations
 
@@ -11,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 import headscope
-from headscope.cli.main import main
 from headscope.apps import conformance as conf
+from headscope.cli.main import main
 
 LONG = ["sink", "streaming", "retrieval", "retrieval_soft"]
 

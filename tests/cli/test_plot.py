@@ -1,4 +1,4 @@
-"""``headscope show / plot / compare`` through click, on a local group wired like the real one."""
+"""``headscope plot``: a saved run's figures redrawn without the model."""
 
 from __future__ import annotations
 
@@ -33,7 +33,6 @@ def one_error_line(result) -> str:
 
 
 
-# ------------------------------------------------------------------------------ compare
 # ------------------------------------------------------------------------------ show --layer
 
 

@@ -192,7 +192,7 @@ def test_engines_come_from_the_registry():
     assert [line.split()[0] for line in res.stdout.splitlines()] == engine_names()
     res = CliRunner().invoke(main, ["scan", "x", "--engine", "fsued"])
     assert res.exit_code == 2
-    assert res.stderr == "headscope: error: Unknown engine 'fsued'. Did you mean: fused? Known: auto, fused, blocked, hooks.\n"
+    assert res.stderr == "headscope: error: Unknown engine 'fsued'. Did you mean: fused? Known: auto, fused, flex, blocked, hooks.\n"
     res = CliRunner().invoke(main, ["scan", "smollm2-135m", "--dtype", "float23", "--out", "/nonexistent/x"])
     assert res.exit_code == 2 and "Unknown dtype 'float23'. Did you mean: float32" in res.stderr
 
@@ -222,3 +222,14 @@ def test_effect_options_are_checked_before_loading(tmp_path, tiny_gpt2_dir, tiny
     _bad(tmp_path, [m, "--ablation", "zero"], "ablation (--ablation) 'zero' only applies with --effects")
     _bad(tmp_path, [m, "--effects", "--effects-sequences", "0"], "effects_sequences (--effects-sequences) must be")
     _bad(tmp_path, [str(tiny_bert_dir), "--effects", "attribution"], "is an encoder")
+
+def test_scan_cli_long_context_refusals(tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "x"
+    for args, msg in [(["--long-context", "--seq-len", "64", "--window", "64"], "keep every key"),
+                      (["--sinks", "2"], "add --long-context"),
+                      (["--long-context", "--needle-tokens", "0"], "needle_tokens")]:
+        r = runner.invoke(main, ["scan", "smollm2-135m", "--out", str(out), *args])
+        lines = r.stderr.strip().splitlines()
+        assert r.exit_code == 2 and len(lines) == 1 and msg in lines[0], (args, r.output)
+        assert not out.exists()

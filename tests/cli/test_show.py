@@ -1,4 +1,4 @@
-"""``headscope show / plot / compare`` through click, on a local group wired like the real one."""
+"""``headscope show``: one head's or one layer's pattern drawn, refusals before the model loads."""
 
 from __future__ import annotations
 
@@ -36,7 +36,6 @@ def one_error_line(result) -> str:
 
 
 
-# ------------------------------------------------------------------------------ compare
 # ------------------------------------------------------------------------------ show --layer
 
 

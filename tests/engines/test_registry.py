@@ -20,7 +20,7 @@ OWN = Metric(name="own", probe="text", definition="A[q, 0] read from the pattern
 
 
 def test_builtin_order_and_lazy_import():
-    assert engine_names() == ["fused", "blocked", "hooks"]
+    assert engine_names() == ["fused", "flex", "blocked", "hooks"]
     assert get_engine("blocked").name == "blocked" and get_engine("hooks").reads_model_attention
 
 

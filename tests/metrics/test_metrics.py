@@ -90,31 +90,6 @@ def test_metrics_never_write_into_the_pattern():
     assert torch.equal(A, before)
 
 
-def test_long_context_metrics_are_registered_but_not_default():
-    from headscope.metrics import retrieval, streaming
-
-    assert [n for n in REGISTRY if not REGISTRY[n].default] == ["streaming", "retrieval", "retrieval_soft"]
-    assert REGISTRY["streaming"] is streaming.METRIC and REGISTRY["retrieval"] is retrieval.METRIC
-    assert REGISTRY["retrieval_soft"] is retrieval.SOFT and retrieval.METRIC.chance_fn is retrieval.retrieval_soft
-    assert streaming.METRIC.needs == ("band",) and retrieval.METRIC.needs == ("argmax",)
-    assert REGISTRY["retrieval"].probe == "needle" and REGISTRY["streaming"].probe == "text"
-
-
-def test_long_context_chance_closed_forms():
-    """A uniform causal head over n = 9 keys: streaming with 1 sink + 2-key window keeps 3 of q+1
-    keys at q >= 3; retrieval's chance (a head picking a visible key at random) is 1/(q+1)."""
-    n = 9
-    targets = torch.full((1, n), -1)
-    targets[0, 6], targets[0, 8] = 2, 3
-    b = PatternBatch(torch.tensor([n]), True, band=(1, 2), targets=targets)
-    U = uniform_pattern((1, 1, n, n), b)
-    want = sum(3 / (q + 1) for q in range(3, n)) / (n - 3)
-    assert REGISTRY["streaming"](U, b).score().item() == pytest.approx(want)
-    assert REGISTRY["retrieval_soft"](U, b).score().item() == pytest.approx((1 / 7 + 1 / 9) / 2)
-    assert REGISTRY["retrieval"].chance_fn(U, b).score().item() == pytest.approx((1 / 7 + 1 / 9) / 2)
-    assert REGISTRY["retrieval"](U, b).score().item() == 0.0  # the arg-max of equal weights is key 0
-
-
 @pytest.mark.parametrize("causal", [True, False])
 def test_every_metric_has_a_chance_value_in_range(causal):
     """A uniform head gives each metric its chance value: a probability, or for entropy up to ln(n)."""

@@ -1,8 +1,6 @@
-"""Long-context heads: the prose corpus, the long and needle probes, streaming and retrieval on every
-engine, and the KV plan's restricted runs (kernel against masks), memory counting and CLI refusals.
-
-The long prose corpus downloads once from PyPI (``brotli==1.2.1`` sdist, 7.4 MB) into the cache.
-"""
+"""Long prose and needle probes: the corpus is real prose whose parts stay apart, windows never wrap,
+needles sit where they say, and a long-context run saves and reloads them (and the independent
+recomputation agrees). The corpus downloads once from PyPI (``brotli==1.2.1`` sdist, 7.4 MB)."""
 
 from __future__ import annotations
 
@@ -13,12 +11,12 @@ import pytest
 from click.testing import CliRunner
 
 import headscope
+from headscope.apps import conformance as conf
 from headscope.cli.main import main
 from headscope.errors import HeadscopeError
 from headscope.probes.corpus import long_text
 from headscope.probes.long import long_text_probe, needle_probe
 from headscope.probes.pairs import packed_text_probe
-from headscope.apps import conformance as conf
 
 LONG = ["sink", "streaming", "retrieval", "retrieval_soft"]
 
@@ -114,9 +112,9 @@ def test_long_context_run_saves_needles_and_reloads(tmp_path, tiny_gpt2):
 def test_recompute_script_agrees_on_a_long_context_run(tmp_path, tiny_gpt2_dir):
     """scripts/recompute_scores.py (no headscope metric code) recomputes streaming and retrieval from
     tokens.jsonl and HF eager attention, and agrees with the run."""
+    from headscope.analysis import recompute as rc
     from headscope.scanner.config import ScanConfig
     from headscope.scanner.runner import scan_to_dir
-    from headscope.analysis import recompute as rc
 
     cfg = ScanConfig(long_context=True, seq_len=128, n_prompts=2, sinks=2, window=16, needle_tokens=4, bootstrap=0,
                      metrics=("sink", "streaming", "retrieval", "retrieval_soft", "induction"))

@@ -168,7 +168,8 @@ def test_the_page_opens_in_headless_chromium(runs, tmp_path):
 
 
 def test_the_layer_view_runs_in_headless_chromium(tiny_gpt2, tmp_path):
-    from headscope.apps.show import layer_html, layer_patterns
+    from headscope.apps.show import layer_patterns
+    from headscope.report.pattern_page import layer_html
 
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
@@ -185,7 +186,8 @@ def test_the_layer_view_runs_in_headless_chromium(tiny_gpt2, tmp_path):
     assert buttons == ["L1H0", "L1H1", "L1H2", "L1H3"]  # the script ran and drew a button per head
     assert 'class="sel"' in dom.stdout and len(re.findall(r'<td class="c"[^>]*background: rgb', dom.stdout)) > 0
     assert not [u for u in _urls(dom.stdout) if u.startswith(("http:", "https:", "//"))]
-    from headscope.apps.show import head_pattern, pattern_html
+    from headscope.apps.show import head_pattern
+    from headscope.report.pattern_page import pattern_html
 
     page.write_text(pattern_html(head_pattern(tiny_gpt2, "The river bank flooded.", 1, 2)), encoding="utf-8")
     dom = subprocess.run(flags + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
@@ -305,7 +307,8 @@ def test_a_page_of_the_users_own_in_a_run_directory_is_never_replaced(cli, runs,
 
 
 def test_a_text_holding_a_placeholder_stays_text(tiny_gpt2):
-    from headscope.apps.show import head_pattern, pattern_html
+    from headscope.apps.show import head_pattern
+    from headscope.report.pattern_page import pattern_html
 
     page = pattern_html(head_pattern(tiny_gpt2, "say __DATA__ and __TITLE__", 0, 0))
     assert "<code>say __DATA__ and __TITLE__</code>" in page and page.count('id="hs-data"') == 1

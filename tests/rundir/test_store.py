@@ -255,3 +255,39 @@ def test_two_scans_to_one_out_exactly_one_wins(tmp_path, tiny_gpt2_dir):
     winner_out = next(o for p, (o, _) in zip(procs, results, strict=True) if p.returncode == 0)
     assert f"wrote {out}/" in winner_out
     assert is_run_dir(out) and foreign_entries(out) == [] and leftovers(tmp_path) == []
+
+
+def test_save_run_of_a_scan_writes_what_scan_to_dir_writes(tmp_path, tiny_gpt2_dir):
+    """Issue 19: ``save_run(scan(...))`` from Python wrote only timings and a few settings (no model,
+    source, sha256, probes, seed or versions), and summary.md said "? layers x ? heads". The result
+    now carries everything its run directory records, however it is saved."""
+    from headscope.scanner.runner import scan, scan_to_dir
+
+    small = {"n_prompts": 3, "repeat_len": 5, "bootstrap": 50}
+    scan_to_dir(str(tiny_gpt2_dir), tmp_path / "cli", figures=False, **small)
+    model = headscope.load_model(str(tiny_gpt2_dir))
+    save_run(scan(model, headscope.default_probes(model, **small), **small), tmp_path / "py", figures=False)
+    cli = json.loads((tmp_path / "cli" / "metadata.json").read_text())
+    py = json.loads((tmp_path / "py" / "metadata.json").read_text())
+    assert set(py) == set(cli)
+    for key in ("model", "source", "n_layers", "n_heads", "probes", "seed", "versions", "settings", "engine"):
+        assert py[key] == cli[key], key
+    assert set(py["timings"]) == set(cli["timings"]) - {"load_s", "total_s"}  # python loaded the model itself
+    summary = (tmp_path / "py" / "summary.md").read_text()
+    assert "?" not in summary.splitlines()[2] and f"{model.n_layers} layers x {model.n_heads} heads" in summary
+
+
+def test_a_figure_that_cannot_be_drawn_keeps_the_run(result, tmp_path, monkeypatch):
+    """A figure failure never loses a finished scan: the tables, records and page are written, one
+    line says what failed, and metadata.json notes it."""
+    def broken(*_a, **_k):
+        raise ValueError("'yerr' must not contain negative values")
+
+    monkeypatch.setattr("headscope.report.figures.save_figures", broken)
+    heard = []
+    out = save_run(result, tmp_path / "run", say=heard.append)
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["figures_skipped"] == "the figures: ValueError: 'yerr' must not contain negative values"
+    assert {"scores.csv", "tokens.jsonl", "summary.md", "report.html"} <= {p.name for p in out.iterdir()}
+    assert not list(out.glob("*.png")) and len(heard) == 1 and "everything else was kept" in heard[0]
+    assert is_run_dir(out) and foreign_entries(out) == []
