@@ -90,11 +90,11 @@ def test_plot_and_compare_never_overwrite_a_users_file(run, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["compare.csv"]
     (out / "compare.csv").unlink()
     _, paths = compare_dirs([run, other], out)
-    assert [p.name for p in paths] == ["compare.csv", "distributions.png", "head_diffs.csv", "difference.png"]
+    assert [p.name for p in paths] == ["compare.csv", "head_diffs.csv", "distributions.png", "difference.png"]
     assert compare_dirs([run, other], out)[1] == paths  # rewriting its own comparison is fine
     third = headscope.save_run(headscope.load_run(run), tmp_path / "run3", figures=False)
     _, paths3 = compare_dirs([run, other, third], out)  # other runs: head_diffs.csv names them, still ours
-    assert [p.name for p in paths3] == ["compare.csv", "distributions.png", "head_diffs.csv"]
+    assert [p.name for p in paths3] == ["compare.csv", "head_diffs.csv", "distributions.png"]
     assert sorted(p.name for p in out.iterdir()) == ["compare.csv", "distributions.png", "head_diffs.csv"]  # stale
     # difference.png (two runs only) was removed: it was ours and no longer describes this comparison
 

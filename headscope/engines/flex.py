@@ -132,7 +132,7 @@ class FlexEngine(Engine):
         devices = {model.device.type} | {str(d).split(":")[0] for d in (getattr(model, "device_map", None) or {}).values()
                                          if not isinstance(d, int)}
         devices |= {"cuda" for d in (getattr(model, "device_map", None) or {}).values() if isinstance(d, int)}
-        other = sorted(devices - {"cuda", "cpu"})
+        other = sorted(devices - {"cuda", "cpu", "disk", "meta"})  # offloaded layers run on the CPU
         if other:
             return f"FlexAttention runs here on CUDA (compiled) or the CPU (eager), not {', '.join(other)}"
         return flex_reason()

@@ -115,13 +115,17 @@ def test_kv_plan_runs_every_condition(llama):
 def _plan_table(needle: float = 0.2) -> pd.DataFrame:
     """A kvplan table whose three random seeds all score the same needle accuracy (needles are coarse:
     ties are common) and whose mean differs from them in the last bit (mean([0.2] * 3) != 0.2)."""
-    rows = [{"condition": "full", "budget": 0.0, "seed": None, "loss_delta": 0.0, "needle_acc": 0.3}]
+    base = {"sinks": 4, "window": 64, "heads_restricted": 2, "kv_heads_dropped": 0, "kv_saved_bytes": 0,
+            "kv_saved_fraction": 0.0, "needle_token_acc": 0.5, "seconds": 1.0}
+    rows = [{**base, "condition": "full", "budget": 0.0, "seed": None, "loss": 3.0, "needle_acc": 0.3}]
     for b in (0.25, 0.5):
-        rows.append({"condition": "plan", "budget": b, "seed": None, "loss_delta": 0.1 * b, "needle_acc": needle})
-        rows += [{"condition": "random", "budget": b, "seed": s, "loss_delta": 0.3 * b, "needle_acc": needle}
+        rows.append({**base, "condition": "plan", "budget": b, "seed": None, "loss": 3.0 + 0.1 * b, "needle_acc": needle})
+        rows += [{**base, "condition": "random", "budget": b, "seed": s, "loss": 3.0 + 0.3 * b, "needle_acc": needle}
                  for s in range(3)]
-    rows.append({"condition": "streaming_all", "budget": 1.0, "seed": None, "loss_delta": 0.3, "needle_acc": 0.0})
-    return pd.DataFrame(rows)
+    rows.append({**base, "condition": "streaming_all", "budget": 1.0, "seed": None, "loss": 3.3, "needle_acc": 0.0})
+    df = pd.DataFrame(rows)
+    df["loss_delta"] = df["loss"] - 3.0
+    return df
 
 
 def test_tied_random_seeds_draw_a_zero_error_bar():

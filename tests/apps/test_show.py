@@ -179,7 +179,7 @@ def test_pattern_figure_writes_weights_on_small_grids():
     # (key, query) positions of the non-zero weights of a causal uniform head
     assert written == sorted([("1.00", (0, 0)), ("0.50", (0, 1)), ("0.50", (1, 1)),
                               ("0.33", (0, 2)), ("0.33", (1, 2)), ("0.33", (2, 2))])
-    assert ax.get_title() == "org/m: L2H1 attention (causal, 3 tokens)"
+    assert ax.get_title() == "org/m: L2H1 attention (causal: grey keys are hidden by the mask, 3 tokens)"
     assert ax.images[0].origin == "upper"  # query 0 at the top
 
 

@@ -95,7 +95,7 @@ def test_token_types_reach_every_engine(tiny_bert):
     with_types = score_probe(tiny_bert, typed, metrics, batch_size=2, engine="blocked")
     without = score_probe(tiny_bert, headscope.text_probe(tiny_bert, n_prompts=5), metrics, batch_size=2,
                           engine="blocked")
-    assert (with_types["sink"].score - without["sink"].score).abs().max() > 1e-4
+    assert (with_types["sink"].score - without["sink"].score).abs().max() > 1e-6  # they reach the model
 
 
 def test_small_blocks_change_nothing(tiny_gpt2, monkeypatch):

@@ -209,6 +209,7 @@ def test_a_failed_build_falls_back_with_one_line(monkeypatch, capsys):
     monkeypatch.setattr(kernel, "_module", None)
     monkeypatch.setattr(kernel, "_reason", None)
     monkeypatch.setattr(cpp_extension, "load", broken)
+    monkeypatch.setattr(kernel, "_built", lambda *a: None)  # as on a machine where it was never built
     assert not kernel.available()
     assert "c++: not found" in kernel.unavailable_reason()
     err = capsys.readouterr().err.strip().splitlines()
@@ -274,8 +275,8 @@ def test_sliding_window_skips_tiles_and_stays_exact(causal):
     torch.testing.assert_close(st.entropy, ent, atol=1e-4, rtol=0)
     want_out = (p.float() @ v.repeat_interleave(2, 1))
     torch.testing.assert_close(out, want_out, atol=1e-5, rtol=0)
-    torch.testing.assert_close(out, out_all, atol=1e-6, rtol=0)
-    torch.testing.assert_close(st.entropy, st_all.entropy, atol=1e-6, rtol=0)  # tile order only
+    torch.testing.assert_close(out, out_all, atol=5e-6, rtol=0)  # tiles skipped: another summation order
+    torch.testing.assert_close(st.entropy, st_all.entropy, atol=5e-6, rtol=0)  # tile order only
 
 
 def test_a_declared_window_the_mask_lacks_is_never_skipped():
