@@ -21,60 +21,16 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import pandas as pd
 import torch
 
+from headscope.apps.plan_settings import PlanSettings
 from headscope.engines import kernel
 from headscope.errors import HeadscopeError
 from headscope.models.attention import AttentionCall
 
 HeadSet = frozenset  # of (layer, head)
-
-
-@dataclass(frozen=True)
-class PlanSettings:
-    budgets: tuple[float, ...] = (0.25, 0.5, 0.75)  # fractions of all query heads restricted
-    seeds: int = 3  # random baselines per budget
-    sinks: int = 4
-    window: int = 64
-    seq_len: int = 2048  # held-out text and needle length
-    n_texts: int = 2  # held-out prose sequences for the loss
-    depths: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)  # needle depths
-    needles_per_depth: int = 2
-    needle_tokens: int = 8
-    #: With a MODEL (not a run): the long-context scan that chooses the heads, on this many long
-    #: prose sequences, with this many bootstrap resamples (its scores' intervals).
-    scan_sequences: int = 8
-    scan_bootstrap: int = 200
-
-    def scan_config(self):
-        """The long-context scan that chooses the heads, when the plan starts from a model."""
-        from headscope.scanner.config import ScanConfig
-
-        return ScanConfig(long_context=True, seq_len=self.seq_len, sinks=self.sinks, window=self.window,
-                          needle_tokens=self.needle_tokens, metrics=("streaming", "retrieval", "retrieval_soft"),
-                          n_prompts=self.scan_sequences, bootstrap=self.scan_bootstrap)
-
-    def validate(self, n_ctx: int | None = None) -> PlanSettings:
-        from headscope.errors import at_least
-        from headscope.scanner.config import check_long
-
-        bad = [b for b in self.budgets if not (isinstance(b, (int, float)) and 0.0 <= b <= 1.0)]
-        if bad or not self.budgets:
-            raise HeadscopeError(f"Budgets are fractions of the heads, in 0..1; got {list(self.budgets)}. "
-                                 "Use e.g. --budgets 0.25,0.5,0.75.")
-        at_least("seeds", self.seeds, 0)
-        at_least("texts", self.n_texts)
-        at_least("needles_per_depth", self.needles_per_depth)
-        at_least("scan_sequences", self.scan_sequences)
-        at_least("scan_bootstrap", self.scan_bootstrap, 0)
-        if n_ctx is not None and self.seq_len > n_ctx:
-            raise HeadscopeError(f"--seq-len {self.seq_len} is longer than the model's context ({n_ctx}); use at most "
-                                 f"{n_ctx}.")
-        check_long(self.seq_len, self.sinks, self.window, self.needle_tokens)
-        return self
 
 
 # ------------------------------------------------------------------------------ choosing heads

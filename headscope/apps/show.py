@@ -122,7 +122,10 @@ def write_views(hp: HeadPattern | list[HeadPattern], out: str | Path, html_view:
     ``hp``: one head, or every head of a layer (:func:`layer_patterns`).
 
     An existing file is replaced only if headscope wrote it (:mod:`headscope.files`)."""
-    from headscope.report.figures import layer_figure, pattern_figure  # matplotlib: only when drawing
+    from headscope.report.figures import (  # matplotlib: only when drawing
+        layer_figure,
+        pattern_figure,
+    )
     from headscope.report.pattern_page import layer_html, pattern_html
 
     out = check_figure_path(out)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 from matplotlib import patheffects
+from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from headscope.catalog import describe, is_below, pattern_names
