@@ -147,8 +147,6 @@ def show_head(model, head: str, text: str = DEFAULT_TEXT, out: str | Path | None
     the way, default path included) is refused before the model loads; the head's range is
     checked once it has.
     """
-    from headscope.models.loading import load_model
-
     layer, h = parse_head(head)
     name = model if isinstance(model, str) else getattr(model, "name", "model")
     shape = model_shape(model) if isinstance(model, str) else None
@@ -159,6 +157,8 @@ def show_head(model, head: str, text: str = DEFAULT_TEXT, out: str | Path | None
         check_replaceable([target.with_suffix(".html")])
     if not text.strip():
         raise HeadscopeError(f"{setting('text')} is empty; give a sentence, e.g. 'The river bank flooded'.")
+    from headscope.models.loading import load_model  # torch and transformers: only once every check passed
+
     m = load_model(model, device=device, dtype=dtype, progress=progress)
     layer, h = parse_head(head, m.n_layers, m.n_heads)
     return write_views(head_pattern(m, text, layer, h), target, html_view=html_view)
@@ -168,8 +168,6 @@ def show_layer(model, layer: int, text: str = DEFAULT_TEXT, out: str | Path | No
                html_view: bool = False, device: str = "auto", dtype: str | None = None, progress=None) -> list[Path]:
     """``headscope show --layer L``: every head of layer ``layer`` in one figure (and one page with
     ``html_view``); return the paths written. Checks that need no model come first."""
-    from headscope.models.loading import load_model
-
     if layer < 0:
         raise HeadscopeError(f"Layer {layer} is negative; layers are 0-based, e.g. --layer 0.")
     name = model if isinstance(model, str) else getattr(model, "name", "model")
@@ -181,6 +179,8 @@ def show_layer(model, layer: int, text: str = DEFAULT_TEXT, out: str | Path | No
         check_replaceable([target.with_suffix(".html")])
     if not text.strip():
         raise HeadscopeError(f"{setting('text')} is empty; give a sentence, e.g. 'The river bank flooded'.")
+    from headscope.models.loading import load_model
+
     m = load_model(model, device=device, dtype=dtype, progress=progress)
     return write_views(layer_patterns(m, text, check_layer(layer, m.n_layers)), target, html_view=html_view)
 

@@ -27,10 +27,11 @@ def scan(model_name, out, force, no_figures, quiet, **settings) -> None:
     transformer-lens name such as gpt2-small, a Hugging Face repo id (NAME@REVISION for a branch,
     tag or commit), or a local checkpoint folder. `headscope models` lists them.
     """
+    config = config_from(ScanConfig, settings)  # every setting checked before anything heavy loads
+
     from headscope.report.tables import console_summary
     from headscope.scanner.runner import default_out, scan_to_dir
 
-    config = config_from(ScanConfig, settings)
     out = out or default_out(model_name)
 
     def say(msg: str) -> None:
