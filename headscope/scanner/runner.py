@@ -279,7 +279,7 @@ def scan_to_dir(
         if config.ray is not None:
             require_ray()
             check_address(config.ray)
-        n_prompts(config, say)  # the prompts file read and checked now, before the model loads
+        n_prompts(config)  # the prompts file read and checked now, before the model loads (said when built)
         with contextlib.ExitStack() as stack:
             scorer = None
             if config.ray is not None:  # the actors load their replicas while this process loads its own
