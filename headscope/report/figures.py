@@ -63,8 +63,10 @@ def write_cells(ax, values: np.ndarray, show: np.ndarray, fmt: str = "{:.2f}", d
     for (layer, head), v in np.ndenumerate(values):
         if np.isfinite(v) and show[layer, head]:
             ink, halo = ("white", "black") if dark is not None and dark(v) else ("black", "white")
+            # the halo drawn apart (a stroke only), so the value itself stays text in SVG and PDF
             ax.text(head, layer, fmt.format(v), ha="center", va="center", fontsize=size, color=ink,
-                    path_effects=[patheffects.withStroke(linewidth=1.5, foreground=halo, alpha=0.8)])
+                    path_effects=[patheffects.Stroke(linewidth=1.5, foreground=halo, alpha=0.8)])
+            ax.text(head, layer, fmt.format(v), ha="center", va="center", fontsize=size, color=ink)
 
 
 def draw_heatmap(ax, scores: pd.DataFrame, metric: str, annotate: bool = True, title: str | None = None):
