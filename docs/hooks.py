@@ -74,7 +74,12 @@ def metric_reference() -> str:
         ("Circuit scores (`--effects`, `headscope.catalog.CIRCUIT`)", CIRCUIT),
         ("Causal effects (`--effects`, `headscope.catalog.EFFECTS`)", EFFECTS),
     ):
-        lines += ["", f"### {title}", "", "| score | probe | definition | label (threshold) | unit |"]
+        lines += [
+            "",
+            f"### {title}",
+            "",
+            "| score | probe | definition | label (threshold) | unit |",
+        ]
         lines += ["| --- | --- | --- | --- | --- |"]
         for name, info in table.items():
             lines.append(
@@ -104,7 +109,9 @@ def layer_table() -> str:
 
     drawing = headscope.__doc__.split("How the package is layered", 1)[1].split("::", 1)[1]
     table = drawing.split("\n\n")[1] if drawing.startswith("\n\n") else drawing
-    return "```text\n" + "\n".join(line[4:] for line in table.splitlines() if line.strip()) + "\n```"
+    return (
+        "```text\n" + "\n".join(line[4:] for line in table.splitlines() if line.strip()) + "\n```"
+    )
 
 
 def cli_reference() -> str:
@@ -178,7 +185,9 @@ ROLE = re.compile(r":(?:py:)?(?:mod|class|func|meth|data|attr|exc|obj|const):`~?
 def docstring_markdown(text: str) -> str:
     """Sphinx roles (``:func:`~a.b```) as code (``b``), and runs of doctest lines (``>>> ...``
     and their output) as fenced ``pycon`` blocks."""
-    text = ROLE.sub(lambda m: f"`{m.group(1).split('.')[-1] if '~' in m.group(0) else m.group(1)}`", text)
+    text = ROLE.sub(
+        lambda m: f"`{m.group(1).split('.')[-1] if '~' in m.group(0) else m.group(1)}`", text
+    )
     out: list[str] = []
     lines = text.splitlines()
     i = 0

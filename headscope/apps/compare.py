@@ -23,7 +23,14 @@ from matplotlib.figure import Figure
 
 from headscope.catalog import is_below
 from headscope.errors import HeadscopeError, setting
-from headscope.files import FIGURE_FORMATS, check_replaceable, figure_files, optional, save_figure, write_atomic
+from headscope.files import (
+    FIGURE_FORMATS,
+    check_replaceable,
+    figure_files,
+    optional,
+    save_figure,
+    write_atomic,
+)
 from headscope.files import figure_formats as check_figure_formats
 from headscope.result import fmt, head_name, model_slug
 
@@ -301,7 +308,8 @@ def write_comparison(runs: dict[str, pd.DataFrame], out: str | Path, dpi: int = 
     formats = check_figure_formats(figure_formats)
     wanted = [out / n for n in names if n in tables or n in figures]
     targets = [f for t in wanted for f in ([t] if t.name in tables else figure_files(t, formats))]
-    every = [f for n in names for f in ([out / n] if n.endswith(".csv") else figure_files(out / n, FIGURE_FORMATS))]
+    every = [f for n in names
+             for f in ([out / n] if n.endswith(".csv") else figure_files(out / n, FIGURE_FORMATS))]
     stale = [f for f in every if f not in targets and f.exists()]
     # head_diffs.csv's header names the runs: any runs' table of ours has this head and tail
     headers = {"compare.csv": lambda line: line in (",".join(SUMMARY_COLUMNS), _OLD_SUMMARY_HEADER),
@@ -318,8 +326,8 @@ def write_comparison(runs: dict[str, pd.DataFrame], out: str | Path, dpi: int = 
                                                                           na_rep="NaN")))
     notes: dict = {}
     for path in [t for t in wanted if t.name in figures]:
-        if optional(path.name, lambda p=path: save_figure(figures[p.name](runs), p, dpi, formats), notes,
-                    "figures_skipped", say) is not None:
+        draw = lambda p=path: save_figure(figures[p.name](runs), p, dpi, formats)  # noqa: E731
+        if optional(path.name, draw, notes, "figures_skipped", say) is not None:
             written.extend(figure_files(path, formats))
     return written
 

@@ -281,8 +281,9 @@ def save(df: pd.DataFrame, out, settings: PlanSettings, model_name: str, plans: 
     record = {"model": model_name, "settings": {k: (list(v) if isinstance(v, tuple) else v)
                                                 for k, v in settings.__dict__.items()},
               "plans": plans, **meta}
-    optional("kvplan.png", lambda: save_figure(figure(df, model_name, settings.seq_len), out / "kvplan.png",
-                                               formats=figure_formats),
+    draw = lambda: save_figure(figure(df, model_name, settings.seq_len), out / "kvplan.png",  # noqa: E731
+                               formats=figure_formats)
+    optional("kvplan.png", draw,
              record, "figures_skipped", say)
     (out / "kvplan.json").write_text(json.dumps(record, indent=1, default=str))
 
@@ -332,11 +333,13 @@ def plan_to_dir(source: str, out: str | None = None, settings: PlanSettings = Pl
         config = settings.scan_config()
         model = load_model(source, progress=say)
         inputs = plan_inputs(model, settings)  # refused here, before the scan writes its run directory
-        result = scan_to_dir(model, run_dir, config, force=force, say=say, figure_formats=figure_formats)
+        result = scan_to_dir(model, run_dir, config, force=force, say=say,
+                             figure_formats=figure_formats)
     df = kv_plan(model, result.scores, settings, say=say, inputs=inputs)
     plans = plan_heads(result.scores, settings.budgets)
     meta = {"run": str(run_dir), "model_provenance": model.provenance}
-    publish_dir(target, lambda tmp: save(df, tmp, settings, model.name, plans, meta, say, figure_formats),
+    publish_dir(target,
+                lambda tmp: save(df, tmp, settings, model.name, plans, meta, say, figure_formats),
                 replace=force,
                 before_replace=lambda: is_kvplan_dir(target) or _foreign(target))
     return df, target

@@ -14,7 +14,7 @@ from headscope.rundir.store import REPORT, is_run_dir, load_run
 
 
 def run_figure_formats(run) -> tuple[str, ...]:
-    """The formats a saved run's figures were written in (``metadata.json``'s files; png if none)."""
+    """The formats a saved run's figures were written in (its ``metadata.json`` files; else png)."""
     files = set(run.metadata.get("files") or [])
     stems = {n.rsplit(".", 1)[0] for n in figure_names(run.scores)}
     found = [f for f in FIGURE_FORMATS if any(f"{stem}.{f}" in files for stem in stems)]
@@ -38,7 +38,8 @@ def redraw(run_dir: str | Path, out: str | Path | None = None,
     # n per probe, for the titles: tokens.jsonl when the run has it, else metadata.json.
     n_sequences = {p.name: len(p) for p in run.probes} or {
         name: s.get("n_sequences") for name, s in run.metadata.get("probes", {}).items()}
-    return save_figures(run.scores, target, n_sequences=n_sequences, thresholds=run.thresholds, formats=formats)
+    return save_figures(run.scores, target, n_sequences=n_sequences, thresholds=run.thresholds,
+                        formats=formats)
 
 
 def rebuild_report(run_dir: str | Path, out: str | Path | None = None, figures: bool | None = None) -> Path:
@@ -60,7 +61,8 @@ def rebuild_report(run_dir: str | Path, out: str | Path | None = None, figures: 
                              f"that run's. Rebuild it with `headscope report {target.parent}`, or choose another --out.")
     check_replaceable([target])  # in place too: a page of the user's own is never replaced
     if figures is None:
-        figures = any(name.endswith(tuple(f".{f}" for f in FIGURE_FORMATS)) for name in run.metadata.get("files", []))
+        drawn = tuple(f".{f}" for f in FIGURE_FORMATS)
+        figures = any(name.endswith(drawn) for name in run.metadata.get("files", []))
     page = report_html(run, figures=figures)
     try:
         return write_atomic(target, lambda tmp: tmp.write_text(page, encoding="utf-8"))

@@ -158,17 +158,20 @@ def show_head(model, head: str, text: str = DEFAULT_TEXT, out: str | Path | None
     shape = model_shape(model) if isinstance(model, str) else None
     if shape is not None:  # the range too, from the config on disk: before seconds of loading
         layer, h = parse_head(head, *shape)
-    target = check_figure_path(out if out is not None else _in_format(default_out_path(name, layer, h), figure_formats),
-                               figure_formats)
+    default = _in_format(default_out_path(name, layer, h), figure_formats)
+    target = check_figure_path(out if out is not None else default, figure_formats)
     if html_view:
         check_replaceable([target.with_suffix(".html")])
     if not text.strip():
         raise HeadscopeError(f"{setting('text')} is empty; give a sentence, e.g. 'The river bank flooded'.")
-    from headscope.models.loading import load_model  # torch and transformers: only once every check passed
+    from headscope.models.loading import (
+        load_model,  # torch and transformers: only once every check passed
+    )
 
     m = load_model(model, device=device, dtype=dtype, progress=progress)
     layer, h = parse_head(head, m.n_layers, m.n_heads)
-    return write_views(head_pattern(m, text, layer, h), target, html_view=html_view, figure_formats=figure_formats)
+    return write_views(head_pattern(m, text, layer, h), target, html_view=html_view,
+                       figure_formats=figure_formats)
 
 
 def show_layer(model, layer: int, text: str = DEFAULT_TEXT, out: str | Path | None = None,
@@ -182,8 +185,8 @@ def show_layer(model, layer: int, text: str = DEFAULT_TEXT, out: str | Path | No
     shape = model_shape(model) if isinstance(model, str) else None
     if shape is not None:  # checked from the config on disk, before seconds of loading
         check_layer(layer, shape[0])
-    target = check_figure_path(out if out is not None else _in_format(Path(f"{model_slug(name)}-L{layer}.png"),
-                                                                        figure_formats), figure_formats)
+    default = _in_format(Path(f"{model_slug(name)}-L{layer}.png"), figure_formats)
+    target = check_figure_path(out if out is not None else default, figure_formats)
     if html_view:
         check_replaceable([target.with_suffix(".html")])
     if not text.strip():
@@ -212,8 +215,9 @@ def check_figure_path(out: str | Path, figure_formats: Sequence[str] | None = No
     if figure_formats:
         formats = figure_formats_of(figure_formats)
         if out.suffix.lower().lstrip(".") not in formats:
-            raise HeadscopeError(f"{setting('out')} '{out}' is a {out.suffix.lstrip('.')} file but --figure-format "
-                                 f"is {','.join(formats)}; give --out {out.with_suffix('.' + formats[0])} or add "
-                                 f"{out.suffix.lstrip('.').lower()} to --figure-format.")
+            kind = out.suffix.lstrip(".").lower()
+            raise HeadscopeError(f"{setting('out')} '{out}' is a {kind} file but --figure-format is "
+                                 f"{','.join(formats)}; give --out {out.with_suffix('.' + formats[0])} "
+                                 f"or add {kind} to --figure-format.")
     check_replaceable(figure_files(out, figure_formats or None))
     return out

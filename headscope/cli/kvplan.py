@@ -42,6 +42,7 @@ def kvplan(source, out, threads, force, figure_format, quiet, **settings) -> Non
         import torch
 
         torch.set_num_threads(threads)
-    df, target = kv.plan_to_dir(source, out, config, force=force, say=say, figure_formats=figure_format or ("png",))
+    df, target = kv.plan_to_dir(source, out, config, force=force, say=say,
+                                figure_formats=figure_format or ("png",))
     click.echo(kv.summary(df).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     click.echo(f"wrote {target}/ ({', '.join(n for n in kv.ALL_FILES if (target / n).is_file())})")

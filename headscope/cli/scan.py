@@ -47,6 +47,6 @@ def scan(model_name, out, force, no_figures, figure_format, quiet, **settings) -
             return tqdm(total=total, desc=desc, unit="seq" if "probe" in desc or "null" in desc else "it",
                         file=sys.stderr, leave=False)
 
-    result = scan_to_dir(model_name, out, config, force=force, figures=not no_figures, say=say, progress=progress,
-                         figure_formats=figure_format or ("png",))
+    result = scan_to_dir(model_name, out, config, force=force, figures=not no_figures, say=say,
+                         progress=progress, figure_formats=figure_format or ("png",))
     click.echo(console_summary(result, out, figures=not no_figures))

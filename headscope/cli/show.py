@@ -18,7 +18,8 @@ DEFAULT_TEXT = "The river bank flooded after the storm, and the path was closed.
               help="Every head of layer L (0-based) side by side, instead of one --head.")
 @click.option("--text", default=None, help=f"The text to run the model on. [default: {DEFAULT_TEXT!r}]")
 @click.option("--out", type=click.Path(), default=None,
-              help="Figure to write (.png, .svg or .pdf; with --figure-format, its name in each format). "
+              help="Figure to write (.png, .svg or .pdf; with --figure-format, its name in each "
+                   "format). "
                    "[default: ./<model>-L<L>H<H>.png, or ./<model>-L<L>.png]")
 @figure_format_option
 @click.option("--html", "html_view", is_flag=True,
@@ -41,8 +42,8 @@ def show(model_name, head_spec, layer, text, out, figure_format, html_view, devi
                              "e.g. --head 17.4 or --layer 17.")
     say = lambda msg: click.echo(f"headscope: {msg}", err=True)  # noqa: E731
     if layer is not None:
-        paths = show_layer(model_name, layer, text, out, html_view=html_view, device=device, dtype=dtype, progress=say,
-                           figure_formats=figure_format)
+        paths = show_layer(model_name, layer, text, out, html_view=html_view, device=device, dtype=dtype,
+                           progress=say, figure_formats=figure_format)
     else:
         paths = show_head(model_name, head_spec, text, out, html_view=html_view, device=device, dtype=dtype,
                           progress=say, figure_formats=figure_format)

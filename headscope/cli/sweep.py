@@ -49,7 +49,8 @@ def sweep(spec, out, ray_address, workers, retries, figure_format, quiet) -> Non
         if not quiet:
             click.echo(f"headscope: {msg}", err=True)
 
-    done = run_sweep(spec, out, ray_address, workers, retries, say, figure_formats=figure_format or ("png",))
+    done = run_sweep(spec, out, ray_address, workers, retries, say,
+                     figure_formats=figure_format or ("png",))
     atlas, failures = done["atlas"], done["failures"]
     jobs = atlas["job"].nunique()
     click.echo(f"{jobs} job(s): {jobs - len(failures)} done ({done['skipped']} already), {len(failures)} failed")

@@ -77,7 +77,7 @@ def foreign_entries(path: str | Path) -> list[str]:
                              keep_default_na=False, na_values={"score": ["NaN", "nan", ""]})
         scores = scores[scores["metric"].astype(str).map(lambda m: bool(METRIC_NAME.match(m)))]
         drawn = figure_names(scores.assign(model="", layer=0, head=0, head_name=""), FIGURE_FORMATS)
-        # a redrawn figure (`headscope plot --figure-format`): PNGs by name, vector files by their creator
+        # a redrawn figure (`headscope plot --figure-format`): PNGs by name, vector files by creator
         ours |= {n for n in drawn if n.endswith(".png") or is_ours(path / n)}
     except (OSError, ValueError, KeyError, pd.errors.ParserError):
         pass
@@ -141,7 +141,8 @@ SKIPPED = ("figures_skipped", "report_skipped")
 
 
 def save_run(result: ScanResult, out: str | Path, force: bool = False, figures: bool = True,
-             started: float | None = None, say=None, figure_formats: Sequence[str] = ("png",)) -> Path:
+             started: float | None = None, say=None,
+             figure_formats: Sequence[str] = ("png",)) -> Path:
     """Write the run directory ``out`` atomically (see the module docstring for every rule).
 
     Tables and records are written first; a figure or the page that cannot be drawn costs only
@@ -261,7 +262,8 @@ def _write(result: ScanResult, tmp: Path, figures: bool, notes: dict | None = No
 
         optional("the figures", lambda: save_figures(result.scores, tmp, n_sequences={p.name: len(p) for p in
                                                                                       result.probes},
-                                                     thresholds=result.thresholds, formats=figure_formats),
+                                                     thresholds=result.thresholds,
+                                                     formats=figure_formats),
                  {} if notes is None else notes, "figures_skipped", say)
 
 

@@ -44,9 +44,17 @@ def test_the_metric_reference_lists_exactly_the_registered_metrics(hooks):
     text = hooks.metric_reference()
     rows = re.findall(r"^\| `([a-z_]+)` \|", text, flags=re.M)
     assert rows == list(REGISTRY) + list(CIRCUIT) + list(EFFECTS)
-    # a metric registered now is in the reference now: it is read from the registry, not written down
-    register(Metric(name="docs_probe_metric", probe="text", fn=REGISTRY["sink"].fn, definition="A[q, 0] again",
-                    label="", threshold=float("nan")))
+    # a metric registered now is in the reference now: read from the registry, not written down
+    register(
+        Metric(
+            name="docs_probe_metric",
+            probe="text",
+            fn=REGISTRY["sink"].fn,
+            definition="A[q, 0] again",
+            label="",
+            threshold=float("nan"),
+        )
+    )
     try:
         assert "| `docs_probe_metric` | text | A[q, 0] again |" in hooks.metric_reference()
     finally:
@@ -79,7 +87,10 @@ def test_markers_expand_and_an_unknown_marker_is_an_error(hooks):
 
 
 def test_docstrings_become_markdown(hooks):
-    text = 'See :func:`~headscope.files.save_figure` and :mod:`headscope.metrics`.\n\n    >>> f(1)\n    2\n\nEnd.'
+    text = (
+        "See :func:`~headscope.files.save_figure` and :mod:`headscope.metrics`.\n\n"
+        "    >>> f(1)\n    2\n\nEnd."
+    )
     out = hooks.docstring_markdown(text)
     assert "`save_figure`" in out and "`headscope.metrics`" in out and ":func:" not in out
     assert "    ```pycon\n    >>> f(1)\n    2\n    ```" in out
@@ -90,15 +101,25 @@ def test_docstrings_become_markdown(hooks):
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    missing = [t for t in TOOLS if importlib.util.find_spec(t.split(".")[0]) is None
-               or importlib.util.find_spec(t) is None]
+    missing = [
+        t
+        for t in TOOLS
+        if importlib.util.find_spec(t.split(".")[0]) is None or importlib.util.find_spec(t) is None
+    ]
     if missing:
-        pytest.skip(f"{', '.join(missing)} not installed (the dev extra has them: ./scripts/bootstrap.sh), so "
-                    "the site was not built; the generator tests above still ran")
+        pytest.skip(
+            f"{', '.join(missing)} not installed (the dev extra has them: bootstrap.sh), so "
+            "the site was not built; the generator tests above still ran"
+        )
     out = tmp_path_factory.mktemp("site")
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", ROOT / "mkdocs.yml", "-d", out],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", ROOT / "mkdocs.yml", "-d", out],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     warnings = [line for line in done.stderr.splitlines() if line.startswith(("WARNING", "ERROR"))]
     assert warnings == []
@@ -109,25 +130,49 @@ def test_the_site_has_every_page_and_the_generated_ones(site):
     from headscope.cli.main import COMMANDS
     from headscope.metrics import REGISTRY
 
-    for page in ("index", "getting-started", "scan", "metrics", "models", "effects", "long-context",
-                 "scale-out", "gpu", "figures", "python", "cli", "notebooks", "benchmarks", "changelog"):
+    for page in (
+        "index",
+        "getting-started",
+        "scan",
+        "metrics",
+        "models",
+        "effects",
+        "long-context",
+        "scale-out",
+        "gpu",
+        "figures",
+        "python",
+        "cli",
+        "notebooks",
+        "benchmarks",
+        "changelog",
+    ):
         assert (site / f"{page}.html").is_file(), page
     metrics = (site / "metrics.html").read_text()
     first = metrics.split("<table>", 1)[1].split("</table>", 1)[0]
     assert re.findall(r"<tr>\s*<td><code>([a-z_]+)</code></td>", first) == list(REGISTRY)
     assert "GPT-OSS" in (site / "models.html").read_text()  # the support table
     assert all(f"headscope {name}" in (site / "cli.html").read_text() for name in COMMANDS)
-    for nb in sorted((ROOT / "analyses").glob("*.ipynb")):  # every notebook rendered, with its figures
+    for nb in sorted(
+        (ROOT / "analyses").glob("*.ipynb")
+    ):  # every notebook rendered, with its figures
         page = (site / "notebooks" / f"{nb.stem}.html").read_text()
         assert "jupyter-wrapper" in page and "data:image/png;base64," in page, nb.name
     api = (site / "api" / "metrics.html").read_text()
     assert "uniform_pattern" in api and ":func:`" not in api  # docstrings as Markdown:
-    assert '<span class="gp">&gt;&gt;&gt; </span>' in api and "<blockquote>" not in api  # examples as code
+    assert (
+        '<span class="gp">&gt;&gt;&gt; </span>' in api and "<blockquote>" not in api
+    )  # examples as code
 
 
-NETWORK = re.compile(r"""<(script|link|img|iframe|source|embed|video|audio)\b[^>]*?\b(?:src|href)\s*=\s*["']"""
-                     r"""((?:https?:)?//[^"']*)""", re.I)
-CSS_NETWORK = re.compile(r"""(?:url\(\s*["']?|@import\s+(?:url\()?["']?)((?:https?:)?//[^"')\s]+)""")
+NETWORK = re.compile(
+    r"""<(script|link|img|iframe|source|embed|video|audio)\b[^>]*?\b(?:src|href)\s*=\s*["']"""
+    r"""((?:https?:)?//[^"']*)""",
+    re.I,
+)
+CSS_NETWORK = re.compile(
+    r"""(?:url\(\s*["']?|@import\s+(?:url\()?["']?)((?:https?:)?//[^"')\s]+)"""
+)
 
 
 def test_no_page_loads_a_script_style_font_or_image_from_the_network(site):
@@ -135,7 +180,11 @@ def test_no_page_loads_a_script_style_font_or_image_from_the_network(site):
     for path in site.rglob("*"):
         if path.suffix in (".html", ".css"):
             text = path.read_text(errors="replace")
-            found += [(path.name, m.group(2)) for m in NETWORK.finditer(text)] if path.suffix == ".html" else []
+            found += (
+                [(path.name, m.group(2)) for m in NETWORK.finditer(text)]
+                if path.suffix == ".html"
+                else []
+            )
             found += [(path.name, m.group(1)) for m in CSS_NETWORK.finditer(text)]
     assert found == []
     assert (site / "search" / "search_index.js").is_file()  # the offline plugin inlined the index
@@ -145,39 +194,73 @@ def test_no_page_loads_a_script_style_font_or_image_from_the_network(site):
 def _browser():
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
-        pytest.skip("chromium is not installed (Debian: apt-get install chromium), so the pages were not opened "
-                    "in a real browser; the static checks above still ran")
+        pytest.skip(
+            "chromium is not installed (Debian: apt-get install chromium), so the pages were not "
+            "opened "
+            "in a real browser; the static checks above still ran"
+        )
     return browser
 
 
 def _open(browser, page: Path, netlog: Path) -> tuple[str, str, list[str]]:
     """The page's DOM after its scripts ran, the browser's log, and the URLs of the network requests
     the page started (Chromium's own background requests are not the page's: no origin)."""
-    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
-             "--disable-background-networking", "--host-resolver-rules=MAP * ~NOTFOUND",  # nothing leaves
-             f"--log-net-log={netlog}", "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000"]
-    done = subprocess.run(flags + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    flags = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-sync",
+        "--disable-background-networking",
+        "--host-resolver-rules=MAP * ~NOTFOUND",  # nothing leaves
+        f"--log-net-log={netlog}",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--virtual-time-budget=5000",
+    ]
+    done = subprocess.run(
+        flags + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     log = json.loads(netlog.read_text())
     kinds = {v: k for k, v in log["constants"]["logEventTypes"].items()}
-    urls = [e["params"]["url"] for e in log["events"]
-            if kinds.get(e["type"]) == "URL_REQUEST_START_JOB" and "url" in e.get("params", {})
-            and e["params"].get("initiator") != "not an origin"]
+    urls = [
+        e["params"]["url"]
+        for e in log["events"]
+        if kinds.get(e["type"]) == "URL_REQUEST_START_JOB"
+        and "url" in e.get("params", {})
+        and e["params"].get("initiator") != "not an origin"
+    ]
     return done.stdout, done.stderr, urls
 
 
 def test_pages_open_in_headless_chromium_with_no_network_request(site, tmp_path):
     browser = _browser()
-    control = tmp_path / "control.html"  # the check can fail: a page that does fetch is seen fetching
-    control.write_text('<!DOCTYPE html><html><head><link rel="stylesheet" href="https://fonts.example.invalid/a.css">'
-                       '</head><body><script src="https://cdn.example.invalid/x.js"></script><p>x</p></body></html>')
+    control = (
+        tmp_path / "control.html"
+    )  # the check can fail: a page that does fetch is seen fetching
+    control.write_text(
+        "<!DOCTYPE html><html><head>"
+        '<link rel="stylesheet" href="https://fonts.example.invalid/a.css"></head><body>'
+        '<script src="https://cdn.example.invalid/x.js"></script><p>x</p></body></html>'
+    )
     _, _, urls = _open(browser, control, tmp_path / "control.json")
-    assert {"https://fonts.example.invalid/a.css", "https://cdn.example.invalid/x.js"} <= set(urls), urls
+    assert {"https://fonts.example.invalid/a.css", "https://cdn.example.invalid/x.js"} <= set(
+        urls
+    ), urls
     first_notebook = sorted((ROOT / "analyses").glob("*.ipynb"))[0].stem
-    for i, (page, needle) in enumerate([("index.html", "attention head"), ("metrics.html", "duplicate_token"),
-                                        (f"notebooks/{first_notebook}.html", "jupyter-wrapper"),
-                                        ("api/metrics.html", "uniform_pattern")]):
+    for i, (page, needle) in enumerate(
+        [
+            ("index.html", "attention head"),
+            ("metrics.html", "duplicate_token"),
+            (f"notebooks/{first_notebook}.html", "jupyter-wrapper"),
+            ("api/metrics.html", "uniform_pattern"),
+        ]
+    ):
         dom, log, urls = _open(browser, site / page, tmp_path / f"net{i}.json")
         assert urls == [], f"{page} requested {urls}"
-        assert needle in dom and 'class="md-nav' in dom, page  # the page and Material's navigation rendered
+        assert needle in dom and 'class="md-nav' in dom, (
+            page
+        )  # the page and Material's navigation rendered
         assert "Uncaught" not in log, f"{page}: {log[-2000:]}"

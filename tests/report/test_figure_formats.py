@@ -18,7 +18,7 @@ from headscope.cli.main import COMMANDS, main
 from headscope.errors import HeadscopeError
 from headscope.files import figure_files, figure_formats, is_ours, save_figure
 from headscope.report.figures import effect_scatter, heatmap
-from headscope.rundir.store import check_out_dir, load_run
+from headscope.rundir.store import check_out_dir
 
 SVG = "{http://www.w3.org/2000/svg}"
 DRAWING = ("scan", "plot", "show", "compare", "kvplan", "sweep")
@@ -31,9 +31,19 @@ def _scores() -> pd.DataFrame:
         for head in range(4):
             name = f"L{layer}H{head}"
             score = 0.9 if (layer, head) in ((1, 2), (2, 0)) else 0.05 * (layer + head)
-            rows.append(("induction", layer, head, name, score, "induction head" if score > 0.4 else ""))
-            rows.append(("effect_repeat_loss", layer, head, name, 0.3 if score > 0.4 else 0.01,
-                         "matters for copying" if score > 0.4 else ""))
+            rows.append(
+                ("induction", layer, head, name, score, "induction head" if score > 0.4 else "")
+            )
+            rows.append(
+                (
+                    "effect_repeat_loss",
+                    layer,
+                    head,
+                    name,
+                    0.3 if score > 0.4 else 0.01,
+                    "matters for copying" if score > 0.4 else "",
+                )
+            )
     df = pd.DataFrame(rows, columns=["metric", "layer", "head", "head_name", "score", "label"])
     return df.assign(model="tiny-model", probe="repeat", chance=0.02, n=40, estimator="exact")
 
@@ -47,15 +57,25 @@ def _texts(svg_path) -> list[str]:
 def test_figure_formats_parse_and_refuse_in_one_line():
     assert figure_formats(["png", "SVG,pdf", ".svg"]) == ("png", "svg", "pdf")
     assert figure_formats(None) == figure_formats(()) == ("png",)
-    with pytest.raises(HeadscopeError, match=r"^Unknown figure format 'eps' \(--figure-format\)\. .*png, svg, pdf\.$"):
+    with pytest.raises(
+        HeadscopeError,
+        match=r"^Unknown figure format 'eps' \(--figure-format\)\. .*png, svg, pdf\.$",
+    ):
         figure_formats("png,eps")
-    assert [p.name for p in figure_files("out/kvplan.png", ("svg", "pdf"))] == ["kvplan.svg", "kvplan.pdf"]
+    assert [p.name for p in figure_files("out/kvplan.png", ("svg", "pdf"))] == [
+        "kvplan.svg",
+        "kvplan.pdf",
+    ]
 
 
 def test_a_heatmap_svg_parses_and_holds_its_text_as_text(tmp_path):
     fig = heatmap(_scores(), "induction", n_sequences=8)
     save_figure(fig, tmp_path / "induction.png", formats=("png", "svg", "pdf"))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["induction.pdf", "induction.png", "induction.svg"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "induction.pdf",
+        "induction.png",
+        "induction.svg",
+    ]
     texts = _texts(tmp_path / "induction.svg")
     assert "tiny-model: induction" in texts[texts.index("tiny-model: induction")]  # the title
     assert {"head", "layer", "0", "1", "2", "3"} <= set(texts)  # axes and tick labels
@@ -79,10 +99,16 @@ def test_a_heatmap_pdf_has_real_fonts_and_rasterises_to_the_png(tmp_path):
     assert b"/FontFile2" in pdf and b"/Type3" not in pdf  # TrueType (type 42) fonts, not outlines
     tool = shutil.which("pdftoppm")
     if tool is None:
-        pytest.skip("pdftoppm is not installed (Debian: apt-get install poppler-utils), so the PDF was not "
-                    "rasterised; its fonts and creator were checked")
-    done = subprocess.run([tool, "-png", "-r", "100", "-singlefile", tmp_path / "induction.pdf",
-                           tmp_path / "raster"], capture_output=True, text=True, timeout=60)
+        pytest.skip(
+            "pdftoppm is not installed (Debian: apt-get install poppler-utils), so the PDF was not "
+            "rasterised; its fonts and creator were checked"
+        )
+    done = subprocess.run(
+        [tool, "-png", "-r", "100", "-singlefile", tmp_path / "induction.pdf", tmp_path / "raster"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     png = imread(tmp_path / "induction.png")[..., :3]
     raster = imread(tmp_path / "raster.png")[..., :3]
@@ -116,8 +142,12 @@ def test_plot_writes_every_format_asked_and_force_still_replaces_the_run(runs, t
     written = result.stdout.split()
     assert {f"{run}/induction.{f}" for f in ("png", "svg", "pdf")} <= set(written)
     assert "<dc:title>headscope</dc:title>" in (run / "summary.svg").read_text()
-    check_out_dir(run, force=True)  # the redrawn vector files are headscope's: --force may replace the run
-    (run / "sink.svg").write_text("<svg xmlns='http://www.w3.org/2000/svg'><text>my own</text></svg>")
+    check_out_dir(
+        run, force=True
+    )  # the redrawn vector files are headscope's: --force may replace the run
+    (run / "sink.svg").write_text(
+        "<svg xmlns='http://www.w3.org/2000/svg'><text>my own</text></svg>"
+    )
     with pytest.raises(HeadscopeError, match="sink.svg"):
         check_out_dir(run, force=True)  # a user's SVG of the same name is not
 
@@ -126,8 +156,15 @@ def test_a_run_in_svg_only_keeps_its_page_and_redraws_as_svg(tiny_gpt2_dir, tmp_
     from headscope.scanner.runner import scan_to_dir
 
     run = tmp_path / "svg-run"
-    result = scan_to_dir(str(tiny_gpt2_dir), run, n_prompts=2, repeat_len=4, bootstrap=0,
-                         metrics=("induction", "sink"), figure_formats=("svg",))
+    result = scan_to_dir(
+        str(tiny_gpt2_dir),
+        run,
+        n_prompts=2,
+        repeat_len=4,
+        bootstrap=0,
+        metrics=("induction", "sink"),
+        figure_formats=("svg",),
+    )
     files = result.metadata["files"]
     assert "induction.svg" in files and not [f for f in files if f.endswith(".png")]
     page = (run / "report.html").read_text()
@@ -150,8 +187,19 @@ def test_compare_writes_vector_figures_and_drops_its_own_stale_ones(runs, tmp_pa
 
 
 def test_wrong_formats_are_one_line_before_anything_loads(runs, tiny_gpt2_dir, tmp_path, no_model):
-    for args in (["plot", runs["gpt2"], "--figure-format", "jpeg"],
-                 ["show", tiny_gpt2_dir, "--head", "0.0", "--out", tmp_path / "a.png", "--figure-format", "svg"]):
+    for args in (
+        ["plot", runs["gpt2"], "--figure-format", "jpeg"],
+        [
+            "show",
+            tiny_gpt2_dir,
+            "--head",
+            "0.0",
+            "--out",
+            tmp_path / "a.png",
+            "--figure-format",
+            "svg",
+        ],
+    ):
         result = _invoke(*args)
         assert result.exit_code == 2, result.output
         lines = result.stderr.strip().splitlines()
