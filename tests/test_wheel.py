@@ -32,6 +32,8 @@ import headscope
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.wheel
+# this checkout's own .venv (bootstrap.sh, CI): the dev extra holds 'build', so it must be there
+BOOTSTRAPPED = Path(sys.prefix).resolve() == (ROOT / ".venv").resolve()
 
 SHIPPED = [
     "headscope/engines/csrc/head_stats.cpp",
@@ -53,6 +55,8 @@ def _run(cmd, timeout, **kw) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory):
+    if importlib.util.find_spec("build") is None and BOOTSTRAPPED:
+        pytest.fail("'build' is missing from .venv, which bootstrap.sh made: run it again")
     if importlib.util.find_spec("build") is None:
         pytest.skip(
             "the 'build' package is not installed (it is in the dev extra: pip install build), so "

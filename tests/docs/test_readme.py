@@ -55,6 +55,21 @@ def test_the_readme_is_short_and_sets_up_in_its_first_screen():
     assert "./scripts/bootstrap.sh && .venv/bin/python -m pytest" in first
 
 
+def test_ci_runs_the_readmes_test_command_after_bootstrap():
+    """``.ci/run`` is bootstrap.sh plus the README's second set-up command, word for word, and
+    bootstrap installs the dev extra, which holds the site's tools and ``build`` (so CI builds
+    the site and the wheel instead of skipping them)."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11+ (CI runs 3.11)")
+
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert ci == "./scripts/bootstrap.sh && .venv/bin/python -m pytest"
+    assert ci in README.read_text().splitlines()
+    assert '-e ".[dev,parquet]"' in (ROOT / "scripts" / "bootstrap.sh").read_text()
+    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    names = {re.split(r"[<>=\[;]", r, maxsplit=1)[0].strip() for r in dev["dev"]}
+    assert {"mkdocs", "mkdocs-material", "mkdocstrings", "mkdocs-jupyter", "build"} <= names
+
+
 def test_the_readme_has_runnable_commands():
     commands = runnable_commands(README.read_text())
     assert len(commands) >= 10 and {c[0] for c in commands} >= {
