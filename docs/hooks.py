@@ -12,7 +12,7 @@ A page holds a marker line and the build puts the generated Markdown in its plac
 =================================  ===================================================
 
 It also puts the report notebooks of ``analyses/`` into the site under ``notebooks/`` (rendered
-as executed by mkdocs-jupyter), and turns Sphinx roles and doctest examples of the docstrings
+as executed by mkdocs-jupyter) and into the nav's "Report notebooks" section, and turns Sphinx roles and doctest examples of the docstrings
 into Markdown for mkdocstrings (:class:`DocstringMarkdown`). ``tests/docs/test_site.py`` calls
 these functions directly and builds the site.
 """
@@ -154,6 +154,28 @@ def expand(markdown: str) -> str:
 
 def on_page_markdown(markdown, page, config, files):
     return expand(markdown)
+
+
+NOTEBOOKS_SECTION = "Report notebooks"
+
+
+def notebook_nav(nav: list) -> list:
+    """``nav`` with its "Report notebooks" section listing ``notebooks.md`` and then every notebook
+    of ``analyses/`` in file order, so a notebook a branch adds needs no ``mkdocs.yml`` line."""
+    pages = ["notebooks.md"] + [f"notebooks/{nb.name}" for nb in sorted(NOTEBOOKS.glob("*.ipynb"))]
+    out = []
+    for item in nav:
+        if isinstance(item, dict) and NOTEBOOKS_SECTION in item:
+            item = {NOTEBOOKS_SECTION: pages}
+        out.append(item)
+    if not any(isinstance(i, dict) and NOTEBOOKS_SECTION in i for i in out):
+        raise ValueError(f"mkdocs.yml's nav has no {NOTEBOOKS_SECTION!r} section for the notebooks")
+    return out
+
+
+def on_config(config):
+    config["nav"] = notebook_nav(config["nav"])
+    return config
 
 
 def on_files(files, config):

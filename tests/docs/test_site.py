@@ -82,6 +82,18 @@ def test_the_cli_page_has_every_command_and_option(hooks):
     assert text.count("--figure-format") >= 6
 
 
+def test_every_notebook_is_in_the_nav_and_described_on_the_notebooks_page(hooks):
+    notebooks = sorted(nb.name for nb in (ROOT / "analyses").glob("*.ipynb"))
+    assert len(notebooks) >= 7
+    nav = hooks.notebook_nav([{"Home": "index.md"}, {"Report notebooks": ["notebooks.md"]}])
+    assert nav[1]["Report notebooks"] == ["notebooks.md"] + [f"notebooks/{n}" for n in notebooks]
+    with pytest.raises(ValueError, match="no 'Report notebooks' section"):
+        hooks.notebook_nav([{"Home": "index.md"}])
+    page = (DOCS / "notebooks.md").read_text()  # a new notebook gets a row saying what it shows
+    undescribed = [n for n in notebooks if f"](notebooks/{n})" not in page]
+    assert undescribed == [], f"docs/notebooks.md has no row for {undescribed}"
+
+
 def test_markers_expand_and_an_unknown_marker_is_an_error(hooks):
     page = "intro\n<!-- headscope:layers -->\nend\n"
     assert "models/" in hooks.expand(page) and "<!--" not in hooks.expand(page)
