@@ -281,10 +281,12 @@ def save(df: pd.DataFrame, out, settings: PlanSettings, model_name: str, plans: 
     record = {"model": model_name, "settings": {k: (list(v) if isinstance(v, tuple) else v)
                                                 for k, v in settings.__dict__.items()},
               "plans": plans, **meta}
-    draw = lambda: save_figure(figure(df, model_name, settings.seq_len), out / "kvplan.png",  # noqa: E731
-                               formats=figure_formats)
-    optional("kvplan.png", draw,
-             record, "figures_skipped", say)
+
+    def draw():
+        fig = figure(df, model_name, settings.seq_len)
+        return save_figure(fig, out / "kvplan.png", formats=figure_formats)
+
+    optional("kvplan.png", draw, record, "figures_skipped", say)
     (out / "kvplan.json").write_text(json.dumps(record, indent=1, default=str))
 
 

@@ -175,8 +175,8 @@ def show_head(model, head: str, text: str = DEFAULT_TEXT, out: str | Path | None
 
 
 def show_layer(model, layer: int, text: str = DEFAULT_TEXT, out: str | Path | None = None,
-               html_view: bool = False, device: str = "auto", dtype: str | None = None, progress=None,
-               figure_formats: Sequence[str] | None = None) -> list[Path]:
+               html_view: bool = False, device: str = "auto", dtype: str | None = None,
+               progress=None, figure_formats: Sequence[str] | None = None) -> list[Path]:
     """``headscope show --layer L``: every head of layer ``layer`` in one figure (and one page with
     ``html_view``); return the paths written. Checks that need no model come first."""
     if layer < 0:
@@ -194,8 +194,8 @@ def show_layer(model, layer: int, text: str = DEFAULT_TEXT, out: str | Path | No
     from headscope.models.loading import load_model
 
     m = load_model(model, device=device, dtype=dtype, progress=progress)
-    return write_views(layer_patterns(m, text, check_layer(layer, m.n_layers)), target, html_view=html_view,
-                       figure_formats=figure_formats)
+    patterns = layer_patterns(m, text, check_layer(layer, m.n_layers))
+    return write_views(patterns, target, html_view=html_view, figure_formats=figure_formats)
 
 
 def _in_format(path: Path, figure_formats: Sequence[str] | None) -> Path:
@@ -216,8 +216,9 @@ def check_figure_path(out: str | Path, figure_formats: Sequence[str] | None = No
         formats = figure_formats_of(figure_formats)
         if out.suffix.lower().lstrip(".") not in formats:
             kind = out.suffix.lstrip(".").lower()
+            nearest = out.with_suffix("." + formats[0])
             raise HeadscopeError(f"{setting('out')} '{out}' is a {kind} file but --figure-format is "
-                                 f"{','.join(formats)}; give --out {out.with_suffix('.' + formats[0])} "
+                                 f"{','.join(formats)}; give --out {nearest} "
                                  f"or add {kind} to --figure-format.")
     check_replaceable(figure_files(out, figure_formats or None))
     return out

@@ -369,7 +369,9 @@ def _write_outputs(out: Path, atlas: pd.DataFrame, failures: dict, say=None,
         tag = "" if setting == settings[0] else f"-s{setting}"
         for name, draw in ((f"steps{tag}.png", steps_figure), (f"models{tag}.png", models_figure)):
             fig = optional(name, lambda draw=draw: draw(atlas, setting=setting), notes, "figures_skipped", say)
-            save = lambda fig=fig, name=name: save_figure(fig, out / name, formats=figure_formats)  # noqa: E731
+            def save(fig=fig, name=name):
+                return save_figure(fig, out / name, formats=figure_formats)
+
             if fig is not None and optional(name, save, notes, "figures_skipped", say) is not None:
                 files.extend(figure_files(out / name, figure_formats))
     record = dict(failures, **({"figures_skipped": notes["figures_skipped"]} if notes else {}))

@@ -42,8 +42,8 @@ def show(model_name, head_spec, layer, text, out, figure_format, html_view, devi
                              "e.g. --head 17.4 or --layer 17.")
     say = lambda msg: click.echo(f"headscope: {msg}", err=True)  # noqa: E731
     if layer is not None:
-        paths = show_layer(model_name, layer, text, out, html_view=html_view, device=device, dtype=dtype,
-                           progress=say, figure_formats=figure_format)
+        paths = show_layer(model_name, layer, text, out, html_view=html_view, device=device,
+                           dtype=dtype, progress=say, figure_formats=figure_format)
     else:
         paths = show_head(model_name, head_spec, text, out, html_view=html_view, device=device, dtype=dtype,
                           progress=say, figure_formats=figure_format)

@@ -3,7 +3,8 @@ errors, no page loads anything from the network, and pages open in headless Chro
 single network request (Chromium's net log is read for requests a page started).
 
 The build needs the dev extra's MkDocs tools (``./scripts/bootstrap.sh`` installs them); without
-them the build tests skip and say so, except in the checkout's own ``.venv`` (CI), where they fail. The generator tests need only headscope.
+them the build tests skip and say so, except in the checkout's own ``.venv`` (CI), where they
+fail. The generator tests need only headscope.
 """
 
 from __future__ import annotations

@@ -130,7 +130,9 @@ def test_every_drawing_command_takes_the_option():
         assert option.opts == ["--figure-format"] and option.multiple
     # a command that writes figure files (it has --no-figures) is a drawing command: a new one
     # (patch, census) fails here until it takes cli.options.figure_format_option
-    writes_figures = [n for n in COMMANDS if any(p.name == "no_figures" for p in _command(n).params)]
+    writes_figures = [
+        n for n in COMMANDS if any(p.name == "no_figures" for p in _command(n).params)
+    ]
     assert set(writes_figures) <= set(DRAWING), sorted(set(writes_figures) - set(DRAWING))
     assert "scan" in writes_figures
 
