@@ -95,6 +95,27 @@ def test_every_notebook_is_in_the_nav_and_described_on_the_notebooks_page(hooks)
     assert undescribed == [], f"docs/notebooks.md has no row for {undescribed}"
 
 
+def test_the_api_reference_covers_every_package_of_headscope():
+    """Each module and subpackage of ``headscope`` (a new one from a merge too) has a ``:::``
+    block on an API page; subpackages render their submodules. The CLI is the command-line page."""
+    import pkgutil
+
+    import headscope
+
+    blocks = {}
+    for page in (DOCS / "api").glob("*.md"):
+        for m in re.finditer(r"^::: (headscope[\w.]*)\n((?:    .*\n)*)", page.read_text(), re.M):
+            blocks[m.group(1)] = m.group(2)
+    modules = {
+        f"headscope.{m.name}": m.ispkg
+        for m in pkgutil.iter_modules(headscope.__path__)
+        if not m.name.startswith("_") and m.name != "cli"
+    }
+    assert sorted(set(modules) - set(blocks)) == []
+    unshown = [n for n, pkg in modules.items() if pkg and "show_submodules: true" not in blocks[n]]
+    assert unshown == []
+
+
 def test_markers_expand_and_an_unknown_marker_is_an_error(hooks):
     page = "intro\n<!-- headscope:layers -->\nend\n"
     assert "models/" in hooks.expand(page) and "<!--" not in hooks.expand(page)
@@ -179,6 +200,7 @@ def test_the_site_has_every_page_and_the_generated_ones(site):
     ):  # every notebook rendered, with its figures
         page = (site / "notebooks" / f"{nb.stem}.html").read_text()
         assert "jupyter-wrapper" in page and "data:image/png;base64," in page, nb.name
+    assert "without_first_token" in (site / "api" / "analysis.html").read_text()  # submodules
     api = (site / "api" / "metrics.html").read_text()
     assert "uniform_pattern" in api and ":func:`" not in api  # docstrings as Markdown:
     assert (
