@@ -261,12 +261,14 @@ def markdown(df: pd.DataFrame, settings: PlanSettings, model_name: str, plans: d
 
 
 FILES = ("kvplan.csv", "kvplan.md", "kvplan.json", "kvplan.png")
+ALL_FILES = FILES + ("kvplan.svg", "kvplan.pdf")  # with --figure-format svg / pdf
 
 
 def save(df: pd.DataFrame, out, settings: PlanSettings, model_name: str, plans: dict, meta: dict,
-         say: Callable[[str], None] | None = None) -> None:
-    """kvplan.csv, kvplan.md and kvplan.json, then kvplan.png, into the folder ``out``. A figure
-    that cannot be drawn is noted in kvplan.json (``figures_skipped``) and costs nothing else."""
+         say: Callable[[str], None] | None = None, figure_formats=("png",)) -> None:
+    """kvplan.csv, kvplan.md and kvplan.json, then kvplan.png (and .svg / .pdf, as
+    ``figure_formats`` says), into the folder ``out``. A figure that cannot be drawn is noted in
+    kvplan.json (``figures_skipped``) and costs nothing else."""
     import json
     from pathlib import Path
 
@@ -279,20 +281,26 @@ def save(df: pd.DataFrame, out, settings: PlanSettings, model_name: str, plans: 
     record = {"model": model_name, "settings": {k: (list(v) if isinstance(v, tuple) else v)
                                                 for k, v in settings.__dict__.items()},
               "plans": plans, **meta}
-    optional("kvplan.png", lambda: save_figure(figure(df, model_name, settings.seq_len), out / "kvplan.png"),
-             record, "figures_skipped", say)
+
+    def draw():
+        fig = figure(df, model_name, settings.seq_len)
+        return save_figure(fig, out / "kvplan.png", formats=figure_formats)
+
+    optional("kvplan.png", draw, record, "figures_skipped", say)
     (out / "kvplan.json").write_text(json.dumps(record, indent=1, default=str))
 
 
 def plan_to_dir(source: str, out: str | None = None, settings: PlanSettings = PlanSettings(), *, force: bool = False,
-                say: Callable[[str], None] | None = None):
+                say: Callable[[str], None] | None = None, figure_formats=("png",)):
     """``headscope kvplan SOURCE``: the plan of a run directory (scanned with ``--long-context``) or
     of a model (scanned first into ``out``, default ``runs/<model>-long``), verified and written to
     ``<run>/kvplan/`` whole (an earlier plan is replaced only with ``force``, and only once the new
     one is complete). Everything that can be refused is refused before the first forward pass.
+    ``figure_formats``: the plan's figure (and, with a MODEL, the scan's) as png, svg and/or pdf.
     Returns ``(table, folder)``."""
     from pathlib import Path
 
+    from headscope.files import figure_formats as check_figure_formats
     from headscope.files import publish_dir
     from headscope.models.loading import load_model
     from headscope.rundir.store import KVPLAN, is_kvplan_dir, is_run_dir, load_run
@@ -300,6 +308,7 @@ def plan_to_dir(source: str, out: str | None = None, settings: PlanSettings = Pl
 
     say = say or (lambda _m: None)
     settings.validate()
+    figure_formats = check_figure_formats(figure_formats)
     src = Path(source)
     from_run = src.is_dir() and not (src / "config.json").is_file()  # a checkpoint folder is a model
     if from_run:
@@ -326,11 +335,14 @@ def plan_to_dir(source: str, out: str | None = None, settings: PlanSettings = Pl
         config = settings.scan_config()
         model = load_model(source, progress=say)
         inputs = plan_inputs(model, settings)  # refused here, before the scan writes its run directory
-        result = scan_to_dir(model, run_dir, config, force=force, say=say)
+        result = scan_to_dir(model, run_dir, config, force=force, say=say,
+                             figure_formats=figure_formats)
     df = kv_plan(model, result.scores, settings, say=say, inputs=inputs)
     plans = plan_heads(result.scores, settings.budgets)
     meta = {"run": str(run_dir), "model_provenance": model.provenance}
-    publish_dir(target, lambda tmp: save(df, tmp, settings, model.name, plans, meta, say), replace=force,
+    publish_dir(target,
+                lambda tmp: save(df, tmp, settings, model.name, plans, meta, say, figure_formats),
+                replace=force,
                 before_replace=lambda: is_kvplan_dir(target) or _foreign(target))
     return df, target
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import click
 
 from headscope.apps.plan_settings import PlanSettings
-from headscope.cli.options import config_from, config_options
+from headscope.cli.options import config_from, config_options, figure_format_option
 
 
 @click.command(epilog="Quick look (SmolLM2-135M on 2 CPU cores, about 15 minutes): headscope kvplan "
@@ -19,8 +19,9 @@ from headscope.cli.options import config_from, config_options
 @config_options(PlanSettings)
 @click.option("--threads", type=int, default=None, help="torch CPU threads. [default: torch's choice]")
 @click.option("--force", is_flag=True, help="Replace an earlier plan (and, with a MODEL, an earlier run at --out).")
+@figure_format_option
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
-def kvplan(source, out, threads, force, quiet, **settings) -> None:
+def kvplan(source, out, threads, force, figure_format, quiet, **settings) -> None:
     """Choose heads to restrict to a sink + window KV cache, and check each plan by running the model.
 
     SOURCE is a run directory scanned with --long-context (its streaming and retrieval scores choose
@@ -41,6 +42,7 @@ def kvplan(source, out, threads, force, quiet, **settings) -> None:
         import torch
 
         torch.set_num_threads(threads)
-    df, target = kv.plan_to_dir(source, out, config, force=force, say=say)
+    df, target = kv.plan_to_dir(source, out, config, force=force, say=say,
+                                figure_formats=figure_format or ("png",))
     click.echo(kv.summary(df).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    click.echo(f"wrote {target}/ ({', '.join(n for n in kv.FILES if (target / n).is_file())})")
+    click.echo(f"wrote {target}/ ({', '.join(n for n in kv.ALL_FILES if (target / n).is_file())})")

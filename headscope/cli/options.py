@@ -115,3 +115,23 @@ def config_from(cls, values: dict):
             v = parse_max_memory(v)
         out[f.name] = v
     return cls(**out)
+
+
+def _figure_formats(_ctx, _param, value):
+    from headscope.files import figure_formats
+
+    return figure_formats(value) if value else None
+
+
+def figure_format_option(command):
+    """``--figure-format png,svg,pdf`` (repeatable, or comma-separated): the files each figure is
+    written as. The command gets ``figure_format``: a tuple of formats, or None when not given."""
+    return click.option(
+        "--figure-format",
+        "figure_format",
+        multiple=True,
+        metavar="FORMAT[,FORMAT]",
+        callback=_figure_formats,
+        help="Write each figure as png, svg and/or pdf (repeatable, or comma-separated: "
+        "png,svg,pdf). SVG and PDF keep their text as text, for papers. [default: png]",
+    )(command)
