@@ -147,7 +147,8 @@ def census(model, out: str | Path, settings: CensusSettings | None = None, *, fo
         meta["timings"]["total_s"] = round(time.perf_counter() - started, 3)
         meta["files"] = sorted([p.name for p in tmp.iterdir()] + ["metadata.json", REPORT])
         _write_json(tmp / "metadata.json", meta)
-        if optional(REPORT, lambda: write_page(tmp, figures), meta, "report_skipped", say) is None:
+        optional(REPORT, lambda: write_page(tmp, figures), meta, "report_skipped", say)
+        if "report_skipped" in meta:
             meta["files"] = [f for f in meta["files"] if f != REPORT]
         _write_json(tmp / "metadata.json", meta)  # complete, and last
 

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from headscope.apps.census_settings import CensusSettings
-from headscope.catalog import CENSUS, EFFECTS, SYNTAX_MARGIN
+from headscope.catalog import CENSUS, COPYING_K, EFFECTS, SYNTAX_MARGIN
 from headscope.errors import HeadscopeError
 from headscope.result import Probe, head_name
 from headscope.uncertainty import bootstrap
@@ -318,7 +318,8 @@ def copy_suppression_part(ctx: Context) -> list[dict]:
                r.null, (r.ci_low, r.ci_high))
     out += ablation(ctx)
     ab = ctx.ablation["score"] if ctx.ablation else None
-    ctx.meta["copy_suppression"] = {"readout": kind, "sequences": int(r.seq_count.numel())}
+    ctx.meta["copy_suppression"] = {"readout": kind, "sequences": int(r.seq_count.numel()), "k": COPYING_K,
+                                    "control": "the token L // 2 further along the first copy (cyclically)"}
     ctx.summary += ["## Copy suppression (McDougall et al. 2023)", "",
                     f"readout: {kind}; {r.count} first-copy positions; chance {r.chance:.2e}; control = another "
                     "token of R among the k lowest.", "", "| head | copy_suppression [95% CI] | control |"

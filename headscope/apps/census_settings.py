@@ -49,7 +49,7 @@ class CensusSettings:
                                "unembedding; encoders have none and get NaN rows), unembedding, or "
                                "embeddings (the input embeddings; rows named *_embeddings).", choices=READOUTS)
     n_null: int = opt(200, "Shuffled successor maps (the successor null).")
-    bootstrap: int = opt(1000, "Resamples for every interval (sentences, sequences or pairs).")
+    bootstrap: int = opt(1000, "Resamples for every interval (sentences, sequences or pairs; at least 1).")
     seed: int = opt(0, "Seed of the repeat probe, the shuffled maps and the bootstrap.")
     engine: str = opt("blocked", "How the syntax part reads each head's full pattern.", choices=ENGINES)
     batch_size: int = opt(16, "Sentences per forward (syntax).")
@@ -74,6 +74,7 @@ class CensusSettings:
             at_least(name, getattr(self, name))
         at_least("repeat_len", self.repeat_len, 2)
         at_least("n_null", self.n_null, 0)
+        at_least("bootstrap", self.bootstrap)  # every census score comes with its interval
         check_bootstrap(self.bootstrap, 0.95)
 
     def record(self) -> dict:
