@@ -180,6 +180,10 @@ def test_force_follows_a_scans_rules(gpt2_run, tiny_gpt2, tmp_path):
     st = CensusSettings(parts=("rare_word",), n_prompts=2, bootstrap=10)
     with pytest.raises(HeadscopeError, match="already exists"):
         census(tiny_gpt2, run, st)
+    from headscope.rundir.store import check_out_dir
+
+    with pytest.raises(HeadscopeError, match="not a headscope run"):
+        check_out_dir(run, force=True)  # a scan's --force never replaces a census run
     census(tiny_gpt2, run, st, force=True, figures=False)  # a census run: replaced whole
     assert set(pd.read_csv(run / "scores.csv").metric) == {"rare_word"}
     (run / "notes.txt").write_text("mine")

@@ -66,7 +66,11 @@ def test_every_engine_agrees(fixture, request):
     probe = text_probe(model, n_prompts=6)
     metric = [get_metric("rare_word")]
     ref = score_probe(model, probe, metric, batch_size=4, engine="hooks")["rare_word"]
-    for engine in ("fused", "blocked"):
+    from headscope.engines.registry import get_engine
+
+    engines = ["fused", "blocked"] + (["flex"] if get_engine("flex").unavailable(model, metric) is None else [])
+    assert "flex" in engines or get_engine("flex").unavailable(model, metric)  # says why it cannot run here
+    for engine in engines:
         got = score_probe(model, probe, metric, batch_size=3, engine=engine)["rare_word"]
         torch.testing.assert_close(got.score, ref.score, atol=1e-5, rtol=0)
         assert got.count == ref.count and got.chance == pytest.approx(ref.chance)

@@ -83,11 +83,12 @@ def run(causal: bool, k: int, m: int, **kw):
     return sents, judge(sents, preds, causal)
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("k,m", [(-1, 1), (-2, 2), (-3, 1), (1, 2), (2, 1)])
+HAND_BUILT = [(c, k, m) for c in (False, True) for k, m in ((-1, 1), (-2, 2), (-3, 1), (1, 2), (2, 1))
+              if not (c and k > 0)]  # a causal head cannot attend to later words
+
+
+@pytest.mark.parametrize("causal,k,m", HAND_BUILT)
 def test_hand_built_heads_are_scored_exactly(causal, k, m):
-    if causal and k > 0:
-        pytest.skip("a causal head cannot attend to later words")
     sents, pairs = run(causal, k, m)
     d0, d1 = pairs.direction == 0, pairs.direction == 1
     poss_case = np.isin(pairs.relation, ["poss"])  # Clark's special case reads the 's instead
