@@ -195,3 +195,29 @@ def test_force_follows_a_scans_rules(gpt2_run, tiny_gpt2, tmp_path):
     with pytest.raises(HeadscopeError, match="not a headscope run"):
         census_to_dir(tiny_gpt2, other, st, force=True)
     assert (other / "chapter.tex").read_text() == "x" and (run / "notes.txt").is_file()
+
+
+@pytest.mark.parametrize("fixture", ["tiny_gpt2", "tiny_bert"])
+def test_the_syntax_patterns_agree_across_engines(fixture, request):
+    """Word maps need each head's full pattern: the blocked and hooks engines hand over the same
+    one (1e-5), one sequence at a time or batched with padding."""
+    import torch
+
+    from headscope.apps.census_parts import attention_maps
+
+    model = request.getfixturevalue(fixture)
+    texts = ("The cat sat on the mat.", "A dog.", "Rivers flood in the spring rain")
+    seqs = [model.wrap(model.encode(t)) for t in texts]
+    got = {}
+    for engine, bs in (("hooks", 1), ("blocked", 3), ("hooks", 3), ("blocked", 1)):
+        maps = {}
+        attention_maps(model, seqs, lambda i, p, maps=maps: maps.__setitem__(i, p), batch_size=bs,
+                       engine=engine)
+        got[(engine, bs)] = maps
+    ref = got[("hooks", 1)]
+    for maps in got.values():
+        for i, ids in enumerate(seqs):
+            assert maps[i].shape == (model.n_layers, model.n_heads, len(ids), len(ids))
+            torch.testing.assert_close(maps[i], ref[i], atol=1e-5, rtol=0)
+    rows = ref[0].sum(-1)  # each query's attention sums to 1
+    torch.testing.assert_close(rows, torch.ones_like(rows), atol=1e-5, rtol=0)
