@@ -49,12 +49,22 @@ def load(folder: str):
 
 def arch(hf) -> str:
     name = type(hf).__name__
-    return "gpt2" if "GPT2" in name else "bert" if "Bert" in name else "gemma" if "Gemma" in name else "llama"
+    return (
+        "gpt2"
+        if "GPT2" in name
+        else "bert"
+        if "Bert" in name
+        else "gemma"
+        if "Gemma" in name
+        else "llama"
+    )
 
 
 def layers(hf) -> list:
     a = arch(hf)
-    return list(hf.transformer.h if a == "gpt2" else hf.encoder.layer if a == "bert" else hf.model.layers)
+    return list(
+        hf.transformer.h if a == "gpt2" else hf.encoder.layer if a == "bert" else hf.model.layers
+    )
 
 
 def shape(hf) -> tuple[int, int, int]:
@@ -69,7 +79,13 @@ def o_proj(hf, layer: int):
     """The module that reads the heads' outputs ``[.., head * d_head]`` (the seam's output)."""
     blk = layers(hf)[layer]
     a = arch(hf)
-    return blk.attn.c_proj if a == "gpt2" else blk.attention.output.dense if a == "bert" else blk.self_attn.o_proj
+    return (
+        blk.attn.c_proj
+        if a == "gpt2"
+        else blk.attention.output.dense
+        if a == "bert"
+        else blk.self_attn.o_proj
+    )
 
 
 def hidden(hf, tokens: torch.Tensor) -> tuple:
@@ -95,16 +111,16 @@ def head_out(hf, x: torch.Tensor, layer: int, head: int) -> torch.Tensor:
     with torch.no_grad():
         if a == "gpt2":
             d = x.shape[-1]
-            v = blk.attn.c_attn(blk.ln_1(x))[:, 2 * d:]  # Conv1D, bias included: [n, d]
-            z = v[:, head * dh:(head + 1) * dh]
-            return z @ blk.attn.c_proj.weight[head * dh:(head + 1) * dh, :]
+            v = blk.attn.c_attn(blk.ln_1(x))[:, 2 * d :]  # Conv1D, bias included: [n, d]
+            z = v[:, head * dh : (head + 1) * dh]
+            return z @ blk.attn.c_proj.weight[head * dh : (head + 1) * dh, :]
         if a == "bert":  # post-norm: the block's input is what the value projection reads
-            z = blk.attention.self.value(x)[:, head * dh:(head + 1) * dh]
-            return z @ blk.attention.output.dense.weight[:, head * dh:(head + 1) * dh].T
+            z = blk.attention.self.value(x)[:, head * dh : (head + 1) * dh]
+            return z @ blk.attention.output.dense.weight[:, head * dh : (head + 1) * dh].T
         g = H // hf.config.num_key_value_heads
         kv = head // g
-        z = blk.input_layernorm(x) @ blk.self_attn.v_proj.weight[kv * dh:(kv + 1) * dh].T
-        out = z @ blk.self_attn.o_proj.weight[:, head * dh:(head + 1) * dh].T
+        z = blk.input_layernorm(x) @ blk.self_attn.v_proj.weight[kv * dh : (kv + 1) * dh].T
+        out = z @ blk.self_attn.o_proj.weight[:, head * dh : (head + 1) * dh].T
         if a == "gemma":
             out = out * (1 + blk.post_attention_layernorm.weight)
         return out
@@ -152,8 +168,12 @@ def _predict(M, i, direction, causal):
 
 def syntax_rows(hf, causal: bool, sentences: list[dict]) -> dict:
     """``{(relation, direction): {"acc": [layer, head], "n", "chance", "baseline"}}`` (loops)."""
-    correct, base, count, chance = defaultdict(float), defaultdict(lambda: np.zeros(len(OFFSETS))), \
-        defaultdict(int), defaultdict(float)
+    correct, base, count, chance = (
+        defaultdict(float),
+        defaultdict(lambda: np.zeros(len(OFFSETS))),
+        defaultdict(int),
+        defaultdict(float),
+    )
     for s in sentences:
         M = word_map(attentions(hf, s["token_ids"]), s["word_tokens"])  # [layer, head, W, W]
         words, heads, rels = s["words"], s["heads"], s["relations"]
@@ -165,7 +185,9 @@ def syntax_rows(hf, causal: bool, sentences: list[dict]) -> dict:
                 y = heads[i]
                 special = rels[i] == "poss" and i + 1 < W and words[i + 1] in ("'s", "s'")
                 q = i + 1 if special else i  # Clark: a possessor is judged by its 's
-                if causal and not ((d == "dep->head" and 0 <= y < q) or (d == "head->dep" and y > q)):
+                if causal and not (
+                    (d == "dep->head" and 0 <= y < q) or (d == "head->dep" and y > q)
+                ):
                     continue
                 p_i = none if preds[d][i] is None else preds[d][i]
                 chosen = p_i
@@ -183,16 +205,26 @@ def syntax_rows(hf, causal: bool, sentences: list[dict]) -> dict:
                     base[(rel, d)] = base[(rel, d)] + np.array(offs)
                     count[(rel, d)] += 1
                     chance[(rel, d)] += 1.0 / max(n_cand, 1)
-    return {k: {"acc": correct[k] / count[k], "n": count[k], "chance": chance[k] / count[k],
-                "baseline": float(base[k].max() / count[k])} for k in count}
+    return {
+        k: {
+            "acc": correct[k] / count[k],
+            "n": count[k],
+            "chance": chance[k] / count[k],
+            "baseline": float(base[k].max() / count[k]),
+        }
+        for k in count
+    }
 
 
 # ------------------------------------------------------------------------------ no-op and ablation
 
 
 def _eager_module(hf):
-    attn = next(m for m in hf.modules() if isinstance(getattr(m, "layer_idx", None), int) or "SelfAttention" in
-                type(m).__name__)
+    attn = next(
+        m
+        for m in hf.modules()
+        if isinstance(getattr(m, "layer_idx", None), int) or "SelfAttention" in type(m).__name__
+    )
     return sys.modules[type(attn).__module__]
 
 
@@ -209,7 +241,16 @@ class _Bar:
 
         def eager(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
             if self.index.get(id(module)) != self.layer:
-                return original(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+                return original(
+                    module,
+                    query,
+                    key,
+                    value,
+                    attention_mask,
+                    scaling=scaling,
+                    dropout=dropout,
+                    **kwargs,
+                )
             scaling = query.size(-1) ** -0.5 if scaling is None else scaling
             g = query.shape[1] // key.shape[1]
             key, value = key.repeat_interleave(g, 1), value.repeat_interleave(g, 1)
@@ -238,7 +279,9 @@ def _target(hf, causal: bool, x: torch.Tensor):
 
 
 def _change(causal, clean, changed) -> float:
-    return float(changed - clean) if causal else float(1 - F.cosine_similarity(clean, changed, dim=0))
+    return (
+        float(changed - clean) if causal else float(1 - F.cosine_similarity(clean, changed, dim=0))
+    )
 
 
 def noop_rows(hf, causal: bool, seqs: list[list[int]], sep_id: int) -> tuple[np.ndarray, int]:
@@ -267,8 +310,12 @@ def ablation_rows(hf, causal: bool, seqs: list[list[int]]) -> tuple[np.ndarray, 
     sums, count = [0.0] * L, 0
     for ids in seqs:  # each head's mean output, from a pre-hook on the output projection
         grabbed = {}
-        hooks = [o_proj(hf, la).register_forward_pre_hook(lambda m, a, la=la: grabbed.__setitem__(la, a[0][0].double()))
-                 for la in range(L)]
+        hooks = [
+            o_proj(hf, la).register_forward_pre_hook(
+                lambda m, a, la=la: grabbed.__setitem__(la, a[0][0].double())
+            )
+            for la in range(L)
+        ]
         try:
             with torch.no_grad():
                 hf(input_ids=torch.tensor([ids]))
@@ -286,10 +333,12 @@ def ablation_rows(hf, causal: bool, seqs: list[list[int]]) -> tuple[np.ndarray, 
         n += len(ids) - 1 if causal else 1
         for la in range(L):
             for h in range(H):
+
                 def put(m, a, h=h, la=la):
                     z = a[0].clone()
-                    z[..., h * dh:(h + 1) * dh] = means[la][h * dh:(h + 1) * dh].to(z.dtype)
+                    z[..., h * dh : (h + 1) * dh] = means[la][h * dh : (h + 1) * dh].to(z.dtype)
                     return (z,)
+
                 hk = o_proj(hf, la).register_forward_pre_hook(put)
                 try:
                     total[la, h] += _change(causal, clean, _target(hf, causal, x))
@@ -298,7 +347,9 @@ def ablation_rows(hf, causal: bool, seqs: list[list[int]]) -> tuple[np.ndarray, 
     return total / n, n
 
 
-def weight_rows(hf, causal: bool, seqs: list[list[int]], sep_id: int) -> tuple[np.ndarray, float, int]:
+def weight_rows(
+    hf, causal: bool, seqs: list[list[int]], sep_id: int
+) -> tuple[np.ndarray, float, int]:
     """The no-op test's weight: sink (decoders) or separator mass (encoders); its uniform chance."""
     L, H, _ = shape(hf)
     total, chance, n = np.zeros((L, H)), 0.0, 0
@@ -329,9 +380,15 @@ def successor_rows(hf, meta: dict, readout: str) -> dict:
     rec = meta["successor"]
     sets = rec["sets"]
     seed, n_null = int(meta["seed"]), int(rec["n_null"])
-    gen = torch.Generator().manual_seed(seed)  # the documented draw: per set in order, n_null permutations
-    perms = {name: torch.stack([torch.randperm(len(s["token_ids"]), generator=gen) for _ in range(n_null)])
-             for name, s in sets.items()}
+    gen = torch.Generator().manual_seed(
+        seed
+    )  # the documented draw: per set in order, n_null permutations
+    perms = {
+        name: torch.stack(
+            [torch.randperm(len(s["token_ids"]), generator=gen) for _ in range(n_null)]
+        )
+        for name, s in sets.items()
+    }
     hits, null = np.zeros((L, H)), np.zeros((n_null, L, H))
     n = sum(len(s["pairs"]) for s in sets.values())
     chance = sum(len(s["pairs"]) / len(s["token_ids"]) for s in sets.values()) / n
@@ -339,9 +396,13 @@ def successor_rows(hf, meta: dict, readout: str) -> dict:
         ids = torch.tensor(s["token_ids"]).view(-1, 1)  # each token alone, no BOS
         hs = hidden(hf, ids)
         for la in range(L):
-            x = hs[0 if la == 0 else 1][:, 0].float()  # layer 0: the raw embedding; later: after block 0
+            x = hs[0 if la == 0 else 1][
+                :, 0
+            ].float()  # layer 0: the raw embedding; later: after block 0
             for h in range(H):
-                top = read_logits(hf, head_out(hf, x, la, h), readout)[:, s["token_ids"]].argmax(-1)  # [|S|]
+                top = read_logits(hf, head_out(hf, x, la, h), readout)[:, s["token_ids"]].argmax(
+                    -1
+                )  # [|S|]
                 for j, (a, b) in enumerate(s["pairs"]):
                     hits[la, h] += int(top[a]) == b
                     null[:, la, h] += (perms[name][:, b] == int(top[a])).numpy()
@@ -357,16 +418,22 @@ def copy_suppression_rows(hf, tok, seqs: list[list[int]], L_rep: int, k: int, re
     """Own-token (and control-token) logit among the ``k`` lowest of the ordinary vocabulary."""
     L, H, _ = shape(hf)
     vocab = ordinary_vocab(tok)
-    vocab = vocab[vocab < read_logits(hf, torch.zeros(1, hf.get_input_embeddings().weight.shape[1]),
-                                      readout).shape[-1]]
+    vocab = vocab[
+        vocab
+        < read_logits(hf, torch.zeros(1, hf.get_input_embeddings().weight.shape[1]), readout).shape[
+            -1
+        ]
+    ]
     hits, ctrl, n = np.zeros((L, H)), np.zeros((L, H)), 0
     for ids in seqs:
-        first = ids[1:L_rep + 1]
-        other = first[L_rep // 2:] + first[:L_rep // 2]  # the token L // 2 further along, cyclically
+        first = ids[1 : L_rep + 1]
+        other = (
+            first[L_rep // 2 :] + first[: L_rep // 2]
+        )  # the token L // 2 further along, cyclically
         hs = hidden(hf, torch.tensor([ids]))
         n += L_rep
         for la in range(L):
-            x = hs[la][0, 1:L_rep + 1].float()
+            x = hs[la][0, 1 : L_rep + 1].float()
             for h in range(H):
                 logits = read_logits(hf, head_out(hf, x, la, h), readout)[:, vocab]  # [L, V]
                 col = {int(t): i for i, t in enumerate(vocab.tolist())}
@@ -379,7 +446,9 @@ def copy_suppression_rows(hf, tok, seqs: list[list[int]], L_rep: int, k: int, re
 
 def rare_word_rows(hf, tok, causal: bool, seqs: list[list[int]]) -> dict:
     """Arg-max key = a least frequent counted key (unigram counts of both corpus parts)."""
-    from headscope.probes.corpus import long_text  # the prose itself (data), not the census's counts
+    from headscope.probes.corpus import (
+        long_text,
+    )  # the prose itself (data), not the census's counts
 
     counts: dict[int, int] = defaultdict(int)
     for part in ("scan", "heldout"):
@@ -391,13 +460,19 @@ def rare_word_rows(hf, tok, causal: bool, seqs: list[list[int]]) -> dict:
     for ids in seqs:
         A = attentions(hf, ids)
         for q in range(len(ids)):
-            keys = [k for k in range(1, q + 1 if causal else len(ids)) if k != q and ids[k] not in special]
+            keys = [
+                k
+                for k in range(1, q + 1 if causal else len(ids))
+                if k != q and ids[k] not in special
+            ]
             if not keys:
                 continue
             n += 1
             chance += 1.0 / len(keys)
             rarest = min(counts[ids[k]] for k in keys)
-            top = A[:, :, q, : q + 1 if causal else len(ids)].argmax(-1)  # [layer, head], first maximum
+            top = A[:, :, q, : q + 1 if causal else len(ids)].argmax(
+                -1
+            )  # [layer, head], first maximum
             for la in range(L):
                 for h in range(H):
                     t = int(top[la, h])
@@ -427,18 +502,35 @@ def recompute(run_dir, model_dir=None, progress=None) -> pd.DataFrame:
     def add(metric, score, chance, n, null=None):
         for la in range(score.shape[0]):
             for h in range(score.shape[1]):
-                out.append({"metric": metric, "layer": la, "head": h, "score": float(score[la, h]),
-                            "chance": float(chance), "n": int(n),
-                            "null": float(null[la, h]) if null is not None and np.ndim(null) else
-                            (float(null) if null is not None else float("nan"))})
+                out.append(
+                    {
+                        "metric": metric,
+                        "layer": la,
+                        "head": h,
+                        "score": float(score[la, h]),
+                        "chance": float(chance),
+                        "n": int(n),
+                        "null": float(null[la, h])
+                        if null is not None and np.ndim(null)
+                        else (float(null) if null is not None else float("nan")),
+                    }
+                )
 
     if any(m.startswith("syntax_") for m in metrics):
         say("syntax: word maps and Clark's evaluation, as loops")
-        sents = [json.loads(line) for line in (run / "syntax_sentences.jsonl").read_text().splitlines()]
+        sents = [
+            json.loads(line) for line in (run / "syntax_sentences.jsonl").read_text().splitlines()
+        ]
         for (rel, d), r in syntax_rows(hf, causal, sents).items():
             short = "d2h" if d == "dep->head" else "h2d"
             if f"syntax_{rel}.{short}" in metrics:
-                add(f"syntax_{rel}.{short}", r["acc"], r["chance"], r["n"], np.full(r["acc"].shape, r["baseline"]))
+                add(
+                    f"syntax_{rel}.{short}",
+                    r["acc"],
+                    r["chance"],
+                    r["n"],
+                    np.full(r["acc"].shape, r["baseline"]),
+                )
     noop_seqs = text[: int(meta.get("noop", {}).get("sequences", 0))]
     for m in ("effect_noop_text_loss", "effect_noop_embedding"):
         if m in metrics:
@@ -458,12 +550,17 @@ def recompute(run_dir, model_dir=None, progress=None) -> pd.DataFrame:
             say("successor: plain modules on each token alone")
             r = successor_rows(hf, meta, readout)
             add(m, r["score"], r["chance"], r["n"], r["null"])
-    for m, readout in (("copy_suppression", "unembedding"), ("copy_suppression_embeddings", "embeddings")):
+    for m, readout in (
+        ("copy_suppression", "unembedding"),
+        ("copy_suppression_embeddings", "embeddings"),
+    ):
         if m in metrics:
             say("copy suppression: plain modules at the first copy")
             cs = meta["copy_suppression"]
             seqs = [t["token_ids"] for t in rep][: int(cs["sequences"])]
-            r = copy_suppression_rows(hf, tok, seqs, int(rep[0]["repeat_len"]), int(cs["k"]), readout)
+            r = copy_suppression_rows(
+                hf, tok, seqs, int(rep[0]["repeat_len"]), int(cs["k"]), readout
+            )
             add(m, r["score"], r["chance"], r["n"], r["null"])
     if "rare_word" in metrics:
         say("rare_word: HF eager attention and a recount of the prose")
@@ -476,7 +573,9 @@ def recompute(run_dir, model_dir=None, progress=None) -> pd.DataFrame:
 TOL = {"syntax": 1e-6, "hits": 1e-6, "weight": 1e-5}
 
 
-def compare(ours: pd.DataFrame, theirs: pd.DataFrame, effect_tol: float = 2e-2) -> tuple[int, list[str]]:
+def compare(
+    ours: pd.DataFrame, theirs: pd.DataFrame, effect_tol: float = 2e-2
+) -> tuple[int, list[str]]:
     """``(rows compared, problems)``: every row of ``theirs`` (a census's ``scores.csv``) against
     ``ours``. NaN rows (not measured) must be NaN in both or absent here."""
     mine = ours.set_index(["metric", "layer", "head"])

@@ -42,14 +42,28 @@ CENSUS_FORMAT = "headscope-census/1"  # metadata.json's run_format of a census r
 FORMATS = (RUN_FORMAT, CENSUS_FORMAT)  # what --force may replace
 REPORT = "report.html"
 #: The heatmaps a census draws (when their rows exist), in the page's order.
-FIGURES = ("syntax_all.d2h", "syntax_all.h2d", "noop_weight", "effect_noop_text_loss", "effect_noop_embedding",
-           "effect_text_loss", "effect_embedding", "successor", "successor_embeddings", "copy_suppression",
-           "copy_suppression_embeddings", "rare_word")
+FIGURES = (
+    "syntax_all.d2h",
+    "syntax_all.h2d",
+    "noop_weight",
+    "effect_noop_text_loss",
+    "effect_noop_embedding",
+    "effect_text_loss",
+    "effect_embedding",
+    "successor",
+    "successor_embeddings",
+    "copy_suppression",
+    "copy_suppression_embeddings",
+    "rare_word",
+)
 
 
 def default_out(model) -> Path:
     """Where ``headscope census MODEL`` writes without ``--out``: ``runs/<model slug>-census``."""
-    return Path("runs") / f"{model_slug(model if isinstance(model, str) else getattr(model, 'name', 'model'))}-census"
+    return (
+        Path("runs")
+        / f"{model_slug(model if isinstance(model, str) else getattr(model, 'name', 'model'))}-census"
+    )
 
 
 def check_before_loading(settings: CensusSettings, out: str | Path, force: bool) -> Path:
@@ -71,18 +85,29 @@ def check_model(model, settings: CensusSettings) -> None:
         from headscope.probes.words import check_offsets
 
         check_offsets(model)
-    if settings.readout == "unembedding" and {"successor", "copy_suppression"} & set(settings.parts):
+    if settings.readout == "unembedding" and {"successor", "copy_suppression"} & set(
+        settings.parts
+    ):
         from headscope.circuits.ov import readout
 
         readout(model, "unembedding")  # one line for an encoder
     if "successor" in settings.parts and (settings.readout != "auto" or model.causal):
         from headscope.circuits.successor import ordinal_sets
 
-        ordinal_sets(model)  # one line when no ordinal set has a (t, successor) pair of single tokens
+        ordinal_sets(
+            model
+        )  # one line when no ordinal set has a (t, successor) pair of single tokens
 
 
-def census_to_dir(model_name, out: str | Path | None = None, settings: CensusSettings | None = None, *,
-                  force: bool = False, figures: bool = True, say: Callable[[str], None] | None = None) -> Path:
+def census_to_dir(
+    model_name,
+    out: str | Path | None = None,
+    settings: CensusSettings | None = None,
+    *,
+    force: bool = False,
+    figures: bool = True,
+    say: Callable[[str], None] | None = None,
+) -> Path:
     """Load ``model_name`` (a name, a folder, or a :class:`~headscope.models.model.Model`) and run
     :func:`census` into ``out`` (default :func:`default_out`); every check comes before the work."""
     settings = settings or CensusSettings()
@@ -97,8 +122,15 @@ def census_to_dir(model_name, out: str | Path | None = None, settings: CensusSet
     return census(model, out, settings, force=force, figures=figures, say=say)
 
 
-def census(model, out: str | Path, settings: CensusSettings | None = None, *, force: bool = False,
-           figures: bool = True, say: Callable[[str], None] | None = None) -> Path:
+def census(
+    model,
+    out: str | Path,
+    settings: CensusSettings | None = None,
+    *,
+    force: bool = False,
+    figures: bool = True,
+    say: Callable[[str], None] | None = None,
+) -> Path:
     """Run the census parts of ``settings`` on ``model`` and publish ``out`` whole (see the module
     docstring). Bad input (an ``out`` that may not be written, spaCy or its pipeline missing, a
     tokenizer without offsets, no ordinal set of single tokens) is one line, and nothing is left."""
@@ -113,7 +145,9 @@ def census(model, out: str | Path, settings: CensusSettings | None = None, *, fo
     check_model(model, settings)
     st = settings
     text = text_probe(model, n_prompts=st.n_prompts)
-    rep = repeat_probe(model, repeat_len=st.repeat_len, n_sequences=st.repeat_sequences, seed=st.seed)
+    rep = repeat_probe(
+        model, repeat_len=st.repeat_len, n_sequences=st.repeat_sequences, seed=st.seed
+    )
     ctx = Context(model, st, text, rep, say, summary=[f"# Head census of {model.name}", ""])
     timings: dict[str, float] = {}
     scored: list[dict] = []
@@ -142,7 +176,9 @@ def census(model, out: str | Path, settings: CensusSettings | None = None, *, fo
                     f.write(json.dumps(rec) + "\n")
         (tmp / "summary.md").write_text("\n".join(ctx.summary) + "\n")
         if figures:  # tables first; a figure that cannot be drawn costs only itself
-            optional("the figures", lambda: save_census_figures(frame, tmp), meta, "figures_skipped", say)
+            optional(
+                "the figures", lambda: save_census_figures(frame, tmp), meta, "figures_skipped", say
+            )
         meta["timings"]["write_s"] = round(time.perf_counter() - t0, 3)
         meta["timings"]["total_s"] = round(time.perf_counter() - started, 3)
         meta["files"] = sorted([p.name for p in tmp.iterdir()] + ["metadata.json", REPORT])
@@ -152,8 +188,12 @@ def census(model, out: str | Path, settings: CensusSettings | None = None, *, fo
             meta["files"] = [f for f in meta["files"] if f != REPORT]
         _write_json(tmp / "metadata.json", meta)  # complete, and last
 
-    publish_dir(out, build, replace=force and (out.exists() or out.is_symlink()),
-                before_replace=lambda: check_out_dir(out, force=True, formats=FORMATS))
+    publish_dir(
+        out,
+        build,
+        replace=force and (out.exists() or out.is_symlink()),
+        before_replace=lambda: check_out_dir(out, force=True, formats=FORMATS),
+    )
     return out
 
 
@@ -186,7 +226,11 @@ def run_metadata(model, settings: CensusSettings, ctx, timings: dict, text, rep)
         "n_heads": model.n_heads,
         "n_kv_heads": model.n_kv_heads,
         "causal": model.causal,
-        "special_tokens": {"bos_or_cls": model.bos_id, "separator": model.sep_id, "pad": model.pad_id},
+        "special_tokens": {
+            "bos_or_cls": model.bos_id,
+            "separator": model.sep_id,
+            "pad": model.pad_id,
+        },
         "settings": settings.record(),
         "seed": settings.seed,
         "probes": {p.name: {**p.settings, "n_sequences": len(p)} for p in (text, rep)},
@@ -194,9 +238,14 @@ def run_metadata(model, settings: CensusSettings, ctx, timings: dict, text, rep)
         "device": str(model.device),
         "dtype": str(model.dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(),
-        "versions": {"headscope": __version__, "torch": torch.__version__, "transformers": _version("transformers"),
-                     "transformer-lens": _version("transformer-lens"), "spacy": _version("spacy"),
-                     "python": platform.python_version()},
+        "versions": {
+            "headscope": __version__,
+            "torch": torch.__version__,
+            "transformers": _version("transformers"),
+            "transformer-lens": _version("transformer-lens"),
+            "spacy": _version("spacy"),
+            "python": platform.python_version(),
+        },
         "timings": dict(timings),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

@@ -6,7 +6,7 @@
 >>> CensusSettings(parts=("nope",))
 Traceback (most recent call last):
 ...
-headscope.errors.HeadscopeError: Unknown census part 'nope'. Use any of syntax, noop, successor, copy_suppression, rare_word.
+headscope.errors.HeadscopeError: Unknown census part 'nope'. Did you mean: noop? Use any of syntax, noop, successor, copy_suppression, rare_word.
 """
 
 from __future__ import annotations
@@ -31,27 +31,50 @@ ENGINES = ("blocked", "hooks")  # word maps need each head's full pattern
 class CensusSettings:
     """Everything a census is run with; the model and the output folder are given beside it."""
 
-    parts: tuple = opt(",".join(PARTS), f"Comma-separated parts to run. [default: all: {','.join(PARTS)}]",
-                       kind="csv", choices=PARTS)
-    tokenize: str = opt("natural", "How a parsed sentence becomes tokens: natural (tokenized whole; "
-                                   "sentences whose tokens straddle two words are left out) or words (each "
-                                   "word on its own, as Clark et al.; every sentence kept).", choices=TOKENIZE)
+    parts: tuple = opt(
+        ",".join(PARTS),
+        f"Comma-separated parts to run. [default: all: {','.join(PARTS)}]",
+        kind="csv",
+        choices=PARTS,
+    )
+    tokenize: str = opt(
+        "natural",
+        "How a parsed sentence becomes tokens: natural (tokenized whole; "
+        "sentences whose tokens straddle two words are left out) or words (each "
+        "word on its own, as Clark et al.; every sentence kept).",
+        choices=TOKENIZE,
+    )
     n_sentences: int = opt(1000, "Held-out sentences for the syntax part (the first that align).")
-    min_count: int = opt(100, "A relation is a row of the syntax table with at least this many pairs.")
-    n_prompts: int | None = opt(None, "Text-probe pairs for rare_word (every pair of the built-in corpus "
-                                      "when not given).")
-    noop_sequences: int = opt(16, "Text sequences the no-op test and the mean ablation beside it use.")
+    min_count: int = opt(
+        100, "A relation is a row of the syntax table with at least this many pairs."
+    )
+    n_prompts: int | None = opt(
+        None, "Text-probe pairs for rare_word (every pair of the built-in corpus when not given)."
+    )
+    noop_sequences: int = opt(
+        16, "Text sequences the no-op test and the mean ablation beside it use."
+    )
     repeat_len: int = opt(50, "L of the repeat probe BOS+R+R (copy suppression).")
     repeat_sequences: int = opt(8, "Repeat sequences for copy suppression.")
-    ablation: bool = opt(True, "Each head's whole-head mean-ablation effect beside the no-op test and copy "
-                               "suppression.")
-    readout: str = opt("auto", "What successor and copy suppression read a head's output through: auto (the "
-                               "unembedding; encoders have none and get NaN rows), unembedding, or "
-                               "embeddings (the input embeddings; rows named *_embeddings).", choices=READOUTS)
+    ablation: bool = opt(
+        True,
+        "Each head's whole-head mean-ablation effect beside the no-op test and copy suppression.",
+    )
+    readout: str = opt(
+        "auto",
+        "What successor and copy suppression read a head's output through: auto (the "
+        "unembedding; encoders have none and get NaN rows), unembedding, or "
+        "embeddings (the input embeddings; rows named *_embeddings).",
+        choices=READOUTS,
+    )
     n_null: int = opt(200, "Shuffled successor maps (the successor null).")
-    bootstrap: int = opt(1000, "Resamples for every interval (sentences, sequences or pairs; at least 1).")
+    bootstrap: int = opt(
+        1000, "Resamples for every interval (sentences, sequences or pairs; at least 1)."
+    )
     seed: int = opt(0, "Seed of the repeat probe, the shuffled maps and the bootstrap.")
-    engine: str = opt("blocked", "How the syntax part reads each head's full pattern.", choices=ENGINES)
+    engine: str = opt(
+        "blocked", "How the syntax part reads each head's full pattern.", choices=ENGINES
+    )
     batch_size: int = opt(16, "Sentences per forward (syntax).")
 
     def __post_init__(self) -> None:
@@ -60,17 +83,27 @@ class CensusSettings:
         object.__setattr__(self, "parts", parts)
         bad = [p for p in parts if p not in PARTS]
         if bad:
-            raise HeadscopeError(f"Unknown census part '{bad[0]}'.{did_you_mean(bad[0], PARTS)} "
-                                 f"Use any of {', '.join(PARTS)}.")
+            raise HeadscopeError(
+                f"Unknown census part '{bad[0]}'.{did_you_mean(bad[0], PARTS)} "
+                f"Use any of {', '.join(PARTS)}."
+            )
         if not parts:
             raise HeadscopeError(f"No census part given; use any of {', '.join(PARTS)}.")
         for name, allowed in (("tokenize", TOKENIZE), ("readout", READOUTS), ("engine", ENGINES)):
             value = getattr(self, name)
             if value not in allowed:
-                raise HeadscopeError(f"Unknown {name} '{value}'.{did_you_mean(str(value), allowed)} "
-                                     f"Use one of {', '.join(allowed)}.")
-        for name in ("n_sentences", "min_count", "n_prompts", "noop_sequences", "repeat_sequences",
-                     "batch_size"):
+                raise HeadscopeError(
+                    f"Unknown {name} '{value}'.{did_you_mean(str(value), allowed)} "
+                    f"Use one of {', '.join(allowed)}."
+                )
+        for name in (
+            "n_sentences",
+            "min_count",
+            "n_prompts",
+            "noop_sequences",
+            "repeat_sequences",
+            "batch_size",
+        ):
             at_least(name, getattr(self, name))
         at_least("repeat_len", self.repeat_len, 2)
         at_least("n_null", self.n_null, 0)

@@ -26,8 +26,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headscope.models.attention import AttentionCall, StopForward
 from headscope.errors import HeadscopeError
+from headscope.models.attention import AttentionCall, StopForward
 
 READOUTS = ("unembedding", "embeddings")
 
@@ -35,13 +35,18 @@ READOUTS = ("unembedding", "embeddings")
 def _gain(norm, d_model: int) -> Tensor:
     with torch.no_grad():
         p = next(norm.parameters())
-        return norm(torch.ones(1, d_model, dtype=p.dtype, device=p.device)).float().cpu()[0]  # [d_model]
+        return (
+            norm(torch.ones(1, d_model, dtype=p.dtype, device=p.device)).float().cpu()[0]
+        )  # [d_model]
 
 
 def output_gains(model) -> Float[Tensor, "layer d_model"] | None:
     """Per layer, the gain of a post-attention norm applied before the residual add (None: none)."""
     blocks = model.blocks()
-    if not all(hasattr(b, "pre_feedforward_layernorm") and hasattr(b, "post_attention_layernorm") for b in blocks):
+    if not all(
+        hasattr(b, "pre_feedforward_layernorm") and hasattr(b, "post_attention_layernorm")
+        for b in blocks
+    ):
         return None
     return torch.stack([_gain(b.post_attention_layernorm, model.d_model) for b in blocks])
 
@@ -54,13 +59,21 @@ def readout(model, kind: str = "unembedding") -> tuple[Float[Tensor, "d_model vo
     if kind == "embeddings":
         return hf.get_input_embeddings().weight.detach().float().cpu().T.contiguous(), False
     if not model.causal or hf.get_output_embeddings() is None:
-        raise HeadscopeError(f"{model.name} has no trained unembedding to read a head's output through (an encoder's "
-                             "masked-LM head is missing or random); use readout='embeddings' to read through its "
-                             "input embeddings instead (not an unembedding).")
+        raise HeadscopeError(
+            f"{model.name} has no trained unembedding to read a head's output through (an encoder's "
+            "masked-LM head is missing or random); use readout='embeddings' to read through its "
+            "input embeddings instead (not an unembedding)."
+        )
     W_U = hf.get_output_embeddings().weight.detach().float().cpu().T  # [d_model, vocab]
     base = hf.base_model
-    norm = next((getattr(base, n) for n in ("norm", "ln_f", "final_layernorm", "final_layer_norm")
-                 if hasattr(base, n)), None)
+    norm = next(
+        (
+            getattr(base, n)
+            for n in ("norm", "ln_f", "final_layernorm", "final_layer_norm")
+            if hasattr(base, n)
+        ),
+        None,
+    )
     if norm is None:
         return W_U.contiguous(), False
     centre = isinstance(norm, torch.nn.LayerNorm)
@@ -68,7 +81,9 @@ def readout(model, kind: str = "unembedding") -> tuple[Float[Tensor, "d_model vo
     return (gain[:, None] * W_U).contiguous(), centre
 
 
-def values(model, tokens: Tensor, layers, resume: tuple[int, Tensor] | None = None) -> dict[int, Tensor]:
+def values(
+    model, tokens: Tensor, layers, resume: tuple[int, Tensor] | None = None
+) -> dict[int, Tensor]:
     """``{layer: [batch, head, pos, d_head]}``: each query head's value at every position (GQA:
     query head ``h`` reads KV head ``h // g``), from one forward of ``tokens`` (``[batch, pos]``),
     or from block ``resume[0]`` on with ``resume[1]`` as its input residual stream."""
@@ -103,8 +118,13 @@ def effective_embeddings(model, ids: Tensor) -> tuple[Float[Tensor, "n d_model"]
     return kept[0].float().cpu()[:, 0], got[0]  # [n, d_model], [n, head, d_head]
 
 
-def head_logits(z: Float[Tensor, "n d_head"], W_O: Float[Tensor, "d_head d_model"], U: Float[Tensor, "d_model vocab"],
-                gain: Tensor | None = None, centre: bool = False) -> Float[Tensor, "n vocab"]:
+def head_logits(
+    z: Float[Tensor, "n d_head"],
+    W_O: Float[Tensor, "d_head d_model"],
+    U: Float[Tensor, "d_model vocab"],
+    gain: Tensor | None = None,
+    centre: bool = False,
+) -> Float[Tensor, "n vocab"]:
     """One head's direct logits ``(z W_O) * gain`` (centred for a LayerNorm) read through ``U``."""
     W = W_O if gain is None else W_O * gain[None, :]  # [d_head, d_model]
     if centre:

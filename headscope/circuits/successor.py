@@ -42,15 +42,69 @@ from headscope.uncertainty import bootstrap
 #: name -> (cyclic, elements in order)
 SETS: dict[str, tuple[bool, list[str]]] = {
     "digits": (False, [str(i) for i in range(1, 10)]),
-    "number_words": (False, ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
-                             "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
-                             "nineteen", "twenty"]),
-    "ordinals": (False, ["first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth"]),
+    "number_words": (
+        False,
+        [
+            "one",
+            "two",
+            "three",
+            "four",
+            "five",
+            "six",
+            "seven",
+            "eight",
+            "nine",
+            "ten",
+            "eleven",
+            "twelve",
+            "thirteen",
+            "fourteen",
+            "fifteen",
+            "sixteen",
+            "seventeen",
+            "eighteen",
+            "nineteen",
+            "twenty",
+        ],
+    ),
+    "ordinals": (
+        False,
+        [
+            "first",
+            "second",
+            "third",
+            "fourth",
+            "fifth",
+            "sixth",
+            "seventh",
+            "eighth",
+            "ninth",
+            "tenth",
+        ],
+    ),
     "days": (True, ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]),
     "days_short": (True, ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]),
-    "months": (True, ["January", "February", "March", "April", "May", "June", "July", "August", "September",
-                      "October", "November", "December"]),
-    "months_short": (True, ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]),
+    "months": (
+        True,
+        [
+            "January",
+            "February",
+            "March",
+            "April",
+            "May",
+            "June",
+            "July",
+            "August",
+            "September",
+            "October",
+            "November",
+            "December",
+        ],
+    ),
+    "months_short": (
+        True,
+        ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"],
+    ),
     "letters": (False, list(string.ascii_uppercase)),
 }
 INFO = CENSUS["successor"]
@@ -89,18 +143,29 @@ def ordinal_sets(model, names=None) -> list[OrdinalSet]:
         tok = [single_token(model, w) for w in words]
         keep = [i for i, t in enumerate(tok) if t is not None]
         where = {i: j for j, i in enumerate(keep)}
-        succ = [(i, (i + 1) % len(words)) for i in range(len(words)) if cyclic or i + 1 < len(words)]
+        succ = [
+            (i, (i + 1) % len(words)) for i in range(len(words)) if cyclic or i + 1 < len(words)
+        ]
         pairs = [(where[a], where[b]) for a, b in succ if a in where and b in where]
-        s = OrdinalSet(name, [tok[i] for i in keep], pairs, [w for w, t in zip(words, tok, strict=True) if t is None])
+        s = OrdinalSet(
+            name,
+            [tok[i] for i in keep],
+            pairs,
+            [w for w, t in zip(words, tok, strict=True) if t is None],
+        )
         if not pairs:
             if names is not None:
-                raise HeadscopeError(f"The ordinal set '{name}' has no (t, successor) pair of single tokens in "
-                                     f"{model.name}'s tokenizer ({len(keep)} of {len(words)} elements are one token); "
-                                     "choose other sets.")
+                raise HeadscopeError(
+                    f"The ordinal set '{name}' has no (t, successor) pair of single tokens in "
+                    f"{model.name}'s tokenizer ({len(keep)} of {len(words)} elements are one token); "
+                    "choose other sets."
+                )
             continue
         out.append(s)
     if not out:
-        raise HeadscopeError(f"No ordinal set has a (t, successor) pair of single tokens in {model.name}'s tokenizer.")
+        raise HeadscopeError(
+            f"No ordinal set has a (t, successor) pair of single tokens in {model.name}'s tokenizer."
+        )
     return out
 
 
@@ -124,8 +189,14 @@ class SuccessorScores:
         return self.hits.shape[0]
 
 
-def successor_scores(model, names=None, readout_kind: str = "unembedding", n_null: int = 200, seed: int = 0,
-                     resamples: int = 1000) -> SuccessorScores:
+def successor_scores(
+    model,
+    names=None,
+    readout_kind: str = "unembedding",
+    n_null: int = 200,
+    seed: int = 0,
+    resamples: int = 1000,
+) -> SuccessorScores:
     """The successor score of every head (see the module docstring)."""
     U, centre = readout(model, readout_kind)  # refuses an encoder's missing unembedding first
     sets = ordinal_sets(model, names)
@@ -139,10 +210,21 @@ def successor_scores(model, names=None, readout_kind: str = "unembedding", n_nul
     hits = torch.zeros(n_pairs, L, H, dtype=torch.float64)
     null = torch.zeros(n_null, L, H, dtype=torch.float64)
     gen = torch.Generator().manual_seed(seed)
-    perms = {s.name: torch.stack([torch.randperm(len(s.ids), generator=gen) for _ in range(n_null)]) for s in sets}
+    perms = {
+        s.name: torch.stack([torch.randperm(len(s.ids), generator=gen) for _ in range(n_null)])
+        for s in sets
+    }
     for layer in range(L):
-        z = v0 if layer == 0 else values(model, torch.tensor(all_ids).view(-1, 1), [layer],
-                                         resume=(layer, e[:, None, :].to(model.dtype)))[layer][:, :, 0]  # [n, head, d_head]
+        z = (
+            v0
+            if layer == 0
+            else values(
+                model,
+                torch.tensor(all_ids).view(-1, 1),
+                [layer],
+                resume=(layer, e[:, None, :].to(model.dtype)),
+            )[layer][:, :, 0]
+        )  # [n, head, d_head]
         gain = None if gains is None else gains[layer]
         at = 0
         for s in sets:
@@ -150,8 +232,10 @@ def successor_scores(model, names=None, readout_kind: str = "unembedding", n_nul
             src = torch.tensor([row[s.ids[a]] for a, _ in s.pairs])  # [pairs]
             tgt = torch.tensor([b for _, b in s.pairs])  # [pairs]: index of succ t in S
             for h in range(H):
-                top = head_logits(z[src, h], W_O[layer, h], cols, gain, centre).argmax(-1)  # [pairs]
-                hits[at:at + len(tgt), layer, h] = (top == tgt).double()
+                top = head_logits(z[src, h], W_O[layer, h], cols, gain, centre).argmax(
+                    -1
+                )  # [pairs]
+                hits[at : at + len(tgt), layer, h] = (top == tgt).double()
                 shuffled = perms[s.name][:, tgt]  # [n_null, pairs]: sigma(succ t)
                 null[:, layer, h] += (top[None, :] == shuffled).double().sum(1)
             at += len(tgt)
@@ -160,7 +244,17 @@ def successor_scores(model, names=None, readout_kind: str = "unembedding", n_nul
     boot = bootstrap(hits, torch.ones(n_pairs, dtype=torch.float64), resamples=resamples, seed=seed)
     per_set, at = {}, 0
     for s in sets:
-        per_set[s.name] = hits[at:at + len(s.pairs)].mean(0)
+        per_set[s.name] = hits[at : at + len(s.pairs)].mean(0)
         at += len(s.pairs)
-    return SuccessorScores(hits.mean(0), hits, chance, null.mean(0), torch.quantile(null, 0.95, dim=0),
-                           boot.ci_low, boot.ci_high, per_set, sets, readout_kind)
+    return SuccessorScores(
+        hits.mean(0),
+        hits,
+        chance,
+        null.mean(0),
+        torch.quantile(null, 0.95, dim=0),
+        boot.ci_low,
+        boot.ci_high,
+        per_set,
+        sets,
+        readout_kind,
+    )

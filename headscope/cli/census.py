@@ -10,14 +10,25 @@ from headscope.apps.census_settings import CensusSettings
 from headscope.cli.options import config_from, config_options
 
 
-@click.command(epilog="Quick look (all-minilm-l6-v2 on 2 CPU cores, about 10 minutes): headscope census "
-               "all-minilm-l6-v2 --out runs/minilm-census. The syntax part needs spaCy: "
-               "pip install 'headscope[syntax]'.")
+@click.command(
+    epilog="Quick look (all-minilm-l6-v2 on 2 CPU cores, about 10 minutes): headscope census "
+    "all-minilm-l6-v2 --out runs/minilm-census. The syntax part needs spaCy: "
+    "pip install 'headscope[syntax]'."
+)
 @click.argument("model_name", metavar="MODEL")
-@click.option("--out", default=None, type=click.Path(), help="Run directory to write. [default: runs/<model>-census]")
+@click.option(
+    "--out",
+    default=None,
+    type=click.Path(),
+    help="Run directory to write. [default: runs/<model>-census]",
+)
 @config_options(CensusSettings)
-@click.option("--threads", type=int, default=None, help="torch CPU threads. [default: torch's choice]")
-@click.option("--force", is_flag=True, help="Replace an existing run directory (never any other folder).")
+@click.option(
+    "--threads", type=int, default=None, help="torch CPU threads. [default: torch's choice]"
+)
+@click.option(
+    "--force", is_flag=True, help="Replace an existing run directory (never any other folder)."
+)
 @click.option("--no-figures", is_flag=True, help="Skip the PNG heatmaps.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
 def census(model_name, out, threads, force, no_figures, quiet, **settings) -> None:
@@ -41,7 +52,13 @@ def census(model_name, out, threads, force, no_figures, quiet, **settings) -> No
         import torch
 
         torch.set_num_threads(threads)
-    target = census_to_dir(model_name, out or default_out(model_name), config, force=force,
-                           figures=not no_figures, say=say)
+    target = census_to_dir(
+        model_name,
+        out or default_out(model_name),
+        config,
+        force=force,
+        figures=not no_figures,
+        say=say,
+    )
     click.echo((target / "summary.md").read_text())
     click.echo(f"wrote {target}/")

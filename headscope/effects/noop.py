@@ -84,41 +84,80 @@ def target_for(model) -> Target:
     return TARGETS["text_loss"] if model.causal else TARGETS["embedding"]
 
 
-def noop_effects(model, probe: Probe, heads: Sequence[tuple[int, int]] | None = None, batch_size: int = 8,
-                 rows_per_forward: int | None = None, on_progress: Callable[[int], None] | None = None
-                 ) -> dict[tuple[int, int], tuple[Tensor, Tensor]]:
+def noop_effects(
+    model,
+    probe: Probe,
+    heads: Sequence[tuple[int, int]] | None = None,
+    batch_size: int = 8,
+    rows_per_forward: int | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> dict[tuple[int, int], tuple[Tensor, Tensor]]:
     """``{(layer, head): (effect sums [sequence], counts [sequence])}`` (float64) of removing each
     head's attention to [SEP] / position 0 on the text ``probe``; pooled = ``sums.sum() / counts.sum()``."""
     target = target_for(model)
-    heads = [(la, h) for la in range(model.n_layers) for h in range(model.n_heads)] if heads is None else list(heads)
+    heads = (
+        [(la, h) for la in range(model.n_layers) for h in range(model.n_heads)]
+        if heads is None
+        else list(heads)
+    )
     by_layer: dict[int, list[int]] = {}
     for layer, head in heads:
         by_layer.setdefault(layer, []).append(head)
     n = len(probe)
-    sums = {(la, h): (torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)) for la, h in heads}
+    sums = {
+        (la, h): (torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64))
+        for la, h in heads
+    }
     for tokens, mask, lengths, index in batches(model, probe, batch_size, with_index=True):
         b = len(tokens)
         kept: dict[int, Tensor] = {}
         first = logits_from(target, tokens, probe.repeat_len) if target.output == "logits" else 0
         types = segment_ids(probe, index)
-        clean = measure(target, model.run(tokens, mask, output=target.output, keep_blocks=kept, logits_from=first,
-                                          token_types=types), tokens, lengths, probe.repeat_len)
+        clean = measure(
+            target,
+            model.run(
+                tokens,
+                mask,
+                output=target.output,
+                keep_blocks=kept,
+                logits_from=first,
+                token_types=types,
+            ),
+            tokens,
+            lengths,
+            probe.repeat_len,
+        )
         keys = removed_keys(model, tokens, mask)  # [b, key]
         per_forward = max(1, (rows_per_forward or max(b, 8192 // tokens.shape[1])) // b)
         for layer, layer_heads in sorted(by_layer.items()):
             for start in range(0, len(layer_heads), per_forward):
-                chunk = layer_heads[start:start + per_forward]
+                chunk = layer_heads[start : start + per_forward]
                 k = len(chunk)
-                rep = torch.tensor(chunk).repeat_interleave(b)  # [k * b]: copy j changes head chunk[j]
-                resume = (layer, kept[layer - 1].repeat(k, 1, 1)) if layer > 0 else None  # [k*b, pos, d_model]
-                out = model.run(tokens.repeat(k, 1), mask.repeat(k, 1),
-                                interventions=[DropKeys(layer, rep, keys.repeat(k, 1))], output=target.output,
-                                resume=resume, logits_from=first,
-                                token_types=None if types is None else types.repeat(k, 1))
-                changed = measure(target, out, tokens.repeat(k, 1), lengths.repeat(k), probe.repeat_len)
+                rep = torch.tensor(chunk).repeat_interleave(
+                    b
+                )  # [k * b]: copy j changes head chunk[j]
+                resume = (
+                    (layer, kept[layer - 1].repeat(k, 1, 1)) if layer > 0 else None
+                )  # [k*b, pos, d_model]
+                out = model.run(
+                    tokens.repeat(k, 1),
+                    mask.repeat(k, 1),
+                    interventions=[DropKeys(layer, rep, keys.repeat(k, 1))],
+                    output=target.output,
+                    resume=resume,
+                    logits_from=first,
+                    token_types=None if types is None else types.repeat(k, 1),
+                )
+                changed = measure(
+                    target, out, tokens.repeat(k, 1), lengths.repeat(k), probe.repeat_len
+                )
                 for j, h in enumerate(chunk):
                     part = slice(j * b, (j + 1) * b)
-                    got = (changed[0][part], changed[1][part]) if isinstance(changed, tuple) else changed[part]
+                    got = (
+                        (changed[0][part], changed[1][part])
+                        if isinstance(changed, tuple)
+                        else changed[part]
+                    )
                     s, c = effect_sums(target, clean, got)  # [b] each
                     sums[(layer, h)][0][index] += s.double().cpu()
                     sums[(layer, h)][1][index] += c.double().cpu()

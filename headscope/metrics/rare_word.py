@@ -37,12 +37,20 @@ def counted_keys(shape, batch: PatternBatch, device) -> tuple[torch.Tensor, torc
     """``(counted [batch, query, key] bool, counts [batch, key])`` for a block of query rows."""
     b, _, nq, nk = shape
     if batch.key_counts is None:
-        return torch.zeros(b, nq, nk, dtype=torch.bool, device=device), torch.zeros(b, nk, device=device)
+        return torch.zeros(b, nq, nk, dtype=torch.bool, device=device), torch.zeros(
+            b, nk, device=device
+        )
     counts = batch.key_counts.to(device)[:, :nk].double()  # [batch, key]
     k = torch.arange(nk, device=device)
     q = torch.arange(batch.q_start, batch.q_start + nq, device=device)
-    keys = (k[None, :] < batch.lengths.to(device)[:, None]) & (k[None, :] >= 1) & torch.isfinite(counts)  # [batch, key]
-    counted = keys[:, None, :] & (k[None, :] != q[:, None])[None]  # [batch, query, key]: not the query itself
+    keys = (
+        (k[None, :] < batch.lengths.to(device)[:, None])
+        & (k[None, :] >= 1)
+        & torch.isfinite(counts)
+    )  # [batch, key]
+    counted = (
+        keys[:, None, :] & (k[None, :] != q[:, None])[None]
+    )  # [batch, query, key]: not the query itself
     if batch.causal:
         counted = counted & (k[None, :] <= q[:, None])[None]
     return counted, counts
@@ -60,7 +68,9 @@ def rare_word(pattern, batch: PatternBatch) -> Pooled:
     rarest = torch.where(counted, counts[:, None, :], torch.inf).amin(-1)  # [b, q]
     am = rows.arg_max(batch).clamp(min=0)  # [b, h, q]; -1 (a row that sees nothing) never qualifies
     b, h, nq = am.shape
-    at = counted[:, None].expand(b, h, nq, counted.shape[-1]).gather(-1, am[..., None]).squeeze(-1)  # [b, h, q]
+    at = (
+        counted[:, None].expand(b, h, nq, counted.shape[-1]).gather(-1, am[..., None]).squeeze(-1)
+    )  # [b, h, q]
     count_at = counts[:, None, :].expand(b, h, counts.shape[-1]).gather(-1, am)  # [b, h, q]
     hits = (at & (count_at == rarest[:, None, :])).to(torch.float64)
     return pool(hits, _qualifying(rows, batch, counted))
@@ -71,7 +81,11 @@ def rare_word_chance(pattern, batch: PatternBatch) -> Pooled:
     rows = as_rows(pattern)
     counted, _ = counted_keys(rows.shape, batch, rows.device)
     inv = 1.0 / counted.sum(-1).clamp(min=1).to(torch.float64)  # [b, q]
-    return pool(inv[:, None, :].expand(rows.shape[0], rows.shape[1], -1), _qualifying(rows, batch, counted))
+    return pool(
+        inv[:, None, :].expand(rows.shape[0], rows.shape[1], -1), _qualifying(rows, batch, counted)
+    )
 
 
-METRIC = Metric.of("rare_word", rare_word, fused=True, chance_fn=rare_word_chance, needs=("argmax", "counts"))
+METRIC = Metric.of(
+    "rare_word", rare_word, fused=True, chance_fn=rare_word_chance, needs=("argmax", "counts")
+)

@@ -55,7 +55,9 @@ POSSESSIVE = ("'s", "s'")
 # ------------------------------------------------------------------------------ predictions
 
 
-def predictions(word_map: Float[Tensor, "*heads word word"], causal: bool) -> Int[Tensor, "*heads 2 word"]:
+def predictions(
+    word_map: Float[Tensor, "*heads word word"], causal: bool
+) -> Int[Tensor, "*heads 2 word"]:
     """Each head's predicted word for every word, in both directions (-1: no candidate).
 
     ``[..., 0, i]`` = ``argmax_j M[i, j]`` (dep->head), ``[..., 1, i]`` = ``argmax_j M[j, i]``
@@ -63,9 +65,13 @@ def predictions(word_map: Float[Tensor, "*heads word word"], causal: bool) -> In
     W = word_map.shape[-1]
     i = torch.arange(W)
     dirs = []
-    for d, m in enumerate((word_map, word_map.transpose(-1, -2))):  # row i of m: what predicts for word i
+    for d, m in enumerate(
+        (word_map, word_map.transpose(-1, -2))
+    ):  # row i of m: what predicts for word i
         if causal:
-            cand = i[None, :] < i[:, None] if d == 0 else i[None, :] > i[:, None]  # [word i, word j]
+            cand = (
+                i[None, :] < i[:, None] if d == 0 else i[None, :] > i[:, None]
+            )  # [word i, word j]
         else:
             cand = i[None, :] != i[:, None]
         m = m.masked_fill(~cand.to(m.device), float("-inf"))
@@ -90,19 +96,25 @@ class Pairs:
     offsets: np.ndarray  # [pair, offset] bool: offset k's prediction is the target
 
 
-def judge(sentences: Sequence, preds: Sequence[Tensor], causal: bool, offsets: Sequence[int] = OFFSETS
-          ) -> Pairs:
+def judge(
+    sentences: Sequence, preds: Sequence[Tensor], causal: bool, offsets: Sequence[int] = OFFSETS
+) -> Pairs:
     """Every kept pair of the protocol (see the module docstring), with each predictor's verdict."""
-    cols: dict[str, list] = {k: [] for k in ("sentence", "relation", "direction", "target", "chance", "heads",
-                                             "offsets")}
+    cols: dict[str, list] = {
+        k: [] for k in ("sentence", "relation", "direction", "target", "chance", "heads", "offsets")
+    }
     for s, p in zip(sentences, preds, strict=True):
         W = len(s.words)
         p = p.reshape(-1, 2, W).numpy().astype(np.int64)  # [layer * head, 2, word]
         i = np.arange(W)
         base = np.stack([np.clip(i + k, -1, W - 1) for k in offsets])  # [offset, word]
         y = np.array(s.heads)
-        special = np.array([s.relations[w] == "poss" and w + 1 < W and s.words[w + 1] in POSSESSIVE
-                            for w in range(W)])
+        special = np.array(
+            [
+                s.relations[w] == "poss" and w + 1 < W and s.words[w + 1] in POSSESSIVE
+                for w in range(W)
+            ]
+        )
         query = np.where(special, i + 1, i)  # the word whose prediction is read (Clark's poss case)
         for d in (0, 1):
             if causal:
@@ -127,14 +139,24 @@ def judge(sentences: Sequence, preds: Sequence[Tensor], causal: bool, offsets: S
 def _read(pred: np.ndarray, special: np.ndarray, W: int) -> np.ndarray:
     """``[predictor, word]`` -> the prediction Clark's evaluation reads for each word: that of the
     next word (``'s``) for a possessor whose own prediction is not the last word."""
-    nxt = np.concatenate([pred[:, 1:], pred[:, -1:]], 1)  # prediction of word i + 1 (unused at the end)
+    nxt = np.concatenate(
+        [pred[:, 1:], pred[:, -1:]], 1
+    )  # prediction of word i + 1 (unused at the end)
     use_next = special[None, :] & (pred != W - 1)
     return np.where(use_next, nxt, pred)
 
 
-def accuracy_table(pairs: Pairs, n_sentences: int, n_layers: int, n_heads: int, causal: bool,
-                   offsets: Sequence[int] = OFFSETS, min_count: int = MIN_COUNT, resamples: int = 1000,
-                   seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+def accuracy_table(
+    pairs: Pairs,
+    n_sentences: int,
+    n_layers: int,
+    n_heads: int,
+    causal: bool,
+    offsets: Sequence[int] = OFFSETS,
+    min_count: int = MIN_COUNT,
+    resamples: int = 1000,
+    seed: int = 0,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(table, per_head)``: Clark's table, and every head's accuracy per (relation, direction).
 
     Table rows: ``all`` then each relation (not ROOT / punct) with at least ``min_count`` words,
@@ -145,7 +167,9 @@ def accuracy_table(pairs: Pairs, n_sentences: int, n_layers: int, n_heads: int, 
     relations = pd.Series(pairs.relation[pairs.direction == 0]).value_counts()
     if causal:  # both directions count for a decoder (they keep different pairs)
         relations = pd.Series(pairs.relation).value_counts()
-    names = ["all"] + [r for r, c in relations.items() if r not in ("ROOT", "punct") and c >= min_count]
+    names = ["all"] + [
+        r for r, c in relations.items() if r not in ("ROOT", "punct") and c >= min_count
+    ]
     rows, per_head = [], []
     for rel in names:
         found = {}
@@ -156,38 +180,90 @@ def accuracy_table(pairs: Pairs, n_sentences: int, n_layers: int, n_heads: int, 
             acc = pairs.heads[sel].mean(0)  # [layer * head]
             base = pairs.offsets[sel].mean(0)  # [offset]
             found[direction] = (sel, acc, base)
-            lo, hi = _head_intervals(pairs.heads[sel], pairs.sentence[sel], n_sentences, resamples, seed)
+            lo, hi = _head_intervals(
+                pairs.heads[sel], pairs.sentence[sel], n_sentences, resamples, seed
+            )
             for k in range(n_layers * n_heads):
-                per_head.append({"relation": rel, "direction": direction, "layer": k // n_heads, "head": k % n_heads,
-                                 "accuracy": float(acc[k]), "ci_low": float(lo[k]), "ci_high": float(hi[k]),
-                                 "count": int(sel.sum()), "chance": float(pairs.chance[sel].mean()),
-                                 "baseline": float(base.max()), "offset": int(offsets[int(np.argmax(base))])})
+                per_head.append(
+                    {
+                        "relation": rel,
+                        "direction": direction,
+                        "layer": k // n_heads,
+                        "head": k % n_heads,
+                        "accuracy": float(acc[k]),
+                        "ci_low": float(lo[k]),
+                        "ci_high": float(hi[k]),
+                        "count": int(sel.sum()),
+                        "chance": float(pairs.chance[sel].mean()),
+                        "baseline": float(base.max()),
+                        "offset": int(offsets[int(np.argmax(base))]),
+                    }
+                )
         n_k = n_layers * n_heads
         for direction in [*found, *(["either"] if not causal and len(found) == 2 else [])]:
-            if direction == "either":  # Clark: best over heads and both directions, one shared baseline
-                d_best, k_best = max(((d, k) for d in found for k in range(n_k)), key=lambda t: found[t[0]][1][t[1]])
-                sel, _, base = found["dep->head"]  # an encoder's two directions judge the same pairs, in order
+            if (
+                direction == "either"
+            ):  # Clark: best over heads and both directions, one shared baseline
+                d_best, k_best = max(
+                    ((d, k) for d in found for k in range(n_k)), key=lambda t: found[t[0]][1][t[1]]
+                )
+                sel, _, base = found[
+                    "dep->head"
+                ]  # an encoder's two directions judge the same pairs, in order
             else:
                 sel, acc, base = found[direction]
                 d_best, k_best = direction, int(np.argmax(acc))
             hits = pairs.heads[found[d_best][0]][:, k_best]  # [pair]
-            j = max(range(len(offsets)), key=lambda j: (base[j], offsets[j]))  # Clark: ties -> the larger offset
-            rows.append(_row(rel, direction, d_best, k_best, n_heads, hits, pairs.offsets[sel][:, j], offsets[j],
-                             pairs.sentence[sel], n_sentences, float(pairs.chance[sel].mean()), resamples, seed))
+            j = max(
+                range(len(offsets)), key=lambda j: (base[j], offsets[j])
+            )  # Clark: ties -> the larger offset
+            rows.append(
+                _row(
+                    rel,
+                    direction,
+                    d_best,
+                    k_best,
+                    n_heads,
+                    hits,
+                    pairs.offsets[sel][:, j],
+                    offsets[j],
+                    pairs.sentence[sel],
+                    n_sentences,
+                    float(pairs.chance[sel].mean()),
+                    resamples,
+                    seed,
+                )
+            )
     return pd.DataFrame(rows), pd.DataFrame(per_head)
 
 
-def _head_intervals(hits: np.ndarray, sentence: np.ndarray, n_sentences: int, resamples: int, seed: int):
+def _head_intervals(
+    hits: np.ndarray, sentence: np.ndarray, n_sentences: int, resamples: int, seed: int
+):
     """Bootstrap (over sentences) intervals of every head's accuracy: ``(low, high)``, ``[layer * head]`` each."""
     tot = torch.zeros(n_sentences, hits.shape[1], dtype=torch.float64).index_add_(
-        0, torch.from_numpy(sentence), torch.from_numpy(hits.astype(np.float64)))  # [sentence, layer * head]
+        0, torch.from_numpy(sentence), torch.from_numpy(hits.astype(np.float64))
+    )  # [sentence, layer * head]
     cnt = torch.bincount(torch.from_numpy(sentence), minlength=n_sentences).double()
     b = bootstrap(tot[:, None, :], cnt, resamples=resamples, seed=seed)
     return b.ci_low[0].numpy(), b.ci_high[0].numpy()
 
 
-def _row(rel, direction, d_best, k_best, n_heads, hits, base_hits, offset, sentence, n_sentences, chance,
-         resamples, seed) -> dict:
+def _row(
+    rel,
+    direction,
+    d_best,
+    k_best,
+    n_heads,
+    hits,
+    base_hits,
+    offset,
+    sentence,
+    n_sentences,
+    chance,
+    resamples,
+    seed,
+) -> dict:
     """One table row, with bootstrap intervals over sentences (head, baseline, paired difference)."""
     tot = np.zeros((n_sentences, 3))
     np.add.at(tot, sentence, np.stack([hits, base_hits, hits.astype(float) - base_hits], 1))
@@ -195,8 +271,21 @@ def _row(rel, direction, d_best, k_best, n_heads, hits, base_hits, offset, sente
     b = bootstrap(torch.tensor(tot)[:, None, :], torch.tensor(cnt), resamples=resamples, seed=seed)
     lo, hi = b.ci_low[0].tolist(), b.ci_high[0].tolist()
     acc, base = float(hits.mean()), float(base_hits.mean())
-    return {"relation": rel, "direction": direction, "count": int(len(hits)),
-            "best_head": head_name(k_best // n_heads, k_best % n_heads), "head_direction": d_best,
-            "accuracy": acc, "ci_low": lo[0], "ci_high": hi[0], "offset": int(offset), "baseline": base,
-            "baseline_ci_low": lo[1], "baseline_ci_high": hi[1], "difference": acc - base,
-            "difference_ci_low": lo[2], "difference_ci_high": hi[2], "chance": chance}
+    return {
+        "relation": rel,
+        "direction": direction,
+        "count": int(len(hits)),
+        "best_head": head_name(k_best // n_heads, k_best % n_heads),
+        "head_direction": d_best,
+        "accuracy": acc,
+        "ci_low": lo[0],
+        "ci_high": hi[0],
+        "offset": int(offset),
+        "baseline": base,
+        "baseline_ci_low": lo[1],
+        "baseline_ci_high": hi[1],
+        "difference": acc - base,
+        "difference_ci_low": lo[2],
+        "difference_ci_high": hi[2],
+        "chance": chance,
+    }

@@ -27,9 +27,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from headscope.probes.words import Aligned, align, align_by_word, check_offsets
-from headscope.probes.corpus import long_text, provenance
 from headscope.errors import HeadscopeError
+from headscope.probes.corpus import long_text, provenance
+from headscope.probes.words import Aligned, align, align_by_word, check_offsets
 
 TOKENIZE = ("natural", "words")
 
@@ -50,8 +50,16 @@ class Sentence:
     @classmethod
     def from_json(cls, line: str | dict) -> Sentence:
         d = json.loads(line) if isinstance(line, str) else line
-        return cls(d["index"], d["text"], d["words"], d["spaces"], d["heads"], d["relations"], d["token_ids"],
-                   [tuple(s) for s in d["word_tokens"]])
+        return cls(
+            d["index"],
+            d["text"],
+            d["words"],
+            d["spaces"],
+            d["heads"],
+            d["relations"],
+            d["token_ids"],
+            [tuple(s) for s in d["word_tokens"]],
+        )
 
 
 @dataclass
@@ -93,19 +101,33 @@ def parsed_sentences(nlp, text: str) -> Iterator[tuple]:
             yield sent.text, words, spaces, spans, heads, relations
 
 
-def sentence_set(model, nlp, n_sentences: int = 1000, min_words: int = 3, max_words: int = 60,
-                 tokenize: str = "natural", part: str = "heldout", progress=None) -> SentenceSet:
+def sentence_set(
+    model,
+    nlp,
+    n_sentences: int = 1000,
+    min_words: int = 3,
+    max_words: int = 60,
+    tokenize: str = "natural",
+    part: str = "heldout",
+    progress=None,
+) -> SentenceSet:
     """The first ``n_sentences`` sentences of the held-out prose that align to ``model``'s tokens."""
     if tokenize not in TOKENIZE:
-        raise HeadscopeError(f"Unknown tokenize mode '{tokenize}'; use one of {', '.join(TOKENIZE)}.")
+        raise HeadscopeError(
+            f"Unknown tokenize mode '{tokenize}'; use one of {', '.join(TOKENIZE)}."
+        )
     if n_sentences < 1 or min_words < 2 or max_words < min_words:
-        raise HeadscopeError(f"Need n_sentences >= 1 and 2 <= min_words <= max_words, got {n_sentences}, "
-                             f"{min_words}, {max_words}.")
+        raise HeadscopeError(
+            f"Need n_sentences >= 1 and 2 <= min_words <= max_words, got {n_sentences}, "
+            f"{min_words}, {max_words}."
+        )
     check_offsets(model)  # before the parse: a tokenizer without offsets costs nothing
     left: collections.Counter = collections.Counter()
     kept: list[Sentence] = []
     differs = 0
-    for text, words, spaces, spans, heads, relations in parsed_sentences(nlp, long_text(part, progress)):
+    for text, words, spaces, spans, heads, relations in parsed_sentences(
+        nlp, long_text(part, progress)
+    ):
         if not min_words <= len(words) <= max_words:
             left[f"not {min_words}..{max_words} words"] += 1
             continue
@@ -125,15 +147,31 @@ def sentence_set(model, nlp, n_sentences: int = 1000, min_words: int = 3, max_wo
         if len(kept) == n_sentences:
             break
     if not kept:
-        raise HeadscopeError(f"No sentence of the held-out prose aligns to {model.name}'s tokens "
-                             f"({dict(left)}); try tokenize='words'.")
-    settings = {"n_sentences": n_sentences, "min_words": min_words, "max_words": max_words, "tokenize": tokenize,
-                "corpus": provenance(part), "kept": len(kept)}
+        raise HeadscopeError(
+            f"No sentence of the held-out prose aligns to {model.name}'s tokens "
+            f"({dict(left)}); try tokenize='words'."
+        )
+    settings = {
+        "n_sentences": n_sentences,
+        "min_words": min_words,
+        "max_words": max_words,
+        "tokenize": tokenize,
+        "corpus": provenance(part),
+        "kept": len(kept),
+    }
     if tokenize == "words":
         settings["differ_from_natural"] = differs
     return SentenceSet(kept, settings, dict(left))
 
 
 def _sentence(index, text, words, spaces, heads, relations, got: Aligned) -> Sentence:
-    return Sentence(index, text, list(words), list(spaces), list(heads), list(relations), list(got.token_ids),
-                    [tuple(s) for s in got.word_tokens])
+    return Sentence(
+        index,
+        text,
+        list(words),
+        list(spaces),
+        list(heads),
+        list(relations),
+        list(got.token_ids),
+        [tuple(s) for s in got.word_tokens],
+    )

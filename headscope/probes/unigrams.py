@@ -34,7 +34,9 @@ def unigram_counts(model, progress=None) -> Float[Tensor, " vocab"]:
     return _TABLES[key]
 
 
-def key_counts(model, tokens: Int[Tensor, "batch pos"], mask: Bool[Tensor, "batch pos"]) -> Float[Tensor, "batch pos"]:
+def key_counts(
+    model, tokens: Int[Tensor, "batch pos"], mask: Bool[Tensor, "batch pos"]
+) -> Float[Tensor, "batch pos"]:
     """Each key's count (``inf`` on padding and special tokens): ``PatternBatch.key_counts``."""
     table = unigram_counts(model)
     out = table[tokens.clamp(0, len(table) - 1)]

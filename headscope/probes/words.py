@@ -43,7 +43,9 @@ Spans = Sequence[tuple[int, int]]  # per word, its token positions [start, end) 
 class Aligned:
     """One sentence as a model's tokens, with the token positions of each parser word."""
 
-    token_ids: list[int]  # the whole sequence: BOS + tokens (decoders), [CLS] + tokens + [SEP] (encoders)
+    token_ids: list[
+        int
+    ]  # the whole sequence: BOS + tokens (decoders), [CLS] + tokens + [SEP] (encoders)
     word_tokens: list[tuple[int, int]]  # per word, [start, end) positions in token_ids
 
 
@@ -56,9 +58,11 @@ def check_offsets(model) -> None:
     except Exception:  # noqa: BLE001 - Python ("slow") tokenizers raise NotImplementedError, others vary
         ok = False
     if not ok:
-        raise HeadscopeError(f"{model.name}'s tokenizer ({type(tok).__name__}) cannot map words to tokens: "
-                             "word-level attention needs character offsets (a fast tokenizer's "
-                             "return_offsets_mapping); load the model with its tokenizer.json.")
+        raise HeadscopeError(
+            f"{model.name}'s tokenizer ({type(tok).__name__}) cannot map words to tokens: "
+            "word-level attention needs character offsets (a fast tokenizer's "
+            "return_offsets_mapping); load the model with its tokenizer.json."
+        )
 
 
 def align(model, text: str, words: Sequence[tuple[int, int]]) -> Aligned | str:
@@ -75,7 +79,9 @@ def align(model, text: str, words: Sequence[tuple[int, int]]) -> Aligned | str:
     w, pending = 0, 0  # pending: whitespace-only tokens waiting for the word they precede
     for a, b in offsets:
         piece = text[a:b]
-        a += len(piece) - len(piece.lstrip())  # a byte-level BPE token carries the space before its word
+        a += len(piece) - len(
+            piece.lstrip()
+        )  # a byte-level BPE token carries the space before its word
         b -= len(piece) - len(piece.rstrip())
         if b <= a:  # only whitespace: part of the word that follows (the BPE convention, " word")
             pending += 1
@@ -129,8 +135,9 @@ def word_matrices(word_tokens: Spans, n_tokens: int, dtype=torch.float64) -> tup
     return F, T
 
 
-def word_attention(pattern: Float[Tensor, "*heads token token"], word_tokens: Spans
-                   ) -> Float[Tensor, "*heads word word"]:
+def word_attention(
+    pattern: Float[Tensor, "*heads token token"], word_tokens: Spans
+) -> Float[Tensor, "*heads word word"]:
     """The word x word map ``F A T`` of a token x token pattern (any leading axes, e.g. layer, head).
 
     Computed in float64: sums over a split word's tokens are exact to float rounding, so that two

@@ -10,8 +10,15 @@ import pytest
 
 import headscope.analysis.recompute_census as rc
 
-CENSUS_CODE = ("headscope.apps", "headscope.metrics", "headscope.effects", "headscope.circuits", "headscope.engines",
-               "headscope.models", "headscope.scanner")
+CENSUS_CODE = (
+    "headscope.apps",
+    "headscope.metrics",
+    "headscope.effects",
+    "headscope.circuits",
+    "headscope.engines",
+    "headscope.models",
+    "headscope.scanner",
+)
 
 
 def test_it_imports_no_census_code():
@@ -20,7 +27,10 @@ def test_it_imports_no_census_code():
     names += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     ours = [n for n in names if n.startswith("headscope")]
     assert not [n for n in ours if n.startswith(CENSUS_CODE)], ours
-    assert set(ours) <= {"headscope.analysis.recompute", "headscope.probes.corpus"}  # weights folder; the prose
+    assert set(ours) <= {
+        "headscope.analysis.recompute",
+        "headscope.probes.corpus",
+    }  # weights folder; the prose
 
 
 @pytest.mark.real
@@ -32,9 +42,20 @@ def test_a_minilm_census_recomputes_from_its_files(minilm, tmp_path):
     from headscope.apps.census_settings import CensusSettings
 
     if __import__("importlib").util.find_spec("spacy") is None:
-        pytest.skip("spaCy is not installed: pip install 'headscope[syntax]' (it is part of the dev extra)")
-    st = CensusSettings(n_sentences=60, min_count=20, noop_sequences=3, repeat_len=8, repeat_sequences=2,
-                        n_prompts=6, bootstrap=50, n_null=20, readout="embeddings")
+        pytest.skip(
+            "spaCy is not installed: pip install 'headscope[syntax]' (it is part of the dev extra)"
+        )
+    st = CensusSettings(
+        n_sentences=60,
+        min_count=20,
+        noop_sequences=3,
+        repeat_len=8,
+        repeat_sequences=2,
+        n_prompts=6,
+        bootstrap=50,
+        n_null=20,
+        readout="embeddings",
+    )
     out = census(minilm, tmp_path / "run", st, figures=False)
     theirs = pd.read_csv(out / "scores.csv")
     n, problems = rc.compare(rc.recompute(out), theirs)

@@ -14,8 +14,16 @@ from headscope.errors import HeadscopeError
 from headscope.probes import parser, sentences
 
 RELATIONS = ["nsubj", "dobj", "det", "amod", "prep", "pobj"]
-SMALL = dict(n_sentences=12, min_count=5, noop_sequences=3, repeat_len=6, repeat_sequences=2, bootstrap=20,
-             n_null=10, n_prompts=4)
+SMALL = dict(
+    n_sentences=12,
+    min_count=5,
+    noop_sequences=3,
+    repeat_len=6,
+    repeat_sequences=2,
+    bootstrap=20,
+    n_null=10,
+    n_prompts=4,
+)
 
 
 def fake_parses(nlp, text):
@@ -32,7 +40,10 @@ def fake_parses(nlp, text):
             spans.append((at, at + len(w)))
             at += len(w) + 1
         root = rng.randrange(len(words))
-        heads = [-1 if i == root else rng.choice([j for j in range(len(words)) if j != i]) for i in range(len(words))]
+        heads = [
+            -1 if i == root else rng.choice([j for j in range(len(words)) if j != i])
+            for i in range(len(words))
+        ]
         rels = ["ROOT" if i == root else rng.choice(RELATIONS) for i in range(len(words))]
         out.append((sent, words, [True] * (len(words) - 1) + [False], spans, heads, rels))
     return out
@@ -42,7 +53,9 @@ def fake_parses(nlp, text):
 def no_spacy_parser(monkeypatch):
     monkeypatch.setattr(parser, "require_spacy", lambda: None)
     monkeypatch.setattr(parser, "load_parser", lambda progress=None: None)
-    monkeypatch.setattr(parser, "provenance", lambda: {"name": "test stand-in", "uas": 0.0, "las": 0.0})
+    monkeypatch.setattr(
+        parser, "provenance", lambda: {"name": "test stand-in", "uas": 0.0, "las": 0.0}
+    )
     monkeypatch.setattr(sentences, "parsed_sentences", fake_parses)
 
 
@@ -63,25 +76,68 @@ def gpt2_run(tiny_gpt2, tmp_path_factory):
 
 def test_every_part_writes_its_rows_tables_and_records(gpt2_run, tiny_gpt2):
     scores = pd.read_csv(gpt2_run / "scores.csv")
-    for col in ("model", "metric", "probe", "layer", "head", "head_name", "score", "chance", "n", "label", "null",
-                "ci_low", "ci_high"):
+    for col in (
+        "model",
+        "metric",
+        "probe",
+        "layer",
+        "head",
+        "head_name",
+        "score",
+        "chance",
+        "n",
+        "label",
+        "null",
+        "ci_low",
+        "ci_high",
+    ):
         assert col in scores.columns
-    want = {"noop_weight", "effect_noop_text_loss", "effect_text_loss", "successor", "copy_suppression",
-            "rare_word", "syntax_all.d2h", "syntax_all.h2d"}
+    want = {
+        "noop_weight",
+        "effect_noop_text_loss",
+        "effect_text_loss",
+        "successor",
+        "copy_suppression",
+        "rare_word",
+        "syntax_all.d2h",
+        "syntax_all.h2d",
+    }
     assert want <= set(scores.metric)
     assert (scores.groupby("metric").size() == tiny_gpt2.n_layers * tiny_gpt2.n_heads).all()
     measured = scores.dropna(subset=["score"])
-    assert (measured.ci_low <= measured.score + 1e-9).all() and (measured.score <= measured.ci_high + 1e-9).all()
+    assert (measured.ci_low <= measured.score + 1e-9).all() and (
+        measured.score <= measured.ci_high + 1e-9
+    ).all()
     assert scores[scores.metric.str.startswith("syntax_")].null.notna().all()  # the best offset
     assert scores[scores.metric == "copy_suppression"].null.notna().all()  # the control token
     meta = json.loads((gpt2_run / "metadata.json").read_text())
     assert meta["run_format"] == "headscope-census/1" and sorted(meta["files"]) == sorted(
-        p.name for p in gpt2_run.iterdir())
-    for key in ("model", "source", "parser", "settings", "seed", "versions", "timings", "sentences", "successor"):
+        p.name for p in gpt2_run.iterdir()
+    )
+    for key in (
+        "model",
+        "source",
+        "parser",
+        "settings",
+        "seed",
+        "versions",
+        "timings",
+        "sentences",
+        "successor",
+    ):
         assert key in meta, key
     assert "spacy" in meta["versions"] and meta["settings"]["parts"] == list(CensusSettings().parts)
-    for f in ("syntax_table.csv", "syntax_heads.csv", "syntax_sentences.jsonl", "tokens.jsonl", "summary.md",
-              "report.html", "syntax_all.d2h.png", "rare_word.png", "noop_scatter.png"):
+    for f in (
+        "syntax_table.csv",
+        "syntax_heads.csv",
+        "syntax_sentences.jsonl",
+        "tokens.jsonl",
+        "summary.md",
+        "report.html",
+        "syntax_all.d2h.png",
+        "rare_word.png",
+        "noop_scatter.png",
+    ):
         assert (gpt2_run / f).is_file(), f
     page = (gpt2_run / "report.html").read_text()
     assert "SILVER" in page and "UAS" in page
@@ -91,7 +147,7 @@ def test_every_part_writes_its_rows_tables_and_records(gpt2_run, tiny_gpt2):
 def test_the_page_is_self_contained(gpt2_run):
     page = (gpt2_run / "report.html").read_text()
     assert 'name="generator" content="headscope"' in page and "data:image/png;base64," in page
-    for fetch in ("src=\"http", "href=\"http", "<script src", "<link"):
+    for fetch in ('src="http', 'href="http', "<script src", "<link"):
         assert fetch not in page
 
 
@@ -105,14 +161,23 @@ def test_the_run_recomputes_from_its_files_alone(gpt2_run, tiny_gpt2_dir):
     assert problems == [] and n == len(theirs)
 
 
-def test_an_encoder_census_with_the_embeddings_readout(tiny_bert, tmp_path, no_spacy_parser, tiny_bert_dir):
+def test_an_encoder_census_with_the_embeddings_readout(
+    tiny_bert, tmp_path, no_spacy_parser, tiny_bert_dir
+):
     from headscope.analysis.recompute_census import compare, recompute
 
     out = census(tiny_bert, tmp_path / "run", CensusSettings(**SMALL, readout="embeddings"))
     scores = pd.read_csv(out / "scores.csv")
-    assert {"successor_embeddings", "copy_suppression_embeddings", "effect_noop_embedding", "effect_embedding",
-            "noop_weight"} <= set(scores.metric)
-    assert "successor" not in set(scores.metric)  # an encoder's rows never pass for an unembedding's
+    assert {
+        "successor_embeddings",
+        "copy_suppression_embeddings",
+        "effect_noop_embedding",
+        "effect_embedding",
+        "noop_weight",
+    } <= set(scores.metric)
+    assert "successor" not in set(
+        scores.metric
+    )  # an encoder's rows never pass for an unembedding's
     table = pd.read_csv(out / "syntax_table.csv")
     assert "either" in set(table.direction)
     n, problems = compare(recompute(out, tiny_bert_dir), scores)
@@ -141,7 +206,9 @@ def test_bad_input_is_one_line_and_leaves_nothing(tiny_gpt2, tiny_bert, tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_tokenizer_without_offsets_is_refused_before_any_work(tiny_gpt2, tmp_path, no_spacy_parser):
+def test_a_tokenizer_without_offsets_is_refused_before_any_work(
+    tiny_gpt2, tmp_path, no_spacy_parser
+):
     from dataclasses import replace
 
     real = tiny_gpt2.tokenizer
@@ -149,7 +216,9 @@ def test_a_tokenizer_without_offsets_is_refused_before_any_work(tiny_gpt2, tmp_p
     class NoOffsets:  # a Python ("slow") tokenizer: everything but offsets
         def __call__(self, text, return_offsets_mapping=False, **kw):
             if return_offsets_mapping:
-                raise NotImplementedError("return_offset_mapping is not available when using Python tokenizers")
+                raise NotImplementedError(
+                    "return_offset_mapping is not available when using Python tokenizers"
+                )
             return real(text, **kw)
 
         def __getattr__(self, name):
@@ -211,8 +280,13 @@ def test_the_syntax_patterns_agree_across_engines(fixture, request):
     got = {}
     for engine, bs in (("hooks", 1), ("blocked", 3), ("hooks", 3), ("blocked", 1)):
         maps = {}
-        attention_maps(model, seqs, lambda i, p, maps=maps: maps.__setitem__(i, p), batch_size=bs,
-                       engine=engine)
+        attention_maps(
+            model,
+            seqs,
+            lambda i, p, maps=maps: maps.__setitem__(i, p),
+            batch_size=bs,
+            engine=engine,
+        )
         got[(engine, bs)] = maps
     ref = got[("hooks", 1)]
     for maps in got.values():

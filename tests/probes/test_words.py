@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from headscope.probes.words import align, align_by_word, check_offsets, word_attention
 from headscope.errors import HeadscopeError
+from headscope.probes.words import align, align_by_word, check_offsets, word_attention
 
 
 def loop_word_attention(A, spans):
@@ -56,7 +56,9 @@ def test_align_by_offsets_on_a_bpe_tokenizer(tiny_gpt2):
 def test_align_refuses_a_token_across_two_words(tiny_gpt2):
     text = "catsat"
     got = align(tiny_gpt2, text, [(0, 3), (3, 6)])
-    toks = tiny_gpt2.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    toks = tiny_gpt2.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)[
+        "offset_mapping"
+    ]
     crosses = any(a < 3 < b for a, b in toks)
     assert (got == "a token straddles two words") == crosses
     assert crosses or not isinstance(got, str)
@@ -82,7 +84,9 @@ class NoOffsets:
 
     def __call__(self, text, return_offsets_mapping=False, **kwargs):
         if return_offsets_mapping:
-            raise NotImplementedError("return_offset_mapping is not available when using Python tokenizers")
+            raise NotImplementedError(
+                "return_offset_mapping is not available when using Python tokenizers"
+            )
         return {"input_ids": [1, 2]}
 
 
@@ -90,8 +94,11 @@ def test_a_tokenizer_without_offsets_is_refused_in_one_line(tiny_gpt2):
     from dataclasses import replace
 
     model = replace(tiny_gpt2, tokenizer=NoOffsets())
-    for call in (lambda: check_offsets(model), lambda: align(model, "ab", [(0, 2)]),
-                 lambda: align_by_word(model, ["ab"], [False])):
+    for call in (
+        lambda: check_offsets(model),
+        lambda: align(model, "ab", [(0, 2)]),
+        lambda: align_by_word(model, ["ab"], [False]),
+    ):
         with pytest.raises(HeadscopeError) as err:
             call()
         assert "cannot map words to tokens" in str(err.value) and "\n" not in str(err.value)
