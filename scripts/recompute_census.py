@@ -19,8 +19,12 @@ import pandas as pd
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir")
-    ap.add_argument("--model-dir", default=None, help="checkpoint folder (default: from metadata.json)")
-    ap.add_argument("--effect-tol", type=float, default=2e-2, help="effects: relative to the largest |effect|")
+    ap.add_argument(
+        "--model-dir", default=None, help="checkpoint folder (default: from metadata.json)"
+    )
+    ap.add_argument(
+        "--effect-tol", type=float, default=2e-2, help="effects: relative to the largest |effect|"
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     args = ap.parse_args(argv)
     import torch
@@ -42,14 +46,18 @@ def main(argv=None) -> int:
             got = float(mine.loc[key, "score"])
             n += 1
             if abs(got - r.accuracy) > 1e-6:
-                problems.append(f"syntax table {r.relation} {r.direction}: {r.accuracy:.8g} vs {got:.8g}")
+                problems.append(
+                    f"syntax table {r.relation} {r.direction}: {r.accuracy:.8g} vs {got:.8g}"
+                )
     worst = ""
     if problems:
         print(f"MISMATCH in {len(problems)} of {n} values:")
         for p in problems[:20]:
             print("  " + p)
         return 1
-    print(f"OK: {n} rows of {run} recomputed independently ({theirs.metric.nunique()} scores){worst}")
+    print(
+        f"OK: {n} rows of {run} recomputed independently ({theirs.metric.nunique()} scores){worst}"
+    )
     return 0
 
 
