@@ -19,7 +19,9 @@ metric a user registers at run time is described by its own :class:`~headscope.m
 
 from __future__ import annotations
 
+import re
 import sys
+from dataclasses import replace
 
 from headscope.errors import HeadscopeError, did_you_mean
 from headscope.result import ScoreInfo
@@ -59,6 +61,12 @@ PATTERN: dict[str, ScoreInfo] = {i.name: i for i in [
     ScoreInfo("retrieval_soft", "needle",
               "mean A[q, k] over needle answer queries q, k = the needle token being copied", "", float("nan"),
               nan_reason=_NEEDLE_NAN, default=False, impl="headscope.metrics.retrieval:SOFT"),
+    # the head census (design.md section 12): scanned when named, never by default
+    ScoreInfo("rare_word", "text",
+              "share of text queries whose arg-max key is the least frequent token it can see (unigram counts "
+              "of the bundled prose; position 0, the query and special tokens not counted; ties: any of them)",
+              "rare-word head", 0.5, default=False, chance="1 / (keys counted), averaged over the queries",
+              impl="headscope.metrics.rare_word:METRIC"),
 ]}
 
 COPYING_K = 50  # copying@k: the own-token logit must be among the k highest (0.1% of a 49k vocab)
@@ -96,7 +104,71 @@ EFFECTS: dict[str, ScoreInfo] = {i.name: i for i in [
              "state", "moves the embedding", 0.01, "1 - cos"),
 ]}
 
-BUILT_IN: dict[str, ScoreInfo] = {**PATTERN, **CIRCUIT, **EFFECTS}
+SYNTAX_MARGIN = 0.15  # a syntax head beats the best fixed offset by this much (accuracy, 0..1)
+#: Where the census's syntax rows are told apart: ``syntax_<relation>.d2h`` / ``.h2d``.
+SYNTAX_NAME = re.compile(r"^syntax_(?P<relation>[A-Za-z_:]+)\.(?P<direction>d2h|h2d)$")
+_ENCODER_NAN = "encoders have no trained unembedding (the *_embeddings rows read the input embeddings instead)"
+
+#: The head census (``headscope census``; design.md section 12): every score its ``scores.csv``
+#: holds. Syntax rows are named per relation (:func:`census_info`); ``rare_word`` is a pattern
+#: metric (:data:`PATTERN`). Chance is said in words here; each row holds its value.
+CENSUS: dict[str, ScoreInfo] = {i.name: i for i in [
+    ScoreInfo("syntax.d2h", "syntax",
+              "share of the words with relation r whose most-attended other word is their syntactic head "
+              "(Clark et al. 2019; word maps: to a word = sum over its tokens, from = mean; decoders: only "
+              "pairs whose head word is earlier; SILVER parses); null = the best fixed offset's accuracy",
+              "syntax head", SYNTAX_MARGIN,
+              chance="1 / candidate words per pair (a head picking one uniformly), averaged over the pairs"),
+    ScoreInfo("syntax.h2d", "syntax",
+              "share of the words with relation r that their syntactic head attends to most among the other "
+              "words (Clark's head -> dependent direction; decoders: only pairs whose head word is later); "
+              "null = the best fixed offset's accuracy", "syntax head", SYNTAX_MARGIN,
+              chance="1 / candidate words per pair, averaged over the pairs"),
+    ScoreInfo("noop_weight", "text",
+              "the head's attention on the keys the no-op test removes: position 0 (decoders, as sink) or "
+              "[SEP] at k >= 1 (encoders, as separator), over the queries that see them",
+              "", float("nan"), chance="a uniform head's mass on those keys"),
+    ScoreInfo("effect_noop_text_loss", "text",
+              "change in mean next-token loss (nats, positions 1..n-1 of the text probe) when the head's "
+              "attention to position 0 is removed and its row renormalised (a row that sees only position 0 "
+              "is left as it was)", "position 0 is no no-op", 0.05, unit="nats",
+              chance="0 (no effect)"),
+    ScoreInfo("effect_noop_embedding", "text",
+              "mean over text sequences of 1 - cos(e, e'), e the mean-pooled last hidden state, when the "
+              "head's attention to [SEP] (k >= 1) is removed and its row renormalised", "[SEP] is no no-op",
+              0.01, unit="1 - cos", chance="0 (no effect)"),
+    ScoreInfo("successor", "ordinal",
+              "share of (t, succ t) pairs of the ordinal sets (digits, number words, ordinals, days, months, "
+              "letters; single tokens only) whose top logit within the set, through the head's OV circuit on "
+              "t's effective embedding (residual after block 0) and the unembedding, is succ t (Gould et al. "
+              "2023); null = the same against shuffled successor maps", "successor head", 0.4,
+              nan_reason=_ENCODER_NAN, chance="1 / |set|, averaged over the pairs"),
+    ScoreInfo("successor_embeddings", "ordinal",
+              "successor, read through the input embeddings (W_E^T) instead of an unembedding: an encoder's "
+              "only readout (not an unembedding)", "", float("nan"), chance="1 / |set|, averaged over the pairs"),
+    ScoreInfo("copy_suppression", "repeat",
+              f"share of first-copy positions of the repeat probe whose own token's logit is among the "
+              f"{COPYING_K} lowest of the vocabulary through the head's OV circuit (McDougall et al. 2023; the "
+              "mirror of copying); null = the same for another token of R (copying's control)",
+              "copy-suppression head", 0.5, nan_reason=_ENCODER_NAN, chance=f"{COPYING_K} / vocabulary"),
+    ScoreInfo("copy_suppression_embeddings", "repeat",
+              "copy_suppression, read through the input embeddings (W_E^T) instead of an unembedding: an "
+              "encoder's only readout (not an unembedding)", "", float("nan"),
+              chance=f"{COPYING_K} / vocabulary"),
+]}
+
+
+def census_info(name: str) -> ScoreInfo | None:
+    """The census's description of ``name``; a syntax row (``syntax_nsubj.d2h``) gets its
+    direction's entry, named after the row and with the relation in its definition."""
+    m = SYNTAX_NAME.match(str(name))
+    if m is None:
+        return CENSUS.get(str(name))
+    info = CENSUS[f"syntax.{m['direction']}"]
+    return replace(info, name=str(name), definition=info.definition.replace("relation r", f"relation {m['relation']}"))
+
+
+BUILT_IN: dict[str, ScoreInfo] = {**PATTERN, **CIRCUIT, **EFFECTS, **CENSUS}
 
 
 def _registered() -> dict:
@@ -110,7 +182,8 @@ def describe(name: str):
     """What the score called ``name`` means (a :class:`~headscope.result.ScoreInfo`, or the
     registered :class:`~headscope.metrics.base.Metric`), or None. Names match without case."""
     key = str(name).lower()
-    return BUILT_IN.get(key) or _registered().get(name) or _registered().get(key)
+    return (BUILT_IN.get(key) or _registered().get(name) or _registered().get(key)
+            or census_info(name))
 
 
 def is_below(name: str) -> bool:

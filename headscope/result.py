@@ -58,6 +58,7 @@ class ScoreInfo:
     unit: str = ""
     default: bool = True  # pattern metrics: scanned when no metrics are named (long-context ones are not)
     impl: str = ""  # built-in pattern metrics: "module:attribute" of the Metric that computes it
+    chance: str = ""  # census scores: what chance means for it, in words (the rows hold its value)
 
     def passes(self, score: float, threshold: float | None = None) -> bool:
         t = self.threshold if threshold is None else threshold

@@ -14,7 +14,7 @@ if ! .venv/bin/python -m pip show torch >/dev/null 2>&1; then
   say "installing torch==2.13.0, the CPU build (about a minute)"
   .venv/bin/python -m pip install -q torch==2.13.0
 fi
-say "installing headscope and its dependencies, editable, with the dev and parquet extras (about a minute)"
+say "installing headscope and its dependencies, editable, with the dev (spaCy included) and parquet extras (about a minute)"
 .venv/bin/python -m pip install -q -e ".[dev,parquet]"
 # A kernel named python3 inside the venv, for the report notebooks.
 .venv/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null

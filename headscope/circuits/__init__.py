@@ -4,4 +4,10 @@
   attends to (Olsson et al. 2022)? The ``copying`` rows of a scan.
 * :mod:`headscope.circuits.value_weighted`: how much of the head's output (not of its attention
   weight) comes from position 0 (Kobayashi et al. 2020)? The ``value_sink`` rows of a scan.
+* :mod:`headscope.circuits.ov`: what a head writes when it attends to one position, read at the
+  attention seam (the model's own norms), and the readout it is read through (the head census).
+* :mod:`headscope.circuits.successor`: successor heads (Gould et al. 2023): does the OV circuit map
+  a token of an ordinal set to its successor?
+* :mod:`headscope.circuits.copy_suppression`: copy suppression (McDougall et al. 2023): does the OV
+  circuit lower the logit of the token it attends to (the mirror of ``copying``)?
 """

@@ -9,8 +9,9 @@ Run the model on the probe and, for head ``h`` of layer ``l``, take the attentio
 every position ``k`` of the first copy of ``R`` (the post-norm residual stream that ``W_V``
 multiplies). Suppose the head attended to ``k`` alone; its output would be
 ``x_k W_V[h // g] W_O[h]``. Read that through the unembedding, with the final norm's weight folded
-in (``diag(gamma_final) W_U``), and ask where the logit of ``token_k`` itself ranks among all
-ordinary tokens::
+in (``diag(gamma_final) W_U``; Gemma: its ``1 + w`` gains, and the post-attention norm's gain on
+the head's output, :meth:`~headscope.models.model.Model.circuit_weights`), and ask where the logit
+of ``token_k`` itself ranks among all ordinary tokens::
 
     copying@k = share of positions whose own-token logit is among the k highest     (chance k / vocab)
 
@@ -109,8 +110,10 @@ def head_weights(model) -> HeadWeights:
     cw = model.circuit_weights()  # raises one line for encoders
     ids = model.ordinary_vocab()
     ids = ids[(ids < cw.W_E.shape[0]) & (ids < cw.W_U.shape[1])].sort().values
+    # Gemma 2/3 normalise the attention output before the residual add: its gain joins W_O
+    W_O = cw.W_O if cw.post_attn is None else cw.W_O * cw.post_attn[:, None, None, :]  # [layer, head, d_head, d_model]
     return HeadWeights(model=model.name, token_ids=ids, embed=cw.W_E[ids],
-                       W_V=expand_kv_heads(cw.W_V, model.n_heads), W_O=cw.W_O, ln1=cw.ln1,
+                       W_V=expand_kv_heads(cw.W_V, model.n_heads), W_O=W_O, ln1=cw.ln1,
                        unembed=cw.ln_final[:, None] * cw.W_U[:, ids], centre=not cw.rms, eps=cw.eps)
 
 

@@ -24,6 +24,7 @@ COMMANDS = {
     "compare": "headscope.cli.compare:compare",
     "kvplan": "headscope.cli.kvplan:kvplan",
     "sweep": "headscope.cli.sweep:sweep",
+    "census": "headscope.cli.census:census",
     "models": "headscope.cli.models:models",
     "metrics": "headscope.cli.metrics:metrics",
     "engines": "headscope.cli.engines:engines",

@@ -104,6 +104,11 @@ def pattern_batch(model, probe: Probe, tokens: Tensor, mask: Tensor, lengths: Te
     band = None
     if any("band" in m.needs for m in metrics):
         band = tuple(probe.settings.get("band") or (SINKS, WINDOW))
+    counts = None
+    if any("counts" in m.needs for m in metrics):  # rare_word: unigram counts of the bundled prose
+        from headscope.probes.unigrams import key_counts
+
+        counts = key_counts(model, tokens, mask)
     return PatternBatch(
         lengths=lengths,
         causal=model.causal,
@@ -112,6 +117,7 @@ def pattern_batch(model, probe: Probe, tokens: Tensor, mask: Tensor, lengths: Te
         repeat_len=probe.repeat_len,
         band=band,
         targets=targets,
+        key_counts=counts,
     )
 
 
@@ -302,4 +308,5 @@ def _block(batch: PatternBatch, q_start: int, n_keys: int) -> PatternBatch:
     def cut(t):
         return None if t is None else t[:, :n_keys]
 
-    return replace(batch, q_start=q_start, separator=cut(batch.separator), punctuation=cut(batch.punctuation))
+    return replace(batch, q_start=q_start, separator=cut(batch.separator), punctuation=cut(batch.punctuation),
+                   key_counts=cut(batch.key_counts))

@@ -37,7 +37,10 @@ def flex_request(batch: PatternBatch, n_keys: int) -> StatsRequest:
     :func:`~headscope.metrics.base.key_set_mass` counts them)."""
     flags = {name: key_set_flags(batch, name, n_keys, batch.lengths.device)
              for name in FLAG_SETS if getattr(batch, name) is not None}
-    return StatsRequest(flags=flags, band=batch.band, targets=batch.targets)
+    targets = batch.targets
+    if batch.key_counts is not None:  # rare_word reads every row's arg-max: every row is a target row
+        targets = torch.zeros(len(batch.lengths), n_keys, dtype=torch.long, device=batch.lengths.device)
+    return StatsRequest(flags=flags, band=batch.band, targets=targets)
 
 
 def takes_mask(mask: Tensor | None) -> bool:

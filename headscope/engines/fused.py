@@ -46,7 +46,7 @@ class FusedHandler(BlockHandler):
         self.flags = flags
         self.reach = reach
         self.band = band  # (sinks, window): each row's mass on that band (the streaming metric)
-        self.argmax = argmax  # each row's arg-max key (the retrieval metric)
+        self.argmax = argmax  # each row's arg-max key (the retrieval and rare_word metrics)
         self.fell_back = False
 
     def __call__(self, call: AttentionCall) -> Tensor:
@@ -95,7 +95,7 @@ class FusedEngine(Engine):
     def run(self, model, tokens, mask, batch, on_rows, layers=None, interventions=(), token_types=None) -> None:
         layers = range(model.n_layers) if layers is None else layers
         handler = FusedHandler(on_rows, layers, fused_flags(batch, tokens.shape[1]), tuple(model.reach),
-                               batch.band, batch.targets is not None)
+                               batch.band, batch.targets is not None or batch.key_counts is not None)
         model.run(tokens, mask, handler=handler, interventions=interventions, token_types=token_types)
 
 

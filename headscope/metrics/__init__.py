@@ -16,6 +16,8 @@ induction         A[q, q-L+1] on BOS + R + R
 duplicate_token   A[q, q-L] on BOS + R + R
 streaming         mass on a sink + window band (a StreamingLLM cache)
 retrieval         needle copy-paste: arg-max on the needle token (and the soft version)
+rare_word         arg-max on the least frequent visible token (Voita et al. 2019; the head census)
+syntax            Clark et al.'s syntax-head protocol on word maps: accuracy per relation, offsets
 ================  ====================================================================================
 
 Adding a behaviour = one module defining ``METRIC = Metric.of("name", fn)``, one entry in

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jaxtyping import Bool, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 
@@ -26,6 +26,8 @@ class PatternBatch:
     #: The needle probe's answer queries: per (sequence, query) the key position of the needle token
     #: the query's next token copies, -1 for every other query (``retrieval``).
     targets: Int[Tensor, "batch query"] | None = None
+    #: Each key's unigram count in the bundled prose (``inf``: not counted), for ``rare_word``.
+    key_counts: Float[Tensor, "batch key"] | None = None
 
     def to(self, device) -> PatternBatch:
         """The same context with its tensors on ``device``."""
@@ -35,4 +37,4 @@ class PatternBatch:
         return PatternBatch(lengths=self.lengths.to(device), causal=self.causal, q_start=self.q_start,
                             separator=mv(self.separator), punctuation=mv(self.punctuation),
                             repeat_len=self.repeat_len, reach=self.reach, band=self.band,
-                            targets=mv(self.targets))
+                            targets=mv(self.targets), key_counts=mv(self.key_counts))

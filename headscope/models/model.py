@@ -56,10 +56,13 @@ class CircuitWeights:
     W_U: Float[Tensor, "d_model vocab"]  # unembedding (no final norm folded in)
     W_V: Float[Tensor, "layer kv_head d_model d_head"]
     W_O: Float[Tensor, "layer head d_head d_model"]
-    ln1: Float[Tensor, "layer d_model"]  # each layer's pre-attention norm weight
-    ln_final: Float[Tensor, " d_model"]  # the final norm's weight
+    ln1: Float[Tensor, "layer d_model"]  # each layer's pre-attention norm gain
+    ln_final: Float[Tensor, " d_model"]  # the final norm's gain
     rms: bool  # RMSNorm (scale only) rather than LayerNorm (centre, then scale)
     eps: float
+    #: Per layer, the gain of a norm applied to the attention output before the residual add
+    #: (Gemma 2/3's post-attention norm); None where the model has none (Llama, GPT-2, ...).
+    post_attn: Float[Tensor, "layer d_model"] | None = None
 
 
 @dataclass
@@ -468,24 +471,67 @@ class Model:
             return self.bridge.W_O.detach().float().cpu()
 
     def circuit_weights(self) -> CircuitWeights:
-        """``W_E``, ``W_U``, ``W_V``, ``W_O`` and the norm weights of a pre-norm decoder."""
+        """``W_E``, ``W_U``, ``W_V``, ``W_O`` and the norm gains of a pre-norm decoder.
+
+        Gains are what each norm multiplies by: its weight ``w``, or ``1 + w`` where the model's
+        norm applies ``x (1 + w)`` (Gemma's RMSNorm, whose weights sit around 0; transformer-lens
+        hands over ``w``). Gemma 2/3 also normalise the attention output before the residual add
+        (a sandwich norm): that norm's gain is ``post_attn``; its division by the RMS of the
+        layer's output is one positive factor per position, left out like the final norm's."""
         if not self.causal:
             raise HeadscopeError(
                 f"{self.name} is an encoder (post-norm, BERT-style); circuit weights are read here for "
                 "decoders with a norm before each attention layer, e.g. smollm2-135m.")
         bridge = self.bridge
         cfg = bridge.cfg
+        rms = bool(getattr(cfg, "uses_rms_norm", False)) or getattr(cfg, "normalization_type", "") == "RMS"
+        plus = self._gain_offset() if rms else 0.0  # 1.0 for Gemma's x (1 + w)
+
+        def gain(w: Tensor) -> Tensor:
+            w = w.detach().float().cpu()
+            return w + plus if plus else w  # unchanged (bit for bit) where the norm multiplies by w
+
         with torch.no_grad():
             return CircuitWeights(
                 W_E=bridge.W_E.detach().float().cpu(),  # [d_vocab, d_model]
                 W_U=bridge.W_U.detach().float().cpu(),  # [d_model, d_vocab]
                 W_V=bridge.W_V.detach().float().cpu(),  # [layer, kv_head, d_model, d_head]
                 W_O=bridge.W_O.detach().float().cpu(),  # [layer, head, d_head, d_model]
-                ln1=torch.stack([blk.ln1.w.detach().float().cpu() for blk in bridge.blocks]),  # [layer, d_model]
-                ln_final=bridge.ln_final.w.detach().float().cpu(),  # [d_model]
-                rms=bool(getattr(cfg, "uses_rms_norm", False)) or getattr(cfg, "normalization_type", "") == "RMS",
+                ln1=torch.stack([gain(blk.ln1.w) for blk in bridge.blocks]),  # [layer, d_model]
+                ln_final=gain(bridge.ln_final.w),  # [d_model]
+                rms=rms,
                 eps=float(getattr(cfg, "eps", 1e-5)),
+                post_attn=self._post_attention_gains(gain),  # [layer, d_model] or None
             )
+
+    def _final_norm(self):
+        """The Hugging Face module of the final norm (before the unembedding), or None."""
+        base = self.hf.base_model
+        return next((getattr(base, n) for n in ("norm", "ln_f", "final_layernorm", "final_layer_norm")
+                     if isinstance(getattr(base, n, None), torch.nn.Module)), None)
+
+    def _gain_offset(self) -> float:
+        """1.0 when the model's RMS norms multiply by ``1 + w`` (Gemma), else 0.0: told apart by
+        the final norm's own output on a vector of ones (``g / sqrt(1 + eps)``, ``g`` its gain)."""
+        norm = self._final_norm()
+        w = getattr(norm, "weight", None)
+        if not isinstance(w, Tensor):
+            return 0.0
+        with torch.no_grad():
+            y = norm(torch.ones(1, w.numel(), dtype=w.dtype, device=w.device))[0].float().cpu()  # [d_model]
+        w = w.detach().float().cpu()
+        return 1.0 if (y - (1 + w)).abs().sum() < (y - w).abs().sum() else 0.0
+
+    def _post_attention_gains(self, gain: Callable[[Tensor], Tensor]) -> Tensor | None:
+        """Per layer, the gain of a norm between the attention output and the residual add, or None.
+
+        Gemma 2/3 blocks name it ``post_attention_layernorm`` beside a ``pre_feedforward_layernorm``;
+        in Llama-style blocks ``post_attention_layernorm`` is the norm before the MLP (it reads the
+        residual stream, not the attention output), so a block counts only when it has both."""
+        blocks = self.blocks()
+        if not all(hasattr(b, "pre_feedforward_layernorm") and hasattr(b, "post_attention_layernorm") for b in blocks):
+            return None
+        return torch.stack([gain(b.post_attention_layernorm.weight) for b in blocks])  # [layer, d_model]
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ curves     values against a setting (budgets, steps, lengths): lines, error bars
 figures    layer x head heatmaps, query x key patterns, the effect scatter (Figures, no pyplot state)
 html       ``report.html``: a run on one self-contained page
 pattern_page  one head's (or layer's) pattern on a text as a self-contained page (``show --html``)
+census_page   a head census on one self-contained page (``headscope census``), and its figures
 =========  ==========================================================================================
 
 Importing these loads no engine, effect, extraction or attention module (tested).

@@ -53,15 +53,18 @@ def read_metadata(path: Path) -> dict | None:
     return meta if isinstance(meta, dict) else None
 
 
-def is_run_dir(path: str | Path) -> bool:
+def is_run_dir(path: str | Path, formats: tuple[str, ...] = (RUN_FORMAT,)) -> bool:
     """Whether ``path`` is a headscope run directory: ``scores.csv`` plus a headscope ``metadata.json``
-    (runs written before the ``run_format`` key are known by their recorded headscope version)."""
+    whose ``run_format`` is one of ``formats`` (a scan's by default; ``headscope census`` also names
+    its own). Runs written before the ``run_format`` key are known by their recorded headscope version."""
     path = Path(path)
     meta = read_metadata(path)
     if meta is None or not (path / "scores.csv").is_file():
         return False
+    if "run_format" in meta:
+        return meta["run_format"] in formats
     versions = meta.get("versions")
-    return meta.get("run_format") == RUN_FORMAT or (isinstance(versions, dict) and "headscope" in versions)
+    return RUN_FORMAT in formats and isinstance(versions, dict) and "headscope" in versions
 
 
 def foreign_entries(path: str | Path) -> list[str]:
@@ -101,11 +104,11 @@ def is_kvplan_dir(path: str | Path) -> bool:
     return all(e.name in KVPLAN_FILES and e.is_file() and not e.is_symlink() for e in path.iterdir())
 
 
-def check_out_dir(out: str | Path, force: bool) -> Path:
+def check_out_dir(out: str | Path, force: bool, formats: tuple[str, ...] = (RUN_FORMAT,)) -> Path:
     """Refuse an ``out`` that may not be written, before any work is done (one line, nothing touched).
 
     Without ``force`` ``out`` must not exist; with it, it may also be an empty folder or a headscope
-    run directory holding only what headscope wrote.
+    run directory (of one of ``formats``, :func:`is_run_dir`) holding only what headscope wrote.
     """
     out = Path(out)
     if not (out.exists() or out.is_symlink()):
@@ -122,7 +125,7 @@ def check_out_dir(out: str | Path, force: bool) -> Path:
     entries = sorted(e.name for e in out.iterdir())
     if not entries:
         return out
-    if not is_run_dir(out):
+    if not is_run_dir(out, formats):
         more = f" and {len(entries) - 1} more" if len(entries) > 1 else ""
         raise HeadscopeError(f"'{out}' is not a headscope run directory (it holds {entries[0]}{more}); --force "
                              "replaces only a run directory or an empty folder, so choose another --out.")

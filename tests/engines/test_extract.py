@@ -28,7 +28,7 @@ def reference_scores(model, probe: Probe) -> dict[str, torch.Tensor]:
     totals, counts = {}, {}
     for ids in probe.sequences:
         tokens, mask, lengths = pad_batch([ids], model.pad_id)
-        b = pattern_batch(model, probe, tokens, mask, lengths)
+        b = pattern_batch(model, probe, tokens, mask, lengths, metrics=list(REGISTRY.values()))
         pats = full_patterns(model, ids)
         for m in REGISTRY.values():
             if m.probe != probe.name:

@@ -45,7 +45,8 @@ def test_streaming_and_retrieval_agree_across_engines(llama):
 def test_long_context_metrics_are_registered_but_not_default():
     from headscope.metrics import retrieval, streaming
 
-    assert [n for n in REGISTRY if not REGISTRY[n].default] == ["streaming", "retrieval", "retrieval_soft"]
+    assert [n for n in REGISTRY if not REGISTRY[n].default] == ["streaming", "retrieval", "retrieval_soft",
+                                                                 "rare_word"]
     assert REGISTRY["streaming"] is streaming.METRIC and REGISTRY["retrieval"] is retrieval.METRIC
     assert REGISTRY["retrieval_soft"] is retrieval.SOFT and retrieval.METRIC.chance_fn is retrieval.retrieval_soft
     assert streaming.METRIC.needs == ("band",) and retrieval.METRIC.needs == ("argmax",)

@@ -1,0 +1,283 @@
+"""A head census of one model, written as a run directory (published whole: all of it, or nothing).
+
+``census_to_dir(MODEL, OUT, settings)`` checks everything it can before the model loads (the
+settings, ``OUT``, spaCy for the syntax part), loads the model, checks what needs it (a tokenizer
+that maps words to tokens, a readout), runs the parts (:mod:`headscope.apps.census_parts`) and
+writes::
+
+    OUT/
+      scores.csv              one row per (score, layer, head): model, metric, probe, layer, head,
+                              head_name, score, chance, n, label, null, ci_low, ci_high (+ null_q95,
+                              chance_ties where they exist); every name in headscope.catalog.CENSUS
+      syntax_table.csv        Clark's table: relation, direction, count, best head, accuracy and its
+                              interval, best offset, its accuracy, the difference and its interval
+      syntax_heads.csv        every head's accuracy per (relation, direction), with its interval
+      syntax_sentences.jsonl  the sentences scored: token ids, words, word token spans, silver parses
+      tokens.jsonl            the text and repeat probes' token ids
+      summary.md              the tables a reader sees first (the SILVER note beside the syntax table)
+      *.png, report.html      heatmaps and the page (a figure or the page that fails costs only itself)
+      metadata.json           model, source, sha256, parser (version, sha256, licence, UAS/LAS),
+                              corpus, settings, seed, versions, timings, files (written last)
+
+``--force`` follows a scan's rules (:func:`headscope.rundir.store.check_out_dir`): it replaces
+only a headscope run directory (a scan's or a census's) holding nothing headscope did not write.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import pandas as pd
+
+from headscope.apps.census_settings import CensusSettings
+from headscope.files import optional, publish_dir
+from headscope.result import COLUMNS, FLOAT_FORMAT, RUN_FORMAT, model_slug
+
+CENSUS_FORMAT = "headscope-census/1"  # metadata.json's run_format of a census run directory
+FORMATS = (RUN_FORMAT, CENSUS_FORMAT)  # what --force may replace
+REPORT = "report.html"
+#: The heatmaps a census draws (when their rows exist), in the page's order.
+FIGURES = (
+    "syntax_all.d2h",
+    "syntax_all.h2d",
+    "noop_weight",
+    "effect_noop_text_loss",
+    "effect_noop_embedding",
+    "effect_text_loss",
+    "effect_embedding",
+    "successor",
+    "successor_embeddings",
+    "copy_suppression",
+    "copy_suppression_embeddings",
+    "rare_word",
+)
+
+
+def default_out(model) -> Path:
+    """Where ``headscope census MODEL`` writes without ``--out``: ``runs/<model slug>-census``."""
+    return (
+        Path("runs")
+        / f"{model_slug(model if isinstance(model, str) else getattr(model, 'name', 'model'))}-census"
+    )
+
+
+def check_before_loading(settings: CensusSettings, out: str | Path, force: bool) -> Path:
+    """What needs no model: ``OUT`` may be written, and spaCy is there when the syntax part runs."""
+    from headscope.rundir.store import check_out_dir
+
+    out = check_out_dir(out, force, formats=FORMATS)
+    if "syntax" in settings.parts:
+        from headscope.probes.parser import require_spacy
+
+        require_spacy()
+    return out
+
+
+def check_model(model, settings: CensusSettings) -> None:
+    """What needs the model, before any work: word maps need character offsets; a readout that
+    the model has (an encoder has no trained unembedding)."""
+    if "syntax" in settings.parts:
+        from headscope.probes.words import check_offsets
+
+        check_offsets(model)
+    if settings.readout == "unembedding" and {"successor", "copy_suppression"} & set(
+        settings.parts
+    ):
+        from headscope.circuits.ov import readout
+
+        readout(model, "unembedding")  # one line for an encoder
+    if "successor" in settings.parts and (settings.readout != "auto" or model.causal):
+        from headscope.circuits.successor import ordinal_sets
+
+        ordinal_sets(
+            model
+        )  # one line when no ordinal set has a (t, successor) pair of single tokens
+
+
+def census_to_dir(
+    model_name,
+    out: str | Path | None = None,
+    settings: CensusSettings | None = None,
+    *,
+    force: bool = False,
+    figures: bool = True,
+    figure_formats: Sequence[str] = ("png",),
+    say: Callable[[str], None] | None = None,
+) -> Path:
+    """Load ``model_name`` (a name, a folder, or a :class:`~headscope.models.model.Model`) and run
+    :func:`census` into ``out`` (default :func:`default_out`); every check comes before the work."""
+    settings = settings or CensusSettings()
+    out = Path(out) if out is not None else default_out(model_name)
+    check_before_loading(settings, out, force)
+    if isinstance(model_name, str):
+        from headscope.models.loading import load_model
+
+        model = load_model(model_name, progress=say)
+    else:
+        model = model_name
+    return census(
+        model, out, settings, force=force, figures=figures, figure_formats=figure_formats, say=say
+    )
+
+
+def census(
+    model,
+    out: str | Path,
+    settings: CensusSettings | None = None,
+    *,
+    force: bool = False,
+    figures: bool = True,
+    figure_formats: Sequence[str] = ("png",),
+    say: Callable[[str], None] | None = None,
+) -> Path:
+    """Run the census parts of ``settings`` on ``model`` and publish ``out`` whole (see the module
+    docstring). Bad input (an ``out`` that may not be written, spaCy or its pipeline missing, a
+    tokenizer without offsets, no ordinal set of single tokens) is one line, and nothing is left."""
+    from headscope.apps.census_parts import PART_FNS, Context
+    from headscope.probes.pairs import repeat_probe, text_probe
+    from headscope.rundir.store import check_out_dir
+
+    settings = settings or CensusSettings()
+    say = say or (lambda _m: None)
+    started = time.perf_counter()
+    out = check_before_loading(settings, out, force)
+    check_model(model, settings)
+    st = settings
+    text = text_probe(model, n_prompts=st.n_prompts)
+    rep = repeat_probe(
+        model, repeat_len=st.repeat_len, n_sequences=st.repeat_sequences, seed=st.seed
+    )
+    ctx = Context(model, st, text, rep, say, summary=[f"# Head census of {model.name}", ""])
+    timings: dict[str, float] = {}
+    scored: list[dict] = []
+    for part in st.parts:  # every part runs before anything is written
+        t0 = time.perf_counter()
+        say(f"census: {part}")
+        scored += PART_FNS[part](ctx)
+        timings[f"{part}_s"] = round(time.perf_counter() - t0, 3)
+    frame = pd.DataFrame(scored)
+    frame = frame[COLUMNS + [c for c in frame.columns if c not in COLUMNS]]
+    meta = run_metadata(model, st, ctx, timings, text, rep)
+
+    def build(tmp: Path) -> None:
+        t0 = time.perf_counter()
+        frame.to_csv(tmp / "scores.csv", index=False, float_format=FLOAT_FORMAT, na_rep="NaN")
+        for name, table in ctx.tables.items():
+            table.to_csv(tmp / name, index=False, float_format=FLOAT_FORMAT, na_rep="NaN")
+        for name, write in ctx.files.items():
+            write(tmp / name)
+        with open(tmp / "tokens.jsonl", "w") as f:
+            for p in (text, rep):
+                for i, ids in enumerate(p.sequences):
+                    rec = {"probe": p.name, "index": i, "token_ids": [int(t) for t in ids]}
+                    if p.repeat_len is not None:
+                        rec["repeat_len"] = p.repeat_len
+                    f.write(json.dumps(rec) + "\n")
+        (tmp / "summary.md").write_text("\n".join(ctx.summary) + "\n")
+        if figures:  # tables first; a figure that cannot be drawn costs only itself
+            optional(
+                "the figures", lambda: save_census_figures(frame, tmp, figure_formats), meta, "figures_skipped", say
+            )
+        meta["timings"]["write_s"] = round(time.perf_counter() - t0, 3)
+        meta["timings"]["total_s"] = round(time.perf_counter() - started, 3)
+        meta["files"] = sorted([p.name for p in tmp.iterdir()] + ["metadata.json", REPORT])
+        _write_json(tmp / "metadata.json", meta)
+        optional(REPORT, lambda: write_page(tmp, figures), meta, "report_skipped", say)
+        if "report_skipped" in meta:
+            meta["files"] = [f for f in meta["files"] if f != REPORT]
+        _write_json(tmp / "metadata.json", meta)  # complete, and last
+
+    publish_dir(
+        out,
+        build,
+        replace=force and (out.exists() or out.is_symlink()),
+        before_replace=lambda: check_out_dir(out, force=True, formats=FORMATS),
+    )
+    return out
+
+
+def _write_json(path: Path, record: dict) -> None:
+    path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def run_metadata(model, settings: CensusSettings, ctx, timings: dict, text, rep) -> dict:
+    """Everything ``metadata.json`` records (``files`` and the write time are added last)."""
+    import torch
+
+    from headscope import __version__
+
+    source = {"kind": model.source.kind, **model.provenance}
+    if model.source.kind == "memory":
+        source["state_dict_sha256"] = model.fingerprint()
+    return {
+        "run_format": CENSUS_FORMAT,
+        "command": "census",
+        "model": model.name,
+        "source": source,
+        "n_layers": model.n_layers,
+        "n_heads": model.n_heads,
+        "n_kv_heads": model.n_kv_heads,
+        "causal": model.causal,
+        "special_tokens": {
+            "bos_or_cls": model.bos_id,
+            "separator": model.sep_id,
+            "pad": model.pad_id,
+        },
+        "settings": settings.record(),
+        "seed": settings.seed,
+        "probes": {p.name: {**p.settings, "n_sequences": len(p)} for p in (text, rep)},
+        **ctx.meta,
+        "device": str(model.device),
+        "dtype": str(model.dtype).replace("torch.", ""),
+        "threads": torch.get_num_threads(),
+        "versions": {
+            "headscope": __version__,
+            "torch": torch.__version__,
+            "transformers": _version("transformers"),
+            "transformer-lens": _version("transformer-lens"),
+            "spacy": _version("spacy"),
+            "python": platform.python_version(),
+        },
+        "timings": dict(timings),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def save_census_figures(
+    scores: pd.DataFrame, out: Path, formats: Sequence[str] = ("png",)
+) -> list[Path]:
+    """One heatmap per census score that has rows (:data:`FIGURES`), and the no-op scatter, each
+    as every file of ``formats`` (png, svg, pdf; the page's figures are inline PNGs whatever
+    they are)."""
+    from headscope.files import save_figure
+    from headscope.report.census_page import census_figures
+
+    written = []
+    for name, fig in census_figures(scores):
+        written.append(save_figure(fig, out / f"{name}.png", formats=formats))
+    return written
+
+
+def write_page(run_dir: Path, figures: bool) -> None:
+    from headscope.report.census_page import census_html
+
+    (run_dir / REPORT).write_text(census_html(run_dir, figures=figures), encoding="utf-8")
+
+
+def load_census(run_dir: str | Path) -> dict:
+    """A census run directory read back: ``{"scores", "metadata", "syntax_table", "summary"}``."""
+    from headscope.report.census_page import read_census
+
+    return read_census(Path(run_dir))
