@@ -8,5 +8,6 @@ kvplan         a KV-cache plan from a scan, checked by running the model
 sweep          many scans (models, checkpoints, settings, seeds) into one atlas
 sweep_figures  a sweep's figures, from its atlas alone
 conformance    does every engine score each transformers family exactly? (the support table)
+patch          counterfactual patching of every head on a task's prompt pairs, and its run directory
 =============  ======================================================================================
 """

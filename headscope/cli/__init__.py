@@ -10,6 +10,7 @@ report     ``headscope report``
 compare    ``headscope compare``
 kvplan     ``headscope kvplan``
 sweep      ``headscope sweep``
+patch      ``headscope patch``
 models     ``headscope models``
 metrics    ``headscope metrics``
 engines    ``headscope engines``

