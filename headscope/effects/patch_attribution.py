@@ -32,6 +32,7 @@ from torch import Tensor
 from headscope.effects.patching import Batch, position_masks, stage_of
 from headscope.effects.readout import read_metric
 from headscope.effects.stages import explicit_handler
+from headscope.models.attention import AttentionCall, StopForward
 
 #: the per-head stages gradients are taken at, per activation kind
 GRAD_STAGE = {"z": "z", "q": "q", "k": "k_head", "v": "v_head", "pattern": "pattern"}
@@ -55,6 +56,19 @@ def no_parameter_grads(model) -> Iterator[None]:
         finally:
             for p in params:
                 p.requires_grad_(True)
+
+
+def _stop_after(handler, last: int):
+    """``handler``, ending the forward once layer ``last``'s attention has run (what follows it,
+    the last MLP and the final norm, no stage of a source run needs)."""
+
+    def run(call: AttentionCall) -> Tensor:
+        out = handler(call)
+        if call.layer == last:
+            raise StopForward
+        return out
+
+    return run
 
 
 def grad_run(model, batch: Batch, prompt: str, metric: str, stages: Sequence[str]):
@@ -125,12 +139,12 @@ def attribution_patching(
             base_of = {"denoising": "corrupt", "noising": "clean"}
             if any(base_of[d] == prompt for d in directions):  # a base: gradients needed
                 runs[prompt] = grad_run(model, batch, prompt, metric, stages)
-            else:  # only a source: its activations
+            else:  # only a source: its activations, up to the last layer's attention
                 acts: dict = {}
                 model.run(
                     batch.tokens(prompt),
                     batch.mask,
-                    handler=explicit_handler(acts, tuple(stages)),
+                    handler=_stop_after(explicit_handler(acts, tuple(stages)), model.n_layers - 1),
                     output=None,
                 )
                 runs[prompt] = (acts, None, None)

@@ -179,8 +179,8 @@ def _dla(dla: pd.DataFrame, figures: bool) -> str:
     parts = [
         '<h2 id="dla">Direct logit attribution</h2>',
         '<p class="muted">Each head\'s output at the last position, through the output projection '
-        "and the final norm with its scale frozen at the clean run's, projected on "
-        "W_U[answer] - W_U[wrong] (logit "
+        "and the final norm with its scale frozen at that run's (the clean run's for DLA clean), "
+        "projected on W_U[answer] - W_U[wrong] (logit "
         "units; what the head writes directly, not through later layers).</p>",
     ]
     if figures and len(clean):
