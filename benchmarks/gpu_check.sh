@@ -5,7 +5,8 @@
 #   bash benchmarks/gpu_check.sh               # on the GPU machine, from the repository root
 #   bash benchmarks/gpu_check.sh --cpu-smoke   # a dry run of every part on the CPU, tiny lengths
 #
-# 1. the `cuda`-marked tests (compiled FlexAttention vs the blocked engine and a hand-written softmax),
+# 1. the `cuda`-marked tests (compiled FlexAttention vs the blocked engine and a hand-written softmax;
+#    every command on the GPU: scan, --effects, kvplan, show, --ray with GPU workers),
 #    then the Triton prototype's tests (compiled);
 # 2. benchmarks/bench_gpu.py: the flex scan against the model's own sdpa forward (time and peak-memory
 #    ratios) for SmolLM2-135M at 8,192 tokens, Llama-3.2-1B and Gemma-3-270M at 32,768; the blocked
@@ -42,7 +43,7 @@ EOF
 
 echo "== 1. cuda tests (limit ${TEST_S} s)"
 if [ $SMOKE = 1 ]; then export HEADSCOPE_CUDA_TESTS_DEVICE=cpu; fi
-timeout "$TEST_S" $PY -m pytest tests/engines/test_flex.py -m cuda -q -p no:cacheprovider -o addopts="-ra" \
+timeout "$TEST_S" $PY -m pytest tests/engines/test_flex.py tests/cuda -m cuda -q -p no:cacheprovider -o addopts="-ra" \
     2>&1 | grep -v "^$" | tail -25
 rc=${PIPESTATUS[0]}
 [ "$rc" = 0 ] || echo "cuda tests: rc=$rc (124: the ${TEST_S} s limit); the rest runs anyway"

@@ -32,7 +32,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from headscope.errors import HeadscopeError
+from headscope.errors import HeadscopeError, did_you_mean
 
 SOFTWARE = "headscope"  # the PNG tEXt "Software" value (SVG/PDF: "Creator") of every figure headscope saves
 PNG_METADATA = {"Software": SOFTWARE}
@@ -280,9 +280,71 @@ def optional(what: str, step: Callable[[], object], record: dict, key: str,
         return None
 
 
-def save_figure(fig, path: Path, dpi: int = 110) -> Path:
-    """Save a matplotlib Figure atomically (format from the suffix), tagged as headscope's when PNG."""
+#: The figure formats headscope writes (``--figure-format``): PNG for the screen and the page,
+#: SVG and PDF for papers, with their text kept as text (searchable, not outlined).
+FIGURE_FORMATS = ("png", "svg", "pdf")
+#: Vector text as text: SVG ``<text>`` elements, PDF TrueType (type 42) fonts, not glyph outlines.
+VECTOR_TEXT = {"svg.fonttype": "none", "pdf.fonttype": 42}
+
+
+def figure_formats(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """``"png,svg"`` or ``["png", "svg,pdf"]`` -> ``("png", "svg", "pdf")``, in order, once each.
+
+    None or nothing gives ``("png",)``. Names match without case and a leading dot; anything else
+    is refused in one line.
+
+    >>> figure_formats("SVG,pdf"), figure_formats(["png", "svg,png"]), figure_formats(None)
+    (('svg', 'pdf'), ('png', 'svg'), ('png',))
+    >>> figure_formats("jpg")
+    Traceback (most recent call last):
+    ...
+    headscope.errors.HeadscopeError: Unknown figure format 'jpg' (--figure-format). Did you...
+    """
+    items = [value] if isinstance(value, str) else list(value or ())
+    out: list[str] = []
+    for item in items:
+        for name in str(item).split(","):
+            fmt = name.strip().lower().lstrip(".")
+            if not fmt:
+                continue
+            if fmt not in FIGURE_FORMATS:
+                raise HeadscopeError(f"Unknown figure format '{name.strip()}' (--figure-format)."
+                                     f"{did_you_mean(fmt, FIGURE_FORMATS)} Choose from "
+                                     f"{', '.join(FIGURE_FORMATS)}.")
+            if fmt not in out:
+                out.append(fmt)
+    return tuple(out) or ("png",)
+
+
+def figure_files(path: Path, formats: Sequence[str] | None = None) -> list[Path]:
+    """The files :func:`save_figure` writes for ``path``: ``path`` itself without ``formats``,
+    else its stem once per format (``kvplan.png``, ``("png", "svg")``: kvplan.png, kvplan.svg)."""
     path = Path(path)
-    fmt = path.suffix.lstrip(".").lower() or "png"
-    meta = PNG_METADATA if fmt == "png" else {"Creator": SOFTWARE}  # svg: <dc:title>, pdf: /Creator
-    return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=fmt, metadata=meta))
+    if formats is None:
+        return [path]
+    return [path.with_suffix(f".{fmt}") for fmt in figure_formats(formats)]
+
+
+def save_figure(fig, path: Path, dpi: int = 110, formats: Sequence[str] | None = None) -> Path:
+    """Save a matplotlib Figure atomically, tagged as headscope's (PNG ``Software``, SVG and PDF
+    ``Creator``); return the first file written.
+
+    Without ``formats`` the format is ``path``'s suffix; with them, one file per format named by
+    :func:`figure_files` (all drawn from this one Figure, so they show the same thing). Vector
+    files keep their text as text (:data:`VECTOR_TEXT`)."""
+    from matplotlib import rc_context
+
+    paths = figure_files(path, formats)
+    for target in paths:
+        fmt = target.suffix.lstrip(".").lower() or "png"
+        # PNG: a Software text chunk; SVG: <dc:creator>...<dc:title>; PDF: /Creator
+        meta = dict(PNG_METADATA) if fmt == "png" else {"Creator": SOFTWARE}
+        if fmt in ("svg", "pdf"):  # no timestamp: the same figure gives the same file
+            meta["Date" if fmt == "svg" else "CreationDate"] = None
+
+        def write(tmp: Path, fmt=fmt, meta=meta) -> None:
+            with rc_context(VECTOR_TEXT):
+                fig.savefig(tmp, dpi=dpi, format=fmt, metadata=meta)
+
+        write_atomic(target, write)
+    return paths[0]

@@ -1,8 +1,9 @@
 """Run the conformance suite (:mod:`headscope.apps.conformance`) and, with ``--write``, write what it
-found into ``headscope/data/support.json`` and the README's support table.
+found into ``headscope/data/support.json`` (the site's support table, docs/models.md, is generated
+from it when the site is built).
 
     python -m scripts.conformance                 # run, print the table
-    python -m scripts.conformance --write         # ... and write support.json + the README table
+    python -m scripts.conformance --write         # ... and write support.json
 """
 
 from __future__ import annotations
@@ -10,16 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 import torch
 
-from headscope.apps.conformance import FAMILIES, TOL, run, support_markdown
+from headscope.apps.conformance import FAMILIES, TOL, run
 from headscope.engines.support import SUPPORT_JSON
-
-ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
-BEGIN, END = "<!-- support-table:begin -->", "<!-- support-table:end -->"
 
 
 def write(table: dict) -> None:
@@ -28,16 +24,11 @@ def write(table: dict) -> None:
     doc = {"generated_by": "python -m scripts.conformance --write", "transformers": transformers.__version__,
            "tolerance": TOL, "families": table}
     SUPPORT_JSON.write_text(json.dumps(doc, indent=1) + "\n")
-    text = README.read_text()
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-        README.write_text(head + BEGIN + "\n" + support_markdown(table) + "\n" + END + tail)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--write", action="store_true", help="write headscope/data/support.json and the README table")
+    ap.add_argument("--write", action="store_true", help="write headscope/data/support.json")
     ap.add_argument("--family", action="append", help="only these families (by name or model_type)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)

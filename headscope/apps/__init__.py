@@ -4,6 +4,7 @@
 show           one head's (or one layer's) pattern on a text, as a figure or a page
 redraw         ``plot`` and ``report``: a saved run's figures and page drawn again from its files
 compare        runs side by side: summary and per-head differences
+plan_settings  a KV plan's settings (light: the kvplan command's options are its fields)
 kvplan         a KV-cache plan from a scan, checked by running the model
 sweep          many scans (models, checkpoints, settings, seeds) into one atlas
 sweep_figures  a sweep's figures, from its atlas alone

@@ -23,7 +23,15 @@ from matplotlib.figure import Figure
 
 from headscope.catalog import is_below
 from headscope.errors import HeadscopeError, setting
-from headscope.files import check_replaceable, optional, save_figure, write_atomic
+from headscope.files import (
+    FIGURE_FORMATS,
+    check_replaceable,
+    figure_files,
+    optional,
+    save_figure,
+    write_atomic,
+)
+from headscope.files import figure_formats as check_figure_formats
 from headscope.result import fmt, head_name, model_slug
 
 # ------------------------------------------------------------------------------ reading runs
@@ -281,9 +289,11 @@ def check_folder(out: str | Path) -> Path:
     return out
 
 
-def write_comparison(runs: dict[str, pd.DataFrame], out: str | Path, dpi: int = 110, say=None) -> list[Path]:
+def write_comparison(runs: dict[str, pd.DataFrame], out: str | Path, dpi: int = 110, say=None,
+                     figure_formats: Sequence[str] = ("png",)) -> list[Path]:
     """Write ``compare.csv``, ``distributions.png`` and, for runs of one shape, ``head_diffs.csv``
-    (and, for two runs, ``difference.png``) into ``out``; return the paths.
+    (and, for two runs, ``difference.png``) into ``out``; return the paths. The figures are
+    written in each of ``figure_formats`` (png, svg, pdf).
 
     Files already in ``out`` are replaced only if headscope wrote them (:mod:`headscope.files`);
     otherwise nothing is written."""
@@ -295,8 +305,12 @@ def write_comparison(runs: dict[str, pd.DataFrame], out: str | Path, dpi: int = 
         if len(runs) == 2:
             figures["difference.png"] = difference_figure
     names = ["compare.csv", "distributions.png", "head_diffs.csv", "difference.png"]
-    targets = [out / n for n in names if n in tables or n in figures]
-    stale = [out / n for n in names if n not in tables and n not in figures and (out / n).exists()]
+    formats = check_figure_formats(figure_formats)
+    wanted = [out / n for n in names if n in tables or n in figures]
+    targets = [f for t in wanted for f in ([t] if t.name in tables else figure_files(t, formats))]
+    every = [f for n in names
+             for f in ([out / n] if n.endswith(".csv") else figure_files(out / n, FIGURE_FORMATS))]
+    stale = [f for f in every if f not in targets and f.exists()]
     # head_diffs.csv's header names the runs: any runs' table of ours has this head and tail
     headers = {"compare.csv": lambda line: line in (",".join(SUMMARY_COLUMNS), _OLD_SUMMARY_HEADER),
                "head_diffs.csv": lambda line: line.startswith("metric,layer,head,head_name,")
@@ -311,20 +325,22 @@ def write_comparison(runs: dict[str, pd.DataFrame], out: str | Path, dpi: int = 
         written.append(write_atomic(path, lambda tmp, t=table: t.to_csv(tmp, index=False, float_format="%.8g",
                                                                           na_rep="NaN")))
     notes: dict = {}
-    for path in [t for t in targets if t.name in figures]:
-        if optional(path.name, lambda p=path: save_figure(figures[p.name](runs), p, dpi), notes, "figures_skipped",
-                    say) is not None:
-            written.append(path)
+    for path in [t for t in wanted if t.name in figures]:
+        draw = lambda p=path: save_figure(figures[p.name](runs), p, dpi, formats)  # noqa: E731
+        if optional(path.name, draw, notes, "figures_skipped", say) is not None:
+            written.extend(figure_files(path, formats))
     return written
 
 
-def compare_dirs(run_dirs: Sequence[str | Path], out: str | Path | None = None, top: int = 3) -> tuple[str, list[Path]]:
+def compare_dirs(run_dirs: Sequence[str | Path], out: str | Path | None = None, top: int = 3,
+                 figure_formats: Sequence[str] = ("png",)) -> tuple[str, list[Path]]:
     """``headscope compare``: read the runs, write the comparison to ``out``; return (text, paths).
 
     ``out`` defaults to ``./compare-<A>-vs-<B>``; the text is the summary table and, for runs of
     one shape, the ``top`` largest per-head differences per metric."""
     if top < 0:
         raise HeadscopeError(f"{setting('top')} must be 0 or more, got {top}.")
+    figure_formats = check_figure_formats(figure_formats)
     runs = load_runs(run_dirs)
     labels = list(runs)
     if out is None:
@@ -338,7 +354,7 @@ def compare_dirs(run_dirs: Sequence[str | Path], out: str | Path | None = None, 
         text.append(f"the {len(runs)} runs are identical: every head has the same score in each (differences all 0).")
     elif top:
         text.append(format_differences(head_differences(runs, k=top), labels, k=top))
-    return "\n".join(text), write_comparison(runs, out)
+    return "\n".join(text), write_comparison(runs, out, figure_formats=figure_formats)
 
 
 def identical(runs: dict[str, pd.DataFrame]) -> bool:

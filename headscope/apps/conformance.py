@@ -17,11 +17,12 @@ exactly 0), so sliding windows, padding and causality come from the model itself
 headscope's reading of its config.
 
     python -m scripts.conformance                 # run, print the table
-    python -m scripts.conformance --write         # ... and write headscope/data/support.json + README table
+    python -m scripts.conformance --write         # ... and write headscope/data/support.json
 
 ``tests/apps/test_conformance.py`` runs the same :func:`check` per family and engine, and checks that
-the shipped ``support.json`` (:mod:`headscope.engines.support`) and the README table say what the run
-found. The tiny models and tokenizers here are also what the tests build theirs from.
+the shipped ``support.json`` (:mod:`headscope.engines.support`) and the site's table (generated
+from it) say what the run found. The tiny models and tokenizers here are also what the tests
+build theirs from.
 """
 
 from __future__ import annotations
@@ -352,7 +353,7 @@ def run(families: list[Family] | None = None, engines: list[str] | None = None, 
 
 
 def support_markdown(table: dict) -> str:
-    """The README table: one row per family, a column per engine."""
+    """The support table (Markdown, for the site): one row per family, a column per engine."""
     engines = sorted({e for row in table.values() for e in row["engines"]},
                      key=lambda e: list(next(iter(table.values()))["engines"]).index(e))
     mark = {"exact": "exact", "refused": "refused", "wrong": "NOT SUPPORTED (wrong)", "error": "NOT SUPPORTED (error)"}

@@ -21,60 +21,16 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import pandas as pd
 import torch
 
+from headscope.apps.plan_settings import PlanSettings
 from headscope.engines import kernel
 from headscope.errors import HeadscopeError
 from headscope.models.attention import AttentionCall
 
 HeadSet = frozenset  # of (layer, head)
-
-
-@dataclass(frozen=True)
-class PlanSettings:
-    budgets: tuple[float, ...] = (0.25, 0.5, 0.75)  # fractions of all query heads restricted
-    seeds: int = 3  # random baselines per budget
-    sinks: int = 4
-    window: int = 64
-    seq_len: int = 2048  # held-out text and needle length
-    n_texts: int = 2  # held-out prose sequences for the loss
-    depths: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)  # needle depths
-    needles_per_depth: int = 2
-    needle_tokens: int = 8
-    #: With a MODEL (not a run): the long-context scan that chooses the heads, on this many long
-    #: prose sequences, with this many bootstrap resamples (its scores' intervals).
-    scan_sequences: int = 8
-    scan_bootstrap: int = 200
-
-    def scan_config(self):
-        """The long-context scan that chooses the heads, when the plan starts from a model."""
-        from headscope.scanner.config import ScanConfig
-
-        return ScanConfig(long_context=True, seq_len=self.seq_len, sinks=self.sinks, window=self.window,
-                          needle_tokens=self.needle_tokens, metrics=("streaming", "retrieval", "retrieval_soft"),
-                          n_prompts=self.scan_sequences, bootstrap=self.scan_bootstrap)
-
-    def validate(self, n_ctx: int | None = None) -> PlanSettings:
-        from headscope.errors import at_least
-        from headscope.scanner.config import check_long
-
-        bad = [b for b in self.budgets if not (isinstance(b, (int, float)) and 0.0 <= b <= 1.0)]
-        if bad or not self.budgets:
-            raise HeadscopeError(f"Budgets are fractions of the heads, in 0..1; got {list(self.budgets)}. "
-                                 "Use e.g. --budgets 0.25,0.5,0.75.")
-        at_least("seeds", self.seeds, 0)
-        at_least("texts", self.n_texts)
-        at_least("needles_per_depth", self.needles_per_depth)
-        at_least("scan_sequences", self.scan_sequences)
-        at_least("scan_bootstrap", self.scan_bootstrap, 0)
-        if n_ctx is not None and self.seq_len > n_ctx:
-            raise HeadscopeError(f"--seq-len {self.seq_len} is longer than the model's context ({n_ctx}); use at most "
-                                 f"{n_ctx}.")
-        check_long(self.seq_len, self.sinks, self.window, self.needle_tokens)
-        return self
 
 
 # ------------------------------------------------------------------------------ choosing heads
@@ -305,12 +261,14 @@ def markdown(df: pd.DataFrame, settings: PlanSettings, model_name: str, plans: d
 
 
 FILES = ("kvplan.csv", "kvplan.md", "kvplan.json", "kvplan.png")
+ALL_FILES = FILES + ("kvplan.svg", "kvplan.pdf")  # with --figure-format svg / pdf
 
 
 def save(df: pd.DataFrame, out, settings: PlanSettings, model_name: str, plans: dict, meta: dict,
-         say: Callable[[str], None] | None = None) -> None:
-    """kvplan.csv, kvplan.md and kvplan.json, then kvplan.png, into the folder ``out``. A figure
-    that cannot be drawn is noted in kvplan.json (``figures_skipped``) and costs nothing else."""
+         say: Callable[[str], None] | None = None, figure_formats=("png",)) -> None:
+    """kvplan.csv, kvplan.md and kvplan.json, then kvplan.png (and .svg / .pdf, as
+    ``figure_formats`` says), into the folder ``out``. A figure that cannot be drawn is noted in
+    kvplan.json (``figures_skipped``) and costs nothing else."""
     import json
     from pathlib import Path
 
@@ -323,20 +281,26 @@ def save(df: pd.DataFrame, out, settings: PlanSettings, model_name: str, plans: 
     record = {"model": model_name, "settings": {k: (list(v) if isinstance(v, tuple) else v)
                                                 for k, v in settings.__dict__.items()},
               "plans": plans, **meta}
-    optional("kvplan.png", lambda: save_figure(figure(df, model_name, settings.seq_len), out / "kvplan.png"),
-             record, "figures_skipped", say)
+
+    def draw():
+        fig = figure(df, model_name, settings.seq_len)
+        return save_figure(fig, out / "kvplan.png", formats=figure_formats)
+
+    optional("kvplan.png", draw, record, "figures_skipped", say)
     (out / "kvplan.json").write_text(json.dumps(record, indent=1, default=str))
 
 
 def plan_to_dir(source: str, out: str | None = None, settings: PlanSettings = PlanSettings(), *, force: bool = False,
-                say: Callable[[str], None] | None = None):
+                say: Callable[[str], None] | None = None, figure_formats=("png",)):
     """``headscope kvplan SOURCE``: the plan of a run directory (scanned with ``--long-context``) or
     of a model (scanned first into ``out``, default ``runs/<model>-long``), verified and written to
     ``<run>/kvplan/`` whole (an earlier plan is replaced only with ``force``, and only once the new
     one is complete). Everything that can be refused is refused before the first forward pass.
+    ``figure_formats``: the plan's figure (and, with a MODEL, the scan's) as png, svg and/or pdf.
     Returns ``(table, folder)``."""
     from pathlib import Path
 
+    from headscope.files import figure_formats as check_figure_formats
     from headscope.files import publish_dir
     from headscope.models.loading import load_model
     from headscope.rundir.store import KVPLAN, is_kvplan_dir, is_run_dir, load_run
@@ -344,6 +308,7 @@ def plan_to_dir(source: str, out: str | None = None, settings: PlanSettings = Pl
 
     say = say or (lambda _m: None)
     settings.validate()
+    figure_formats = check_figure_formats(figure_formats)
     src = Path(source)
     from_run = src.is_dir() and not (src / "config.json").is_file()  # a checkpoint folder is a model
     if from_run:
@@ -370,11 +335,14 @@ def plan_to_dir(source: str, out: str | None = None, settings: PlanSettings = Pl
         config = settings.scan_config()
         model = load_model(source, progress=say)
         inputs = plan_inputs(model, settings)  # refused here, before the scan writes its run directory
-        result = scan_to_dir(model, run_dir, config, force=force, say=say)
+        result = scan_to_dir(model, run_dir, config, force=force, say=say,
+                             figure_formats=figure_formats)
     df = kv_plan(model, result.scores, settings, say=say, inputs=inputs)
     plans = plan_heads(result.scores, settings.budgets)
     meta = {"run": str(run_dir), "model_provenance": model.provenance}
-    publish_dir(target, lambda tmp: save(df, tmp, settings, model.name, plans, meta, say), replace=force,
+    publish_dir(target,
+                lambda tmp: save(df, tmp, settings, model.name, plans, meta, say, figure_formats),
+                replace=force,
                 before_replace=lambda: is_kvplan_dir(target) or _foreign(target))
     return df, target
 

@@ -595,10 +595,12 @@ def save_patching(
     figures: bool = True,
     say: Callable[[str], None] | None = None,
     started: float | None = None,
+    figure_formats: Sequence[str] | None = None,
 ) -> Path:
     """Write ``result`` to the run directory ``out`` (see the module docstring), published whole;
     an existing ``out`` is replaced only with ``force`` and only when it is a patching run (or
-    empty). ``result.metadata`` becomes what was saved."""
+    empty). ``figure_formats``: each figure as png (the default), svg and/or pdf.
+    ``result.metadata`` becomes what was saved."""
     from headscope.files import publish_dir
     from headscope.rundir.signals import Interrupted, held, interruptible, released
     from headscope.rundir.store import PATCH_RUN_FORMAT, check_out_dir
@@ -609,7 +611,7 @@ def save_patching(
 
     def build(tmp: Path) -> None:
         with released():
-            saved.update(_write(result, tmp, figures, say, t0, started))
+            saved.update(_write(result, tmp, figures, say, t0, started, figure_formats))
 
     published = False
     try:
@@ -630,7 +632,13 @@ def save_patching(
 
 
 def _write(
-    result: PatchResult, tmp: Path, figures: bool, say, t0: float, started: float | None
+    result: PatchResult,
+    tmp: Path,
+    figures: bool,
+    say,
+    t0: float,
+    started: float | None,
+    figure_formats: Sequence[str] | None = None,
 ) -> dict:
     from headscope.rundir.store import PATCH_RUN_FORMAT
 
@@ -686,17 +694,28 @@ def _write(
 
     record()  # the tables and their record are complete before any figure is drawn
     if figures:
-        optional("the figures", lambda: _figures(result, tmp), meta, "figures_skipped", say)
+        optional(
+            "the figures",
+            lambda: _figures(result, tmp, figure_formats),
+            meta,
+            "figures_skipped",
+            say,
+        )
     optional(REPORT, lambda: _page(tmp, figures), meta, "report_skipped", say)
     record()
     return meta
 
 
-def _figures(result: PatchResult, tmp: Path) -> None:
+def _figures(result: PatchResult, tmp: Path, formats: Sequence[str] | None = None) -> None:
     from headscope.report.patching import save_patch_figures
 
     save_patch_figures(
-        result.table, result.dla, tmp, model=result.model, tokens=result.example.get("clean")
+        result.table,
+        result.dla,
+        tmp,
+        model=result.model,
+        tokens=result.example.get("clean"),
+        formats=formats,
     )
 
 
@@ -793,6 +812,7 @@ def patch_to_dir(
     force: bool = False,
     figures: bool = True,
     say: Callable[[str], None] | None = None,
+    figure_formats: Sequence[str] | None = None,
     **settings,
 ) -> PatchResult:
     """``headscope patch``: check everything, load ``model_name``, patch, save the run to ``out``.
@@ -849,7 +869,15 @@ def patch_to_dir(
                     "source": scan_meta.get("source"),
                     "metrics": sorted(pattern["metric"].unique()),
                 }
-            save_patching(result, out, force=force, figures=figures, say=say, started=t_start)
+            save_patching(
+                result,
+                out,
+                force=force,
+                figures=figures,
+                say=say,
+                started=t_start,
+                figure_formats=figure_formats,
+            )
     return result
 
 

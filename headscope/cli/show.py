@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from headscope.cli.options import figure_format_option
+
 #: The default text (apps.show.DEFAULT_TEXT, repeated so that --help loads nothing heavy; a test checks).
 DEFAULT_TEXT = "The river bank flooded after the storm, and the path was closed."
 
@@ -16,12 +18,15 @@ DEFAULT_TEXT = "The river bank flooded after the storm, and the path was closed.
               help="Every head of layer L (0-based) side by side, instead of one --head.")
 @click.option("--text", default=None, help=f"The text to run the model on. [default: {DEFAULT_TEXT!r}]")
 @click.option("--out", type=click.Path(), default=None,
-              help="Figure to write (.png, .svg or .pdf). [default: ./<model>-L<L>H<H>.png, or ./<model>-L<L>.png]")
+              help="Figure to write (.png, .svg or .pdf; with --figure-format, its name in each "
+                   "format). "
+                   "[default: ./<model>-L<L>H<H>.png, or ./<model>-L<L>.png]")
+@figure_format_option
 @click.option("--html", "html_view", is_flag=True,
               help="Also write an interactive, self-contained HTML view next to the figure.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps.")
 @click.option("--dtype", default=None, help="Model weights dtype: float32, bfloat16 or float16. [default: float32]")
-def show(model_name, head_spec, layer, text, out, html_view, device, dtype) -> None:
+def show(model_name, head_spec, layer, text, out, figure_format, html_view, device, dtype) -> None:
     """Draw one head's attention pattern on a text (query rows, key columns), or every head of a layer.
 
     \b
@@ -37,9 +42,10 @@ def show(model_name, head_spec, layer, text, out, html_view, device, dtype) -> N
                              "e.g. --head 17.4 or --layer 17.")
     say = lambda msg: click.echo(f"headscope: {msg}", err=True)  # noqa: E731
     if layer is not None:
-        paths = show_layer(model_name, layer, text, out, html_view=html_view, device=device, dtype=dtype, progress=say)
+        paths = show_layer(model_name, layer, text, out, html_view=html_view, device=device,
+                           dtype=dtype, progress=say, figure_formats=figure_format)
     else:
         paths = show_head(model_name, head_spec, text, out, html_view=html_view, device=device, dtype=dtype,
-                          progress=say)
+                          progress=say, figure_formats=figure_format)
     for path in paths:
         click.echo(str(path))

@@ -10,6 +10,8 @@ import sys
 
 import click
 
+from headscope.cli.options import figure_format_option
+
 
 @click.command()
 @click.argument("spec", type=click.Path())
@@ -19,8 +21,9 @@ import click
                    "`ray start --head`, auto, ray://HOST:10001). [default: one after another, here]")
 @click.option("--workers", type=int, default=None, help="Jobs at once on Ray. [default: the cluster's CPUs]")
 @click.option("--retries", type=int, default=1, show_default=True, help="Retries of a failed job.")
+@figure_format_option
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
-def sweep(spec, out, ray_address, workers, retries, quiet) -> None:
+def sweep(spec, out, ray_address, workers, retries, figure_format, quiet) -> None:
     """Scan models or training checkpoints x probe settings x seeds, one run directory per job, and
     gather them into one atlas (atlas.csv/.parquet, steps.png, models.png).
 
@@ -46,7 +49,8 @@ def sweep(spec, out, ray_address, workers, retries, quiet) -> None:
         if not quiet:
             click.echo(f"headscope: {msg}", err=True)
 
-    done = run_sweep(spec, out, ray_address, workers, retries, say)
+    done = run_sweep(spec, out, ray_address, workers, retries, say,
+                     figure_formats=figure_format or ("png",))
     atlas, failures = done["atlas"], done["failures"]
     jobs = atlas["job"].nunique()
     click.echo(f"{jobs} job(s): {jobs - len(failures)} done ({done['skipped']} already), {len(failures)} failed")

@@ -212,7 +212,7 @@ def score_batch(model, probe: Probe, metrics: Sequence[Metric], index: Sequence[
         raise HeadscopeError(f"The {eng.name} engine never saw layer(s) {', '.join(map(str, missed))} of "
                              f"{model.name}: its attention did not reach headscope; use --engine hooks.")
     reach = tuple(getattr(model, "reach", ()) or ()) or (None,) * model.n_layers
-    _add_chance(metrics, batch, part, reach)
+    _add_chance(metrics, on_device, part, reach)  # where the model is: O(n^2) per batch, a GPU's job there
     return part
 
 
@@ -260,7 +260,8 @@ def _add_chance(metrics: Sequence[Metric], batch: PatternBatch, part: BatchScore
         first = r == next(iter(layers_of))
         for q_start in range(0, n, rows):
             block = replace(batch, q_start=q_start, reach=r)
-            uniform = uniform_pattern((b, 1, min(rows, n - q_start), n), block)  # [b, 1, rows, n]
+            uniform = uniform_pattern((b, 1, min(rows, n - q_start), n), block,
+                                      device=batch.lengths.device)  # [b, 1, rows, n]
             for m in metrics:
                 pooled = (m.chance_fn or m.fn)(uniform, block)
                 part.chance_steps[m.name].append((layers, float(pooled.total.sum())))

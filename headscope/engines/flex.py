@@ -22,12 +22,12 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from headscope.models.attention import AttentionCall, StopForward
 from headscope.engines.base import Engine
-from headscope.errors import notice
 from headscope.engines.blocked import BlockHandler, refuse_unmodelled
 from headscope.engines.flex_stats import StatsRequest, Visibility, flex_reason, layer_stats
+from headscope.errors import notice
 from headscope.metrics.base import PatternBatch, key_set_flags
+from headscope.models.attention import AttentionCall, StopForward
 
 FLAG_SETS = ("separator", "punctuation")  # PatternBatch key sets whose mass the pass sums
 

@@ -18,6 +18,7 @@ local folder that ``transformers`` can read:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -175,12 +176,16 @@ def cache_root() -> Path:
 # --------------------------------------------------------------------------- hub names
 
 
+@functools.lru_cache(maxsize=1)
 def _tl_aliases() -> dict[str, list[str]]:
-    """transformer-lens's table ``official hub name -> short aliases`` (a JSON file, no torch)."""
+    """transformer-lens's table ``official hub name -> short aliases``: a JSON file inside the package,
+    found without importing the package (that would import torch: seconds for a name lookup)."""
     try:
-        from importlib.resources import files
+        import importlib.util
 
-        path = files("transformer_lens") / "tools" / "model_registry" / "data" / "model_aliases.json"
+        spec = importlib.util.find_spec("transformer_lens")
+        folder = Path(next(iter(spec.submodule_search_locations)))
+        path = folder / "tools" / "model_registry" / "data" / "model_aliases.json"
         return json.loads(path.read_text())["aliases"]
     except Exception:  # noqa: BLE001 - the table is a convenience; hub ids still work without it
         return {"gpt2": ["gpt2-small"], "gpt2-medium": [], "EleutherAI/pythia-70m": ["pythia-70m"]}

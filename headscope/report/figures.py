@@ -10,16 +10,17 @@ against its effect (:func:`effect_scatter`).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 from matplotlib import patheffects
+from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from headscope.catalog import describe, is_below, pattern_names
-from headscope.files import save_figure
+from headscope.files import figure_files, figure_formats, save_figure
 from headscope.result import HeadPattern, matrix
 from headscope.uncertainty import STABLE
 
@@ -62,8 +63,10 @@ def write_cells(ax, values: np.ndarray, show: np.ndarray, fmt: str = "{:.2f}", d
     for (layer, head), v in np.ndenumerate(values):
         if np.isfinite(v) and show[layer, head]:
             ink, halo = ("white", "black") if dark is not None and dark(v) else ("black", "white")
+            # the halo drawn apart (a stroke only), so the value itself stays text in SVG and PDF
             ax.text(head, layer, fmt.format(v), ha="center", va="center", fontsize=size, color=ink,
-                    path_effects=[patheffects.withStroke(linewidth=1.5, foreground=halo, alpha=0.8)])
+                    path_effects=[patheffects.Stroke(linewidth=1.5, foreground=halo, alpha=0.8)])
+            ax.text(head, layer, fmt.format(v), ha="center", va="center", fontsize=size, color=ink)
 
 
 def draw_heatmap(ax, scores: pd.DataFrame, metric: str, annotate: bool = True, title: str | None = None):
@@ -242,28 +245,34 @@ def threshold_sweep(scores: pd.DataFrame, thresholds: dict[str, float] | None = 
 
 
 def save_figures(scores: pd.DataFrame, out: str | Path, n_sequences: dict[str, int] | None = None,
-                 dpi: int = 110, thresholds: dict[str, float] | None = None) -> list[Path]:
+                 dpi: int = 110, thresholds: dict[str, float] | None = None,
+                 formats: Sequence[str] = ("png",)) -> list[Path]:
     """Write ``<metric>.png`` for every metric, ``summary.png``, ``thresholds.png`` (labelled heads
     against the threshold) and, with effects, one ``<metric>_vs_<effect>.png`` scatter per
-    behaviour; return the paths."""
+    behaviour, each in every one of ``formats`` (png, svg, pdf); return the paths."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
+
+    def save(fig: Figure, name: str) -> None:
+        save_figure(fig, out / name, dpi, formats)
+        paths.extend(figure_files(out / name, formats))
+
     for metric in scores["metric"].unique():
         probe = scores.loc[scores["metric"] == metric, "probe"].iloc[0]
-        fig = heatmap(scores, metric, (n_sequences or {}).get(probe))
-        paths.append(save_figure(fig, out / f"{metric}.png", dpi))
-    paths.append(save_figure(summary_figure(scores), out / "summary.png", dpi))
-    paths.append(save_figure(threshold_sweep(scores, thresholds), out / "thresholds.png", dpi))
+        save(heatmap(scores, metric, (n_sequences or {}).get(probe)), f"{metric}.png")
+    save(summary_figure(scores), "summary.png")
+    save(threshold_sweep(scores, thresholds), "thresholds.png")
     for metric, effect in effect_pairs(scores):
-        paths.append(save_figure(effect_scatter(scores, metric, effect), out / f"{metric}_vs_{effect}.png", dpi))
+        save(effect_scatter(scores, metric, effect), f"{metric}_vs_{effect}.png")
     return paths
 
 
-def figure_names(scores: pd.DataFrame) -> list[str]:
-    """The files :func:`save_figures` writes for ``scores``."""
-    return ([f"{m}.png" for m in scores["metric"].unique()] + ["summary.png", "thresholds.png"]
-            + [f"{m}_vs_{e}.png" for m, e in effect_pairs(scores)])
+def figure_names(scores: pd.DataFrame, formats: Sequence[str] = ("png",)) -> list[str]:
+    """The files :func:`save_figures` writes for ``scores`` (in ``formats``)."""
+    stems = ([str(m) for m in scores["metric"].unique()] + ["summary", "thresholds"]
+             + [f"{m}_vs_{e}" for m, e in effect_pairs(scores)])
+    return [f"{stem}.{fmt}" for stem in stems for fmt in figure_formats(formats)]
 
 
 # ------------------------------------------------------------------------------ one head's pattern

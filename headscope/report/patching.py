@@ -17,13 +17,14 @@ The grids are :mod:`headscope.report.figures`' (:func:`~headscope.report.figures
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from headscope.files import save_figure
+from headscope.files import figure_files, save_figure
 from headscope.report.figures import draw_matrix, write_cells
 
 CMAP = "RdBu_r"
@@ -195,13 +196,19 @@ def save_patch_figures(
     out: str | Path,
     model: str = "",
     tokens: list[str] | None = None,
+    formats: Sequence[str] | None = None,
 ) -> list[str]:
-    """Every figure of a patching run into ``out``; returns the file names."""
+    """Every figure of a patching run into ``out``, each as png (the default) or as each of
+    ``formats`` (png, svg, pdf); returns the file names."""
     out = Path(out)
-    names = []
+    names: list[str] = []
+
+    def save(fig, name: str) -> None:
+        save_figure(fig, out / name, formats=formats)
+        names.extend(p.name for p in figure_files(out / name, formats))
+
     for s in figure_slices(table):
-        save_figure(effect_heatmap(table, model=model, **s), out / figure_name(s))
-        names.append(figure_name(s))
+        save(effect_heatmap(table, model=model, **s), figure_name(s))
     grid = table[table["position"].astype(str).str.isdigit()]
     for (act, direction, kv, est), _ in grid.groupby(
         ["activation", "direction", "kv_mode", "estimator"]
@@ -215,14 +222,11 @@ def save_patch_figures(
                 "estimator": est,
             }
         )
-        save_figure(
-            position_grid(table, act, direction, est, kv_mode=kv, tokens=tokens, model=model),
-            out / name,
+        save(
+            position_grid(table, act, direction, est, kv_mode=kv, tokens=tokens, model=model), name
         )
-        names.append(name)
     if dla is not None and len(dla):
         for prompt in dla["prompt"].unique():
             name = "dla.png" if prompt == "clean" else f"dla-{prompt}.png"
-            save_figure(dla_heatmap(dla, prompt, model=model), out / name)
-            names.append(name)
+            save(dla_heatmap(dla, prompt, model=model), name)
     return names

@@ -262,12 +262,14 @@ def effects_markdown(scores: pd.DataFrame, md: dict, k: int = 10) -> list[str]:
 
 
 def written_names(out) -> list[str]:
-    """The files of a run directory, in a line: tables and records by name, figures as ``*.png``."""
+    """The files of a run directory, in a line: tables and records by name, figures as ``*.png``
+    (and ``*.svg``, ``*.pdf``)."""
     names = sorted(p.name for p in Path(out).iterdir() if p.is_file()) if Path(out).is_dir() else []
     order = ["scores.csv", "metadata.json", "tokens.jsonl", "controls.jsonl", "summary.md"]
     first = [n for n in order if n in names]
-    rest = [n for n in names if n not in order and not n.endswith(".png")]
-    return first + rest + (["*.png"] if any(n.endswith(".png") for n in names) else [])
+    figures = (".png", ".svg", ".pdf")
+    rest = [n for n in names if n not in order and not n.endswith(figures)]
+    return first + rest + [f"*{s}" for s in figures if any(n.endswith(s) for n in names)]
 
 
 def console_summary(result, out=None, figures: bool = True) -> str:

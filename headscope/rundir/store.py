@@ -27,6 +27,7 @@ import shutil
 import tempfile
 import time
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -73,6 +74,7 @@ def is_run_dir(path: str | Path, run_format: str = RUN_FORMAT) -> bool:
 
 def foreign_entries(path: str | Path, run_format: str = RUN_FORMAT) -> list[str]:
     """Entries of a run directory that headscope did not write (sorted; [] for a clean run)."""
+    from headscope.files import FIGURE_FORMATS, is_ours
     from headscope.report.figures import figure_names
 
     path = Path(path)
@@ -82,10 +84,11 @@ def foreign_entries(path: str | Path, run_format: str = RUN_FORMAT) -> list[str]
         scores = pd.read_csv(path / "scores.csv", usecols=["metric", "probe", "score", "label"],
                              keep_default_na=False, na_values={"score": ["NaN", "nan", ""]})
         scores = scores[scores["metric"].astype(str).map(lambda m: bool(METRIC_NAME.match(m)))]
-        ours |= {name for name in figure_names(scores.assign(model="", layer=0, head=0, head_name=""))}
+        drawn = figure_names(scores.assign(model="", layer=0, head=0, head_name=""), FIGURE_FORMATS)
+        # a redrawn figure (`headscope plot --figure-format`): PNGs by name, vector files by creator
+        ours |= {n for n in drawn if n.endswith(".png") or is_ours(path / n)}
     except (OSError, ValueError, KeyError, pd.errors.ParserError):
         pass
-    from headscope.files import is_ours
 
     if (path / REPORT).is_file() and not is_ours(path / REPORT):
         ours.discard(REPORT)  # a page of the user's own, in a run directory: not ours to delete
@@ -95,7 +98,7 @@ def foreign_entries(path: str | Path, run_format: str = RUN_FORMAT) -> list[str]
 
 
 KVPLAN = "kvplan"  # `headscope kvplan RUN_DIR` writes its table, curve and summary here
-KVPLAN_FILES = ("kvplan.csv", "kvplan.png", "kvplan.md", "kvplan.json")
+KVPLAN_FILES = ("kvplan.csv", "kvplan.png", "kvplan.md", "kvplan.json", "kvplan.svg", "kvplan.pdf")
 
 
 def is_kvplan_dir(path: str | Path) -> bool:
@@ -147,14 +150,16 @@ SKIPPED = ("figures_skipped", "report_skipped")
 
 
 def save_run(result: ScanResult, out: str | Path, force: bool = False, figures: bool = True,
-             started: float | None = None, say=None) -> Path:
+             started: float | None = None, say=None,
+             figure_formats: Sequence[str] = ("png",)) -> Path:
     """Write the run directory ``out`` atomically (see the module docstring for every rule).
 
     Tables and records are written first; a figure or the page that cannot be drawn costs only
     itself (one line to ``say``, ``figures_skipped`` / ``report_skipped`` in ``metadata.json``),
     never the finished scan. ``started`` (a ``time.perf_counter()`` value) lets ``metadata.json``
     record the total time of the run; the time spent writing is always recorded.
-    ``result.metadata`` is updated to what was saved.
+    ``figure_formats``: the figures' files (png, svg, pdf; the page's figures are inline PNGs
+    whatever they are). ``result.metadata`` is updated to what was saved.
     """
     out = check_out_dir(out, force)
     t0 = time.perf_counter()
@@ -170,7 +175,7 @@ def save_run(result: ScanResult, out: str | Path, force: bool = False, figures: 
                 tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.absolute().parent))
                 with released():
                     notes: dict = {}
-                    _write(result, tmp, figures, notes, say)
+                    _write(result, tmp, figures, notes, say, figure_formats)
                     timings = dict(result.metadata.get("timings", {}), write_s=round(time.perf_counter() - t0, 3))
                     if started is not None:
                         timings["total_s"] = round(time.perf_counter() - started, 3)
@@ -208,7 +213,8 @@ def _write_json(path: Path, record: dict) -> None:
     path.write_text(json.dumps(record, indent=2, default=str) + "\n")
 
 
-def _write(result: ScanResult, tmp: Path, figures: bool, notes: dict | None = None, say=None) -> None:
+def _write(result: ScanResult, tmp: Path, figures: bool, notes: dict | None = None, say=None,
+           figure_formats: Sequence[str] = ("png",)) -> None:
     """Every file of the run but ``metadata.json`` and the page: tables first, figures last (a
     figure that fails is noted in ``notes["figures_skipped"]``; the tables stay)."""
     from headscope.report.tables import summary_markdown
@@ -265,7 +271,8 @@ def _write(result: ScanResult, tmp: Path, figures: bool, notes: dict | None = No
 
         optional("the figures", lambda: save_figures(result.scores, tmp, n_sequences={p.name: len(p) for p in
                                                                                       result.probes},
-                                                     thresholds=result.thresholds),
+                                                     thresholds=result.thresholds,
+                                                     formats=figure_formats),
                  {} if notes is None else notes, "figures_skipped", say)
 
 

@@ -16,6 +16,7 @@ machine joined with ``ray start``), ``HOST:PORT`` (a head node started with
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -41,8 +42,9 @@ def connect(address: str | None = None, workers: int = 1) -> Iterator[object]:
     kwargs = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
     if address in (None, LOCAL):
         kwargs["num_cpus"] = max(workers, os.cpu_count() or 1)
-        # token authentication stays on (Ray's default); saying so explicitly spares every run its banner
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
+        # token authentication stays on (Ray's default for a local instance); its one-line banner at every
+        # start says so and nothing else, so it is not shown
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     else:
         kwargs["address"] = address
     try:

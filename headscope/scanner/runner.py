@@ -38,6 +38,7 @@ from headscope.effects.settings import EffectSettings
 from headscope.engines.extract import MetricScores, score_probe
 from headscope.engines.registry import resolve_engine
 from headscope.errors import HeadscopeError, listening
+from headscope.files import figure_formats as check_figure_formats
 from headscope.models.loading import load_model
 from headscope.models.sources import resolve
 from headscope.probes.defaults import build_probes, n_prompts
@@ -246,6 +247,7 @@ def scan_to_dir(
     tokenizer=None,
     force: bool = False,
     figures: bool = True,
+    figure_formats: Sequence[str] = ("png",),
     say: Callable[[str], None] | None = None,
     progress=None,
     **settings,
@@ -261,9 +263,11 @@ def scan_to_dir(
     factory for the probes' progress bars. ``config.threads`` sets torch's CPU threads for the scan
     only. ``config.ray`` shards the pattern scan's batches over ``config.workers`` Ray actors
     (:mod:`headscope.scale`): the scores and tokens are those of the plain scan, bit for bit.
+    ``figure_formats``: the files of each figure (png, svg, pdf; ``--figure-format``).
     """
     t_start = time.perf_counter()
     config = configure(config, settings)
+    figure_formats = check_figure_formats(figure_formats)
     say = say or (lambda _msg: None)
     out = default_out(model_name) if out is None else Path(out)
     in_memory = not isinstance(model_name, (str, os.PathLike))
@@ -279,7 +283,7 @@ def scan_to_dir(
         if config.ray is not None:
             require_ray()
             check_address(config.ray)
-        n_prompts(config, say)  # the prompts file read and checked now, before the model loads
+        n_prompts(config)  # the prompts file read and checked now, before the model loads (said when built)
         with contextlib.ExitStack() as stack:
             scorer = None
             if config.ray is not None:  # the actors load their replicas while this process loads its own
@@ -303,7 +307,8 @@ def scan_to_dir(
             result.metadata["timings"] = {"load_s": round(t_load, 3), **result.metadata["timings"]}
             if config.ray is not None:
                 result.metadata["ray"] = {"address": config.ray, "workers": config.workers or 1}
-            save_run(result, out, force=force, figures=figures, started=t_start, say=say)
+            save_run(result, out, force=force, figures=figures, started=t_start, say=say,
+                     figure_formats=figure_formats)
     return result
 
 

@@ -69,10 +69,13 @@ def test_writes_a_patching_run_and_prints_its_summary(tmp_path, tiny_gpt2_dir, g
         str(runs["gpt2"]),
         "--out",
         str(out),
+        "--figure-format",
+        "png,svg",
         *FAST,
     )
     assert res.exit_code == 0, res.output
     names = {p.name for p in out.iterdir()}
+    assert {"z-all-denoising-exact.svg", "dla.svg"} <= names  # every figure in each format
     assert {
         "patching.csv",
         "baseline.csv",

@@ -14,20 +14,20 @@ import pytest
 import torch
 
 import headscope
-from headscope.models.attention import AttentionCall, RestrictKeys
+from headscope.apps import conformance as conf
 from headscope.engines import flex
-from headscope.engines.registry import resolve_engine
 from headscope.engines import flex_stats as fs
 from headscope.engines.blocked import BlockHandler
 from headscope.engines.extract import pad_batch, pattern_batch, score_probe
-from headscope.probes.long import long_text_probe, needle_probe
+from headscope.engines.registry import resolve_engine
+from headscope.engines.support import SUPPORT_JSON
 from headscope.metrics import REGISTRY
 from headscope.metrics.rows import DenseRows
 from headscope.metrics.stats import HeadStats
+from headscope.models.attention import AttentionCall, RestrictKeys
+from headscope.probes.long import long_text_probe, needle_probe
 from headscope.probes.pairs import packed_text_probe
 from headscope.result import Probe
-from headscope.engines.support import SUPPORT_JSON
-from headscope.apps import conformance as conf
 
 TOL = 1e-5
 FUSED_EXACT = [f for f in conf.FAMILIES
