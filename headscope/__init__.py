@@ -26,13 +26,13 @@ docstring lists its modules::
     metrics/       what a head does: one module per behaviour, registered from the catalog
     probes/        the inputs as token ids: pairs, repeat, long prose, needles, default probes
     engines/       how attention is read: fused, blocked, hooks behind a registry; the kernel; extraction
-    effects/       causal effects: exact ablation, attribution patching
+    effects/       causal effects: exact ablation, attribution patching, counterfactual patching
     circuits/      copying through the OV circuit, value-weighted sinks
     scale/         a scan's batches sharded over Ray actors
     report/        tables, figures, the HTML page (never the model)
     rundir/        the run directory: atomic, --force rules, signals, load
     scanner/       a scan's settings, example patterns, the whole scan as one function
-    apps/          show, compare, kvplan, sweep: the other commands as functions
+    apps/          show, compare, kvplan, sweep, patch: the other commands as functions
     analysis/      the report notebooks' helpers
     cli/           the headscope command: one file per subcommand, wiring only
 
@@ -77,6 +77,8 @@ _EXPORTS = {
     "heatmap": "headscope.report.figures",
     "summary_figure": "headscope.report.figures",
     "save_figures": "headscope.report.figures",
+    "patch": "headscope.apps.patch",
+    "Task": "headscope.probes.tasks",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -118,6 +120,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from headscope.models.model import Model  # noqa: F401
     from headscope.models.sources import resolve  # noqa: F401
     from headscope.probes.pairs import load_pairs, repeat_probe, text_probe  # noqa: F401
+    from headscope.apps.patch import patch  # noqa: F401
+    from headscope.probes.tasks import Task  # noqa: F401
     from headscope.report.figures import heatmap, save_figures, summary_figure  # noqa: F401
     from headscope.report.tables import relabel, top_heads  # noqa: F401
     from headscope.result import Probe, ScanResult, matrix  # noqa: F401

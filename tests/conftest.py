@@ -109,6 +109,22 @@ def tiny_bert(tiny_bert_dir):
     return headscope.load_model(str(tiny_bert_dir))
 
 
+@pytest.fixture(scope="session")
+def tiny_gqa_llama():
+    """A random 3-layer Llama, 4 query heads on 2 KV heads (tests/patch_helpers.py)."""
+    from tests.patch_helpers import tiny_gqa_llama_model
+
+    return tiny_gqa_llama_model()
+
+
+@pytest.fixture(scope="session")
+def tiny_gqa_llama64(tiny_gqa_llama):
+    """The same Llama in float64 throughout (finite differences without float32 noise)."""
+    from tests.patch_helpers import float64_copy
+
+    return float64_copy(tiny_gqa_llama)
+
+
 @pytest.fixture(scope="module")
 def runs(tiny_gpt2, tiny_bert, tmp_path_factory):
     """Two saved runs per test module: gpt2 with figures, bert without (what `plot` and `report` redraw)."""

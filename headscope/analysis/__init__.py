@@ -22,6 +22,8 @@
   test, successor, copy suppression, rare word), plain HF modules (``scripts/recompute_census.py``).
 * :mod:`headscope.analysis.phase_change`: the induction phase change of a small trained model.
 * :mod:`headscope.analysis.timing`: one timer and one quadratic fit (notebooks and ``benchmarks/``).
+* :mod:`headscope.analysis.patching`: attribution against exact patching with intervals over pairs,
+  attention from the last position, OV name copying, Wang et al.'s GPT-2 small IOI heads.
 
 Import the submodules directly (``from headscope.analysis import copying``); nothing is imported
 here, so a missing or broken submodule never breaks the others.

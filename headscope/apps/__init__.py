@@ -1,6 +1,6 @@
 """What the commands beyond ``scan`` do, as functions (the CLI only wires them).
 
-===============  ======================================================================================
+===============  ================================================================================
 show             one head's (or one layer's) pattern on a text, as a figure or a page
 redraw           ``plot`` and ``report``: a saved run's figures and page drawn again from its files
 compare          runs side by side: summary and per-head differences
@@ -12,5 +12,6 @@ conformance      does every engine score each transformers family exactly? (the 
 census_settings  a head census's settings (light: the census command's options are its fields)
 census_parts     the census's parts: syntax, no-op, successor, copy suppression, rare word, as rows
 census           the head census of one model as a run directory (design.md section 12)
-===============  ======================================================================================
+patch            counterfactual patching of every head on a task's prompt pairs, and its run directory
+===============  ================================================================================
 """

@@ -11,6 +11,7 @@ compare    ``headscope compare``
 kvplan     ``headscope kvplan``
 sweep      ``headscope sweep``
 census     ``headscope census``
+patch      ``headscope patch``
 models     ``headscope models``
 metrics    ``headscope metrics``
 engines    ``headscope engines``

@@ -25,6 +25,7 @@ COMMANDS = {
     "kvplan": "headscope.cli.kvplan:kvplan",
     "sweep": "headscope.cli.sweep:sweep",
     "census": "headscope.cli.census:census",
+    "patch": "headscope.cli.patch:patch",
     "models": "headscope.cli.models:models",
     "metrics": "headscope.cli.metrics:metrics",
     "engines": "headscope.cli.engines:engines",

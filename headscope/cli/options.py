@@ -75,7 +75,9 @@ def config_options(cls, skip: tuple[str, ...] = ()):
                                        show_default=True, help=help_text)(command)
             else:
                 ctype = click.Path(dir_okay=False) if kind == "path" else (str if kind in ("csv", "memory") else tp)
-                show = default is not None and kind not in ("csv", "memory")
+                if kind == "csv" and isinstance(default, (tuple, list)):
+                    default = ",".join(map(str, default))  # the option's text: a,b,c
+                show = default is not None and kind != "memory"
                 command = click.option(name, f.name, type=ctype, default=default, show_default=show,
                                        metavar=meta.get("metavar"), help=help_text)(command)
         return command

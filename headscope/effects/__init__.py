@@ -8,5 +8,11 @@ ablation      exact ablation: one forward per head, the clean prefix reused, a l
 attribution   attribution patching: a first-order estimate for every head from one backward
 heads         :func:`~headscope.effects.heads.head_effects`: both estimators, and which heads get exact
 noop          the [SEP] / BOS no-op test: a head's effect when its attention there is removed (census)
+stages        one layer's attention computed explicitly: q, k, v, pattern, z readable and replaceable
+readout       a patching task's metric at the last position (logit_diff, prob, loss)
+patching      exact patching of every head's z, q, k, v, pattern: cached runs, resume, a layer batched
+patch_attribution  attribution patching: every head and activation from one forward + backward
+logit_attribution  direct logit attribution of every head through frozen norms
+patch_table   effects as ratios of means, bootstrap intervals over pairs, the tidy tables
 ============  =======================================================================================
 """

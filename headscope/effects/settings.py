@@ -1,5 +1,6 @@
-"""How effects are estimated: the mode and the ablation, checked in one line each. Light: no torch,
-so a scan's settings can be checked before anything heavy loads."""
+"""How effects are estimated: the mode and the ablation, checked in one line each; the words of
+counterfactual patching (what is patched, which way, how). Light: no torch, so a scan's or a
+patching run's settings can be checked before anything heavy loads."""
 
 from __future__ import annotations
 
@@ -12,6 +13,15 @@ from headscope.result import Probe
 MODES = ("auto", "attribution", "exact", "both")
 #: What an ablated head's output becomes: its mean over the probe, or zero.
 ABLATIONS = ("mean", "zero")
+
+#: Patching (:mod:`headscope.effects.patching`): a head's output z, query, key, value, pattern.
+PATCH_ACTIVATIONS = ("z", "q", "k", "v", "pattern")
+#: denoising: clean activation into the corrupt run; noising: corrupt into clean.
+PATCH_DIRECTIONS = ("denoising", "noising")
+#: k/v on grouped-query models: the KV head (its whole group) or what one query head reads.
+PATCH_KV_MODES = ("group", "head")
+#: auto: attribution for every head, exact patching for the top ones; the others as named.
+PATCH_ESTIMATORS = ("auto", "exact", "attribution", "both")
 
 
 @dataclass(frozen=True)

