@@ -19,6 +19,9 @@
 * :mod:`headscope.analysis.recompute`: every score of a run recomputed from its tokens alone with
   plain HF eager attention, sharing no code with the metrics (``scripts/recompute_scores.py``).
 * :mod:`headscope.analysis.phase_change`: the induction phase change of a small trained model.
+* :mod:`headscope.analysis.controls`: intervals (bootstrap over sequences, Wilson) and controls
+  that can fail (size-matched random head groups, mean / zero / resample group ablation, sink
+  controls, random KV groups, curve-change correlations against circular shifts).
 * :mod:`headscope.analysis.timing`: one timer and one quadratic fit (notebooks and ``benchmarks/``).
 
 Import the submodules directly (``from headscope.analysis import copying``); nothing is imported
