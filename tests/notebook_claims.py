@@ -15,7 +15,7 @@ sentence is checked against the outputs of the cells it cites, and only those:
 * a citation of a cell that does not exist, or that printed nothing, is itself a problem.
 
 Integers are not checked (layer counts, sequence counts, years and the like are too many to tell
-apart from claims). A number that comes from elsewhere (a paper, the corpus) goes in a code cell
+apart from claims), nor is a model's name ("Llama 3.1 8B"). A number that comes from elsewhere (a paper, the corpus) goes in a code cell
 that prints it, so the prose can cite it. LaTeX (``$...$``) is not a claim.
 """
 
@@ -32,6 +32,8 @@ DECIMAL = re.compile(
 PERCENT = re.compile(r"(?<![\w.])(\d+\.\d+)%")
 HEAD = re.compile(r"\bL\d+H\d+\b")
 NUMBER = re.compile(r"[-−]?\d[\d,]*\.?\d*(?:[eE][-+]?\d+)?")
+#: A model's name with its version and size ("Llama 3.1 8B") is no claim.
+MODEL_NAME = re.compile(r"\b[A-Z][A-Za-z]*[ -]\d+(?:\.\d+)+[ -]\d+(?:\.\d+)?[BMK]\b")
 CITE = re.compile(r"\[out\s+(\d+(?:\s*[-–]\s*\d+)?(?:\s*,\s*\d+(?:\s*[-–]\s*\d+)?)*)\]")
 #: Abbreviations whose full stop does not end a sentence.
 _ABBREV = re.compile(r"(?:\bet al|\be\.g|\bi\.e|\bvs|\bcf|\bFig|\bSec|\bEq|\bapprox|\bca)\.$")
@@ -161,7 +163,7 @@ def unsupported_claims(nb: dict) -> list[str]:
                 where = "[out " + ", ".join(str(r) for r in refs) + "]"
             else:
                 shown, where = above or "", above_name
-            claims = CITE.sub("", sentence)
+            claims = MODEL_NAME.sub("", CITE.sub("", sentence))
             values = _numbers(shown)
             heads = set(HEAD.findall(shown))
             for name in sorted(set(HEAD.findall(claims)) - heads):

@@ -207,3 +207,11 @@ def test_saved_notebook_is_a_full_run_without_errors(path: Path):
 def test_saved_notebook_prose_quotes_only_its_outputs(path: Path):
     problems = unsupported_claims(json.loads(path.read_text()))
     assert not problems, f"{path.name}:\n" + "\n".join(problems)
+
+
+def test_a_model_name_is_not_a_claim_but_a_version_alone_is():
+    assert unsupported_claims(_nb("Llama 3.1 8B's cache.", "nothing\n")) == []
+    assert unsupported_claims(_nb("Llama 3.1 has 8.5 of them.", "nothing\n")) == [
+        "cell 1: 3.1 matches no number in the cell above (In [1])",
+        "cell 1: 8.5 matches no number in the cell above (In [1])",
+    ]
