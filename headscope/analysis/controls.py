@@ -110,6 +110,55 @@ def proportion_interval(k: int, n: int, level: float = LEVEL) -> tuple[float, fl
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+#: Student's t, 97.5th percentile, by degrees of freedom (1..30): a 95% interval of a mean of few values.
+_T975 = [
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+]
+
+
+def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
+    """``(mean, low, high)``: the 95% Student-t interval of the mean of a few values (2..31), e.g.
+    one number per training seed.
+
+    >>> [round(v, 2) for v in t_interval([270, 280, 280])]
+    [276.67, 262.32, 291.01]
+    """
+    v = np.asarray(values, dtype=float)
+    if not 2 <= len(v) <= len(_T975) + 1:
+        raise HeadscopeError(f"t_interval takes 2..{len(_T975) + 1} values, got {len(v)}.")
+    half = _T975[len(v) - 2] * v.std(ddof=1) / math.sqrt(len(v))
+    return float(v.mean()), float(v.mean() - half), float(v.mean() + half)
+
+
 def change_interval(
     sums: Tensor, counts: Tensor, resamples: int = RESAMPLES, level: float = LEVEL, seed: int = 0
 ) -> tuple[float, float, float]:
@@ -392,3 +441,60 @@ def needle_hits(model, probe, handler=None) -> np.ndarray:
         want = list(ids[nd["needle_start"] : nd["needle_start"] + nd["k"]])
         hits.append(int(model.greedy(prompt, nd["k"], handler=handler) == want))
     return np.array(hits)
+
+
+def group_ablation_study(
+    model,
+    probe,
+    named: Mapping[str, Sequence[Head]],
+    pool: Sequence[Head],
+    n_random: int = 100,
+    seed: int = 0,
+    ablations: Sequence[str] = ("mean", "zero", "resample"),
+    means: Tensor | None = None,
+    batch_size: int = 8,
+    target: str = "repeat_loss",
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Named head groups ablated together, each beside ``n_random`` size-matched random groups
+    drawn from ``pool`` (mean ablation), and with every ablation in ``ablations``.
+
+    Returns ``(table, random)``: ``table`` has one row per (group, ablation) with the pooled
+    change, its 95% bootstrap interval over the probe's sequences and, for mean ablation, where it
+    falls among the random groups of its size (:func:`against`); ``random`` one row per random
+    group (size, heads, change)."""
+    from headscope.effects.ablation import head_means
+
+    if "mean" in ablations and means is None:
+        means = head_means(model, probe, batch_size)
+    sizes = sorted({len(set(h)) for h in named.values() if h})
+    random_sets = {k: random_groups(pool, k, n_random, seed=seed + k) for k in sizes}
+    rand = {f"random {k} #{i}": g for k, gs in random_sets.items() for i, g in enumerate(gs)}
+    rand_sums = group_effects(model, probe, rand, "mean", means, batch_size, target) if rand else {}
+    random_rows = [
+        {
+            "size": len(g),
+            "heads": ", ".join(f"L{a}H{b}" for a, b in g),
+            "change": float(rand_sums[k][0].sum() / rand_sums[k][1].sum()),
+        }
+        for k, g in rand.items()
+    ]
+    random = pd.DataFrame(random_rows, columns=["size", "heads", "change"])
+    rows = []
+    for ablation in ablations:
+        sums = group_effects(model, probe, named, ablation, means, batch_size, target)
+        for name, heads in named.items():
+            s, c = sums[name]
+            v, lo, hi = change_interval(s, c, seed=seed) if float(c.sum()) > 0 else (0.0, 0.0, 0.0)
+            row = {
+                "group": name,
+                "heads": len(set(heads)),
+                "ablation": ablation,
+                "change": v,
+                "ci_low": lo,
+                "ci_high": hi,
+            }
+            if ablation == "mean" and heads:
+                dist = random[random["size"] == len(set(heads))]["change"]
+                row.update(against(v, dist) if len(dist) else {})
+            rows.append(row)
+    return pd.DataFrame(rows), random

@@ -141,3 +141,21 @@ def test_group_effects_match_plain_forwards(tiny_gpt2, ablation):
     table = controls.effects_table(sums)
     row = table.set_index("ablated").loc["g"]
     assert row.ci_low <= row.change <= row.ci_high and row.sequences == 4
+
+
+def test_group_ablation_study_sets_each_group_beside_its_random_groups(tiny_gpt2):
+    model = tiny_gpt2
+    probe = headscope.repeat_probe(model, repeat_len=6, n_sequences=4, seed=0)
+    heads = [(layer, h) for layer in range(model.n_layers) for h in range(model.n_heads)]
+    table, random = controls.group_ablation_study(
+        model, probe, {"pair": heads[:2], "one": heads[2:3]}, heads[3:], n_random=5, batch_size=4
+    )
+    assert sorted(random["size"].value_counts().to_dict().items()) == [(1, 5), (2, 5)]
+    assert set(table["ablation"]) == {"mean", "zero", "resample"} and len(table) == 6
+    mean = table[table["ablation"] == "mean"].set_index("group")
+    assert mean.loc["pair", "n_random"] == 5
+    share = (random[random["size"] == 2]["change"] >= mean.loc["pair", "change"]).mean()
+    assert mean.loc["pair", "share_random_ge"] == share
+    assert (table["ci_low"] <= table["change"] + 1e-12).all() and (
+        table["change"] <= table["ci_high"] + 1e-12
+    ).all()
