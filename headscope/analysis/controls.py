@@ -454,6 +454,7 @@ def group_ablation_study(
     means: Tensor | None = None,
     batch_size: int = 8,
     target: str = "repeat_loss",
+    random_for: Sequence[str] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Named head groups ablated together, each beside ``n_random`` size-matched random groups
     drawn from ``pool`` (mean ablation), and with every ablation in ``ablations``.
@@ -461,12 +462,15 @@ def group_ablation_study(
     Returns ``(table, random)``: ``table`` has one row per (group, ablation) with the pooled
     change, its 95% bootstrap interval over the probe's sequences and, for mean ablation, where it
     falls among the random groups of its size (:func:`against`); ``random`` one row per random
-    group (size, heads, change)."""
+    group (size, heads, change). ``random_for``: the named groups whose sizes get random groups
+    (default: every one)."""
     from headscope.effects.ablation import head_means
 
     if "mean" in ablations and means is None:
         means = head_means(model, probe, batch_size)
-    sizes = sorted({len(set(h)) for h in named.values() if h})
+    sizes = sorted(
+        {len(set(h)) for k, h in named.items() if h and (random_for is None or k in random_for)}
+    )
     random_sets = {k: random_groups(pool, k, n_random, seed=seed + k) for k in sizes}
     rand = {f"random {k} #{i}": g for k, gs in random_sets.items() for i, g in enumerate(gs)}
     rand_sums = group_effects(model, probe, rand, "mean", means, batch_size, target) if rand else {}
@@ -498,3 +502,138 @@ def group_ablation_study(
                 row.update(against(v, dist) if len(dist) else {})
             rows.append(row)
     return pd.DataFrame(rows), random
+
+
+# ------------------------------------------------------------------------------ composition
+
+
+class PatchInputs:
+    """Replace one layer's attention inputs (query, key and/or value, after rotary) by stored
+    tensors of the same shape, e.g. those of another run: path patching into one layer."""
+
+    def __init__(
+        self,
+        layer: int,
+        query: Tensor | None = None,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+    ):
+        self.layer, self.query, self.key, self.value = layer, query, key, value
+
+    def before(self, call):
+        from dataclasses import replace
+
+        if call.layer != self.layer:
+            return call
+        new = {
+            name: getattr(self, name).to(getattr(call, name))
+            for name in ("query", "key", "value")
+            if getattr(self, name) is not None
+        }
+        return replace(call, **new)
+
+    def after(self, call, out):
+        return out
+
+
+def attention_inputs_of(
+    model, tokens: Tensor, layers: Sequence[int], interventions: Sequence = ()
+) -> dict[int, dict[str, Tensor]]:
+    """``{layer: {"query", "key", "value"}}`` of one forward of ``tokens`` (with ``interventions``),
+    as the attention call saw them (after rotary and after the interventions' ``before``)."""
+    from headscope.models.attention import StopForward
+
+    wanted, seen = set(layers), {}
+
+    def record(call):
+        if call.layer in wanted:
+            seen[call.layer] = {
+                "query": call.query.detach().clone(),
+                "key": call.key.detach().clone(),
+                "value": call.value.detach().clone(),
+            }
+        out = call.output()
+        if len(seen) == len(wanted):
+            raise StopForward
+        return out
+
+    try:
+        model.run(tokens, handler=record, interventions=interventions)
+    except StopForward:  # pragma: no cover - model.run catches it
+        pass
+    return seen
+
+
+def induction_scores(
+    model, probe, layers: Sequence[int], interventions: Sequence = ()
+) -> np.ndarray:
+    """``[len(layers), head]`` induction scores (mean ``A[q, q-L+1]`` over second-copy queries
+    ``L+1..2L``) of ``layers`` on a repeat probe, computed from each call's own query, key and mask
+    (so any intervention's ``before`` counts), in one batch."""
+    from headscope.models.attention import StopForward
+
+    if probe.repeat_len is None or len({len(s) for s in probe.sequences}) != 1:
+        raise HeadscopeError("induction_scores needs a repeat probe of one length (BOS + R + R).")
+    L = int(probe.repeat_len)
+    tokens = torch.tensor(probe.sequences)
+    order, found = list(layers), {}
+    q_idx = torch.arange(L + 1, 2 * L + 1)
+
+    def score(call):
+        out = call.output()
+        if call.layer in order:
+            k = call.key.repeat_interleave(call.group, dim=1)  # [batch, head, key, dim]
+            s = (
+                call.query.float() @ k.float().transpose(-1, -2)
+            ) * call.scale  # [batch, head, query, key]
+            s = s.masked_fill(~call.full_mask().expand_as(s), float("-inf"))
+            a = s.softmax(-1)
+            found[call.layer] = a[:, :, q_idx, q_idx - L + 1].mean((0, 2)).double().cpu().numpy()
+        if len(found) == len(order):
+            raise StopForward
+        return out
+
+    model.run(tokens, handler=score, interventions=interventions)
+    return np.stack([found[la] for la in order])
+
+
+def composition(model, probe, head: Head, value: Tensor, layers: Sequence[int]) -> pd.DataFrame:
+    """How ablating ``head`` (its output replaced by ``value``) reaches the heads of ``layers``:
+    their induction scores, and the second-copy loss, when the ablation reaches everything
+    (``all``), or only the keys, only the queries or only the values of ``layers`` (path patching:
+    those inputs are taken from the ablated run, everything else stays clean). One row per
+    (condition, layer, head) plus the condition's loss."""
+    from headscope.effects.targets import TARGETS, measure
+    from headscope.models.attention import ReplaceHeadOutput
+
+    tokens = torch.tensor(probe.sequences)
+    lengths = torch.tensor([len(s) for s in probe.sequences])
+    ablate = [ReplaceHeadOutput(head[0], head[1], value)]
+    ablated = attention_inputs_of(model, tokens, layers, ablate)
+    conditions = {"clean": [], "all (head ablated)": ablate}
+    for part, plural in (("key", "keys"), ("query", "queries"), ("value", "values")):
+        conditions[f"{plural} of layers {layers[0]}-{layers[-1]} only"] = [
+            PatchInputs(la, **{part: ablated[la][part]}) for la in layers
+        ]
+    rows = []
+    tgt = TARGETS["repeat_loss"]
+    for name, ivs in conditions.items():
+        scores = induction_scores(model, probe, layers, ivs)
+        out = model.run(
+            tokens, interventions=ivs, output="logits", logits_from=probe.repeat_len + 1
+        )
+        s, c = measure(tgt, out, tokens, lengths, probe.repeat_len)
+        loss = float(s.sum() / c.sum())
+        for i, la in enumerate(layers):
+            for h in range(scores.shape[1]):
+                rows.append(
+                    {
+                        "condition": name,
+                        "layer": la,
+                        "head": h,
+                        "head_name": f"L{la}H{h}",
+                        "induction": float(scores[i, h]),
+                        "second_copy_loss": loss,
+                    }
+                )
+    return pd.DataFrame(rows)
