@@ -21,6 +21,9 @@
 * :mod:`headscope.analysis.recompute_census`: the same for a census run (syntax tables, no-op
   test, successor, copy suppression, rare word), plain HF modules (``scripts/recompute_census.py``).
 * :mod:`headscope.analysis.phase_change`: the induction phase change of a small trained model.
+* :mod:`headscope.analysis.controls`: intervals (bootstrap over sequences, Wilson) and controls
+  that can fail (size-matched random head groups, mean / zero / resample group ablation, sink
+  controls, random KV groups, curve-change correlations against circular shifts).
 * :mod:`headscope.analysis.timing`: one timer and one quadratic fit (notebooks and ``benchmarks/``).
 * :mod:`headscope.analysis.patching`: attribution against exact patching with intervals over pairs,
   attention from the last position, OV name copying, Wang et al.'s GPT-2 small IOI heads.

@@ -199,5 +199,8 @@ def atlas_figure(table: pd.DataFrame, metrics: Sequence[str] | None = None, stat
                     fontsize=8, color="0.4")
     for ax in axes[len(metrics):]:
         ax.set_visible(False)
+    if stat != "frac_labelled":
+        axes[0].plot([], [], ls="--", lw=0.8, color="0.4", label="chance (dashed, model's colour)")
+    axes[0].plot([], [], color="0.85", lw=0.8, label="depth thirds (early | middle | late)")
     axes[0].legend(fontsize=7, loc="best")
     return fig

@@ -178,5 +178,5 @@ def weights_figure(weights: Tensor, tokens: Sequence[str], title: str) -> Figure
     for (i, j), v in np.ndenumerate(w):
         ax.text(j, i, f"{v:.3f}", ha="center", va="center", fontsize=8, color="black" if v > 0.6 else "white")
     ax.set_title(title, fontsize=10)
-    fig.colorbar(im, ax=ax, shrink=0.8)
+    fig.colorbar(im, ax=ax, shrink=0.8, label="attention weight (row sums to 1)")
     return fig

@@ -121,8 +121,9 @@ def loss_figure(losses: Tensor, repeat_len: int, title: str) -> Figure:
     arr = losses.numpy()
     fig = Figure(figsize=(8, 3.6), layout="constrained")
     ax = fig.add_subplot()
-    ax.fill_between(x, np.percentile(arr, 25, axis=0), np.percentile(arr, 75, axis=0), alpha=0.25)
-    ax.plot(x, arr.mean(0), lw=1.5)
+    ax.fill_between(x, np.percentile(arr, 25, axis=0), np.percentile(arr, 75, axis=0), alpha=0.25,
+                    label=f"25th-75th percentile over the {arr.shape[0]} sequences")
+    ax.plot(x, arr.mean(0), lw=1.5, label=f"mean over the {arr.shape[0]} sequences")
     ax.axvline(L + 0.5, color="grey", ls="--", lw=1)
     top = float(arr.mean(0).max())
     ax.text(L / 2, top, "first copy of R", ha="center", va="top", fontsize=9)
@@ -131,6 +132,7 @@ def loss_figure(losses: Tensor, repeat_len: int, title: str) -> Figure:
     ax.set_ylabel("loss (nats)")
     ax.set_ylim(bottom=0)
     ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="center right")
     return fig
 
 

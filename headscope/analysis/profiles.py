@@ -67,22 +67,30 @@ def layer_curves(table: pd.DataFrame, panels: str = "run", lines: str = "metric"
             colour = f"C{i}"
             ax.plot(line["layer"], line["mean"], marker="o", ms=3, color=colour, label=str(name))
             ax.plot(line["layer"], line["chance"], ls="--", lw=0.8, color=colour)
+        ax.plot([], [], ls="--", lw=0.8, color="0.4", label="chance (a uniform head),\nin the line's colour")
         ax.set_ylim(0, 1)
         ax.set_xlabel("layer")
-        ax.set_ylabel("mean over heads")
+        ax.set_ylabel("mean score over the layer's heads")
         ax.set_title(str(group), fontsize=10)
         ax.legend(fontsize=8)
     fig.suptitle(title or "mean attention per layer (dashed: a uniform head)", fontsize=11)
     return fig
 
 
-def side_by_side(runs: Mapping[str, pd.DataFrame], metric: str | Mapping[str, str], title: str | None = None) -> Figure:
+def side_by_side(runs: Mapping[str, pd.DataFrame], metric: str | Mapping[str, str], title: str | None = None,
+                 vmax: float | None = None) -> Figure:
     """Layer x head heatmaps of several tables (``{label: scores}``) in one figure.
 
     ``metric`` is one metric for every panel, or ``{label: metric}`` to draw a different metric
-    in each panel (e.g. one model's ``sink`` next to its ``separator``).
+    in each panel (e.g. one model's ``sink`` next to its ``separator``). The colour bar names the
+    score and marks each panel's chance value; hatched cells (labels whose bootstrap stability is
+    under 0.9) get a key. ``vmax``: the top of the colour scale (default: the metric's own, 0-1 for
+    shares), e.g. to make scores near a small chance value visible.
     """
-    from headscope.report.figures import draw_heatmap
+    from matplotlib.patches import Patch
+
+    from headscope.report.figures import _labelled, _unstable, colour_label, draw_heatmap
+    from headscope.uncertainty import STABLE
 
     chosen = {label: metric if isinstance(metric, str) else metric[label] for label in runs}
     shapes = {label: (s["layer"].nunique(), s["head"].nunique()) for label, s in runs.items()}
@@ -95,7 +103,24 @@ def side_by_side(runs: Mapping[str, pd.DataFrame], metric: str | Mapping[str, st
         n = int(scores.loc[scores["metric"] == m, "n"].iloc[0]) if "n" in scores else None
         name = label if isinstance(metric, str) else f"{label}: {m}"
         im = draw_heatmap(ax, scores, m, title=name + (f" (n = {n} queries)" if n else ""))
-    fig.colorbar(im, ax=list(axes), shrink=0.8)
+        if vmax is not None:
+            im.set_clim(0.0, vmax)
+    metrics = list(dict.fromkeys(chosen.values()))
+    bar = fig.colorbar(im, ax=list(axes), shrink=0.8,
+                       label=colour_label(metrics[0]) if len(metrics) == 1 else "score (" + ", ".join(metrics) + ")")
+    chances = {}
+    for label, scores in runs.items():
+        sub = scores[scores["metric"] == chosen[label]]
+        if "chance" in sub and sub["chance"].notna().any():
+            chances.setdefault(round(float(sub["chance"].iloc[0]), 3), []).append(label)
+    for value, labels in chances.items():
+        bar.ax.axhline(value, color="red", lw=1.2)
+        bar.ax.text(1.05, value, f"chance {value:.3f}" + (f" ({', '.join(labels)})" if len(chances) > 1 else ""),
+                    transform=bar.ax.get_yaxis_transform(), fontsize=6, color="red", va="bottom")
+    if any((_unstable(s, chosen[label]) & _labelled(s, chosen[label])).any() for label, s in runs.items()):
+        fig.legend(handles=[Patch(facecolor="none", edgecolor="0.45", hatch="///",
+                                  label=f"hatched: label stability < {STABLE} (bootstrap over sequences)")],
+                   loc="lower center", fontsize=7, frameon=False)
     fig.suptitle(title or (metric if isinstance(metric, str) else ", ".join(dict.fromkeys(chosen.values()))),
                  fontsize=11)
     return fig

@@ -77,6 +77,32 @@ def sink_comparison(runs: dict[str, pd.DataFrame], threshold: float = SINK_EPSIL
     return pd.DataFrame(rows)
 
 
+def attention_to_position_sums(model, probe, position: int, batch_size: int = 8):
+    """Per sequence: each head's summed attention to key ``position`` over the queries after it,
+    and the count of those queries: ``(total [sequence, layer, head], count [sequence])``, float64,
+    what a bootstrap over sequences resamples (:func:`headscope.analysis.controls.pooled_interval`)."""
+    from headscope.engines.extract import pad_batch
+
+    if position < 0 or any(len(s) <= position + 1 for s in probe.sequences):
+        raise HeadscopeError(f"Every sequence needs a query after position {position}; the shortest has "
+                             f"{min(len(s) for s in probe.sequences)} tokens.")
+    n = len(probe)
+    total = torch.zeros(n, model.n_layers, model.n_heads, dtype=torch.float64)
+    count = torch.zeros(n, dtype=torch.float64)
+    for start in range(0, n, batch_size):
+        tokens, mask, lengths = pad_batch(probe.sequences[start:start + batch_size], model.pad_id)
+        q = torch.arange(tokens.shape[1])
+        rows = (q[None, :] > position) & (q[None, :] < lengths[:, None])  # [batch, query]
+        count[start:start + len(tokens)] = rows.sum(-1).double()
+
+        def on_pattern(layer: int, pattern, rows=rows, start=start) -> None:  # [batch, head, query, key]
+            to_key = pattern[..., position].float().cpu()  # [batch, head, query]
+            total[start:start + len(rows), layer] = (to_key * rows[:, None, :]).sum(2, dtype=torch.float64)
+
+        model.run_patterns(tokens, mask, on_pattern)
+    return total, count
+
+
 def attention_to_position(model, probe, position: int, batch_size: int = 8) -> pd.DataFrame:
     """Every head's mean attention to key ``position``, over the queries after it (``q > position``).
 
@@ -84,27 +110,11 @@ def attention_to_position(model, probe, position: int, batch_size: int = 8) -> p
     attention a token gets when it is *not* first (e.g. the first word, at position 1 behind BOS).
     Padding never counts. One row per head: model, layer, head, head_name, score, n (queries).
     """
-    from headscope.engines.extract import pad_batch
-
-    if position < 0 or any(len(s) <= position + 1 for s in probe.sequences):
-        raise HeadscopeError(f"Every sequence needs a query after position {position}; the shortest has "
-                             f"{min(len(s) for s in probe.sequences)} tokens.")
-    total = torch.zeros(model.n_layers, model.n_heads, dtype=torch.float64)
-    count = 0
-    for start in range(0, len(probe), batch_size):
-        tokens, mask, lengths = pad_batch(probe.sequences[start:start + batch_size], model.pad_id)
-        q = torch.arange(tokens.shape[1])
-        rows = (q[None, :] > position) & (q[None, :] < lengths[:, None])  # [batch, query]
-        count += int(rows.sum())
-
-        def on_pattern(layer: int, pattern, rows=rows) -> None:  # [batch, head, query, key]
-            to_key = pattern[..., position].float().cpu()  # [batch, head, query]
-            total[layer] += (to_key * rows[:, None, :]).sum((0, 2), dtype=torch.float64)
-
-        model.run_patterns(tokens, mask, on_pattern)
-    score = total / count
+    total, count = attention_to_position_sums(model, probe, position, batch_size)
+    score = total.sum(0) / count.sum()
+    n = int(count.sum())
     return pd.DataFrame([{"model": model.name, "layer": layer, "head": head, "head_name": f"L{layer}H{head}",
-                          "score": float(score[layer, head]), "n": count}
+                          "score": float(score[layer, head]), "n": n}
                          for layer in range(model.n_layers) for head in range(model.n_heads)])
 
 
@@ -162,12 +172,14 @@ def gu_probe(model, pairs: list[tuple[str, str]] | None = None, n_sequences: int
     return Probe("text", seqs, settings={"n_prompts": n_sequences, "seq_len": length, "recipe": "gu2024"})
 
 
-def gu_sink_rate(model, probe, epsilon: float = SINK_EPSILON, batch_size: int = 8, per_layer: bool = False):
+def gu_sink_rate(model, probe, epsilon: float = SINK_EPSILON, batch_size: int = 8, per_layer: bool = False,
+                 per_sequence: bool = False):
     """Gu et al.'s sink rate on ``probe`` (sequences of one length ``T``, e.g. :func:`gu_probe`).
 
     Per sequence and head, ``alpha = (1/T) sum over queries t = 0..T-1 of A[t, 0]`` (with
     ``A[0, 0] = 1``); the rate is the share of (sequence, layer, head) triples with
-    ``alpha > epsilon``. ``per_layer``: a Series of the rate by layer.
+    ``alpha > epsilon``. ``per_layer``: a Series of the rate by layer. ``per_sequence``: the
+    rate of each sequence (``[sequence]`` numpy), whose mean is the rate (for a bootstrap).
     """
     from headscope.engines.extract import score_probe
     from headscope.metrics import get_metric
@@ -183,6 +195,8 @@ def gu_sink_rate(model, probe, epsilon: float = SINK_EPSILON, batch_size: int = 
     # seq_total sums A[q, 0] over queries 1..T-1; query 0 adds its A[0, 0] = 1
     alpha = (sink.seq_total + 1.0) / T  # [sequence, layer, head]
     above = (alpha > epsilon).double()
+    if per_sequence:
+        return above.mean((1, 2)).numpy()
     if per_layer:
         return pd.Series(above.mean((0, 2)).numpy(), index=pd.RangeIndex(model.n_layers, name="layer"),
                          name="sink_rate")

@@ -44,7 +44,7 @@ def test_layer_curves_one_panel_per_run():
     assert [ax.get_title() for ax in fig.axes] == ["a", "b"]
     assert fig.get_suptitle().startswith("mean attention per layer")
     a, b = fig.axes
-    assert len(a.lines) == 6  # per metric: the mean, then its chance value dashed
+    assert len(a.lines) == 7  # per metric: the mean, then its chance value dashed; then the key to the dashes
     sink, sink_chance = a.lines[:2]
     np.testing.assert_array_equal(sink.get_xdata(), [0, 1, 2])
     np.testing.assert_allclose(sink.get_ydata(), [0.505, 0.605, 0.705])
@@ -52,7 +52,8 @@ def test_layer_curves_one_panel_per_run():
     assert sink_chance.get_linestyle() == "--" and sink_chance.get_color() == sink.get_color()
     np.testing.assert_allclose(a.lines[2].get_ydata(), [0.105, 0.205, 0.305])  # separator
     np.testing.assert_array_equal(b.lines[0].get_xdata(), [0, 1, 2, 3, 4])
-    assert [t.get_text() for t in a.get_legend().get_texts()] == ["sink", "separator", "punctuation"]
+    assert [t.get_text() for t in a.get_legend().get_texts()][:3] == ["sink", "separator", "punctuation"]
+    assert a.get_legend().get_texts()[3].get_text().startswith("chance (a uniform head)")
     with pytest.raises(HeadscopeError, match="no column"):
         layer_curves(table, panels="nope")
 
@@ -99,3 +100,15 @@ def test_side_by_side_one_metric_per_panel():
     assert fig.get_suptitle() == "sink, separator"
     np.testing.assert_allclose(first.images[0].get_array(), _grid(3, 2, 0.5))
     np.testing.assert_allclose(then.images[0].get_array(), _grid(3, 2, 0.1))
+
+
+def test_side_by_side_names_its_colour_scale_and_marks_chance():
+    scores = _scores("a")
+    fig = side_by_side({"a": scores}, "separator", vmax=0.4)
+    bar = fig.axes[-1]
+    assert "separator" in bar.get_ylabel()
+    assert any(t.get_text() == "chance 0.050" for t in bar.texts)
+    assert fig.axes[0].images[0].get_clim() == (0.0, 0.4)
+    shaky = scores.assign(stability=0.5)
+    fig = side_by_side({"a": shaky}, "sink")
+    assert any("stability" in t.get_text() for leg in fig.legends for t in leg.get_texts())

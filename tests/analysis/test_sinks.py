@@ -134,3 +134,15 @@ def test_gu_recipe_refusals(tiny_gpt2, tiny_bert):
         sinks.gu_sink_rate(tiny_gpt2, headscope.text_probe(tiny_gpt2, n_prompts=4))
     with pytest.raises(HeadscopeError, match="longer than the model's context"):
         sinks.gu_probe(tiny_gpt2, length=1000)
+
+
+def test_attention_to_position_sums_add_up_to_the_pooled_score(tiny_gpt2):
+    from headscope.analysis.sinks import attention_to_position, attention_to_position_sums
+
+    probe = headscope.text_probe(tiny_gpt2, n_prompts=3)
+    total, count = attention_to_position_sums(tiny_gpt2, probe, 1, batch_size=2)
+    table = attention_to_position(tiny_gpt2, probe, 1, batch_size=2)
+    assert total.shape == (3, tiny_gpt2.n_layers, tiny_gpt2.n_heads)
+    assert count.tolist() == [len(s) - 2 for s in probe.sequences]
+    pooled = (total.sum(0) / count.sum()).flatten().tolist()
+    assert pooled == pytest.approx(table["score"].tolist())
