@@ -1,4 +1,5 @@
-"""Benchmark: causal effects on SmolLM2, against the model's own forward, and attribution against exact.
+"""Benchmark: causal effects on SmolLM2, against the model's own forward, and attribution against
+exact.
 
 On 16 repeat + 16 text sequences (the default effects subset), in one process after a warm-up:
 
@@ -13,8 +14,8 @@ Targets (the effects issue): attribution <= 3x one forward; exact for all 270 he
 (270 x one forward); auto under 5 minutes. Agreement of attribution with exact over all heads:
 Spearman rank correlation and the overlap of the top 10 by |effect|.
 
-Usage: ``python benchmarks/bench_effects.py [--sequences 16] [--threads 2] [--json OUT.json]``. Not a
-test; timings on a shared machine are noisy, so ratios are only ever taken within one run.
+Usage: ``python benchmarks/bench_effects.py [--sequences 16] [--threads 2] [--json OUT.json]``. Not
+a test; timings on a shared machine are noisy, so ratios are only ever taken within one run.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def main() -> None:
         for p in probes:
             tokens, mask, _ = pad_batch(p.sequences, model.pad_id)
             for start in range(0, len(tokens), 8):  # the effects' batch size
-                model.run(tokens[start:start + 8], mask[start:start + 8], output="logits")
+                model.run(tokens[start : start + 8], mask[start : start + 8], output="logits")
 
     forward()  # warm-up
     model.bridge  # noqa: B018 - built once, outside the timings (copying reads weights through it)
@@ -70,7 +71,9 @@ def main() -> None:
     def timed(mode):
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
-        res = head_effects(model, probes, EffectSettings(mode=mode, n_sequences=args.sequences), timings=timings)
+        res = head_effects(
+            model, probes, EffectSettings(mode=mode, n_sequences=args.sequences), timings=timings
+        )
         return time.perf_counter() - t0, res, timings
 
     t_attr, attr, attr_t = timed("attribution")
@@ -80,19 +83,42 @@ def main() -> None:
     t_pattern = time.perf_counter() - t0
     t0 = time.perf_counter()
     circuit_scores(model, probes, 8)
-    head_effects(model, probes, EffectSettings(mode="auto", n_sequences=args.sequences), pattern.scores)
+    head_effects(
+        model, probes, EffectSettings(mode="auto", n_sequences=args.sequences), pattern.scores
+    )
     t_auto = time.perf_counter() - t0
 
-    rows = {"model": args.model, "sequences": args.sequences, "threads": torch.get_num_threads(), "heads": heads,
-            "forward_s": t_forward, "attribution_s": t_attr, "exact_s": t_exact, "pattern_scan_s": t_pattern,
-            "auto_effects_s": t_auto, "attribution_steps": attr_t, "exact_steps": exact_t}
-    print(f"{args.model}, {args.sequences} repeat + {args.sequences} text sequences, "
-          f"{torch.get_num_threads()} threads, {heads} heads")
+    rows = {
+        "model": args.model,
+        "sequences": args.sequences,
+        "threads": torch.get_num_threads(),
+        "heads": heads,
+        "forward_s": t_forward,
+        "attribution_s": t_attr,
+        "exact_s": t_exact,
+        "pattern_scan_s": t_pattern,
+        "auto_effects_s": t_auto,
+        "attribution_steps": attr_t,
+        "exact_steps": exact_t,
+    }
+    print(
+        f"{args.model}, {args.sequences} repeat + {args.sequences} text sequences, "
+        f"{torch.get_num_threads()} threads, {heads} heads"
+    )
     print(f"one forward (logits, both probes)        {t_forward:8.2f} s")
-    print(f"attribution, every head, both losses     {t_attr:8.2f} s = {t_attr / t_forward:.2f}x one forward (target <= 3x)")
-    print(f"exact, every head, both losses           {t_exact:8.2f} s = {t_exact / (heads * t_forward):.2f}x "
-          f"of {heads} forwards (target <= 0.6x)")
-    print(f"default --effects (auto + circuits)      {t_auto:8.2f} s (+ {t_pattern:.1f} s pattern scan; target < 300 s)")
+    print(
+        f"attribution, every head, both losses     {t_attr:8.2f} s = {t_attr / t_forward:.2f}x "
+        "one forward (target <= 3x)"
+    )
+    print(
+        f"exact, every head, both losses           {t_exact:8.2f} s = "
+        f"{t_exact / (heads * t_forward):.2f}x "
+        f"of {heads} forwards (target <= 0.6x)"
+    )
+    print(
+        f"default --effects (auto + circuits)      {t_auto:8.2f} s (+ {t_pattern:.1f} s pattern "
+        "scan; target < 300 s)"
+    )
     for a, e in zip(attr, exact, strict=True):
         x, y = a.score.flatten().numpy(), e.score.flatten().numpy()
         top_a = set(np.argsort(-np.abs(x))[:10])
@@ -100,8 +126,11 @@ def main() -> None:
         rho = spearman(x, y)
         rows[f"{e.metric.name}_spearman"] = rho
         rows[f"{e.metric.name}_top10_overlap"] = len(top_a & top_e)
-        print(f"{e.metric.name:<20} attribution vs exact: Spearman {rho:.3f}, top-10 overlap {len(top_a & top_e)}/10, "
-              f"max |exact| {np.abs(y).max():.3f}")
+        print(
+            f"{e.metric.name:<20} attribution vs exact: Spearman {rho:.3f}, top-10 overlap "
+            f"{len(top_a & top_e)}/10, "
+            f"max |exact| {np.abs(y).max():.3f}"
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

@@ -36,7 +36,10 @@ def main() -> None:
     t0 = time.perf_counter()
     plain = headscope.scan(model, probes, **kw)
     t_plain = time.perf_counter() - t0
-    print(f"{args.model}: {n_seq} sequences, batch {args.batch_size}, {torch.get_num_threads()} torch threads here")
+    print(
+        f"{args.model}: {n_seq} sequences, batch {args.batch_size}, {torch.get_num_threads()} "
+        "torch threads here"
+    )
     print(f"plain scan             {t_plain:7.2f} s  {n_seq / t_plain:6.2f} seq/s")
 
     t0 = time.perf_counter()
@@ -53,8 +56,10 @@ def main() -> None:
         t_scan = time.perf_counter() - t0
         pool.close()
         same = plain.scores["score"].equals(sharded.scores["score"])
-        print(f"sharded, {workers} worker(s)   {t_scan:7.2f} s  {n_seq / t_scan:6.2f} seq/s  "
-              f"(+ {t_load:.2f} s starting actors and loading the model; scores identical: {same})")
+        print(
+            f"sharded, {workers} worker(s)   {t_scan:7.2f} s  {n_seq / t_scan:6.2f} seq/s  "
+            f"(+ {t_load:.2f} s starting actors and loading the model; scores identical: {same})"
+        )
     ray.shutdown()
 
 

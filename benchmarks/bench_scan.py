@@ -2,9 +2,11 @@
 
 Each measurement runs in a fresh subprocess (so peak memory is its own): load the model, warm up,
 note the resident memory, reset the kernel's high-water mark (``/proc/self/clear_refs``), run (best
-of 3 when one run takes under 10 s), and report wall time and peak memory above the loaded model. Measured, on the same tokens:
+of 3 when one run takes under 10 s), and report wall time and peak memory above the loaded model.
+Measured, on the same tokens:
 
-* ``scan``       headscope scan of the text metrics (default engine: fused where the CPU kernel builds);
+* ``scan``       headscope scan of the text metrics (default engine: fused where the CPU kernel
+  builds);
 * ``scan-blocked`` the same scan from exact pattern blocks (the engine without the C++ kernel);
 * ``scan-hooks`` the same scan reading transformer-lens ``hook_pattern`` (eager attention);
 * ``sdpa``       the HF model's fused-attention forward, no logits (the base model);
@@ -18,8 +20,8 @@ timings on a shared machine are noisy, so each configuration's methods are measu
 rounds (the fastest wall time and the highest peak are kept; eager at >= 4,096 and the
 transformer-lens caches once), and ratios are only ever taken within one run. The timer and the
 closing fit of scan time against context length (``a + b n + c n^2``) are
-:func:`headscope.analysis.timing.best_time` and :func:`headscope.analysis.timing.fit_quadratic`, the same ones
-notebook 03 uses.
+:func:`headscope.analysis.timing.best_time` and :func:`headscope.analysis.timing.fit_quadratic`, the
+same ones notebook 03 uses.
 """
 
 from __future__ import annotations
@@ -66,7 +68,9 @@ def _gpt2_small_shape(tmp: Path) -> str:
 
         tok = _bpe_tokenizer(1000)
         torch.manual_seed(0)
-        GPT2LMHeadModel(GPT2Config(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)).save_pretrained(tmp)
+        GPT2LMHeadModel(
+            GPT2Config(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+        ).save_pretrained(tmp)
         tok.save_pretrained(tmp)
     return str(tmp)
 
@@ -89,7 +93,8 @@ def worker(spec: dict) -> dict:
     text_metrics = [m for m in REGISTRY.values() if m.probe == "text"]
     # A short warm-up run first, so one-off kernel set-up is not timed.
     for seq_len in (min(32, spec["seq_len"]), spec["seq_len"]):
-        probe = long_text_probe(model, seq_len, spec["batch"])  # real prose, never repeated inside a sequence
+        # real prose, never repeated inside a sequence
+        probe = long_text_probe(model, seq_len, spec["batch"])
         tokens = torch.tensor(probe.sequences)
         mask = torch.ones_like(tokens, dtype=torch.bool)
         run = _runner(model, method, probe, tokens, mask, text_metrics, spec["batch"], score_probe)
@@ -124,9 +129,11 @@ def _runner(model, method, probe, tokens, mask, text_metrics, batch, score_probe
         def run():  # the warm-up run builds whatever the engine builds on first use
             score_probe(model, probe, text_metrics, batch_size=batch, engine=engine)
     elif method == "sdpa":
+
         def run():  # the base model, no logits; with no handler, attention is transformers' sdpa
             model.run(tokens, mask, output="hidden")
     elif method == "logits":
+
         def run():
             model.logits(tokens, mask)
     elif method == "eager":
@@ -156,8 +163,12 @@ def _runner(model, method, probe, tokens, mask, text_metrics, batch, score_probe
 def measure(model: str, seq_len: int, batch: int, method: str, tmp: Path) -> dict | None:
     spec = {"model": model, "seq_len": seq_len, "batch": batch, "method": method, "tmp": str(tmp)}
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True,
-                          text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--worker", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["killed (out of memory?)"])[-1]
@@ -176,16 +187,30 @@ def plan(quick: bool) -> list[tuple[str, int, int, list[str]]]:
     """(model, seq_len, batch, methods). TL caches are skipped where they cannot fit in memory."""
     smol = "smollm2-135m"
     if quick:
-        return [(smol, 512, 1, ["scan", "sdpa", "eager", "tl-pat"]), (smol, 128, 8, ["scan", "logits"])]
+        return [
+            (smol, 512, 1, ["scan", "sdpa", "eager", "tl-pat"]),
+            (smol, 128, 8, ["scan", "logits"]),
+        ]
     return [
         (smol, 128, 8, ["scan", "scan-blocked", "scan-hooks", "logits", "sdpa"]),
         (smol, 512, 1, ["scan", "scan-blocked", "scan-hooks", "sdpa", "eager", "tl-pat", "tl-all"]),
-        (smol, 2048, 1, ["scan", "scan-blocked", "scan-hooks", "sdpa", "eager", "tl-pat", "tl-all"]),
+        (
+            smol,
+            2048,
+            1,
+            ["scan", "scan-blocked", "scan-hooks", "sdpa", "eager", "tl-pat", "tl-all"],
+        ),
         (smol, 4096, 1, ["scan", "scan-blocked", "sdpa", "eager", "tl-pat"]),
         (smol, 8192, 1, ["scan", "sdpa"]),
         ("gpt2-small-shape", 128, 8, ["scan", "scan-blocked", "scan-hooks", "logits", "sdpa"]),
-        ("gpt2-small-shape", 1024, 1, ["scan", "scan-blocked", "scan-hooks", "sdpa", "eager", "tl-pat", "tl-all"]),
-        # sliding-window layers (512 keys on 15 of 18 layers): the kernel skips the tiles outside the window
+        (
+            "gpt2-small-shape",
+            1024,
+            1,
+            ["scan", "scan-blocked", "scan-hooks", "sdpa", "eager", "tl-pat", "tl-all"],
+        ),
+        # sliding-window layers (512 keys on 15 of 18 layers): the kernel skips the tiles outside
+        # the window
         ("gemma3-270m", 4096, 1, ["scan", "scan-blocked", "sdpa"]),
     ]
 
@@ -198,10 +223,18 @@ def main() -> None:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="two small configurations only")
     ap.add_argument("--json", type=Path, help="also write every measurement here")
-    ap.add_argument("--only", action="append", metavar="MODEL:BATCHxSEQ",
-                    help="measure only these configurations, e.g. smollm2-135m:8x128 (repeatable)")
-    ap.add_argument("--rounds", type=int, default=2,
-                    help="measure each configuration's methods this many times, interleaved; keep the fastest")
+    ap.add_argument(
+        "--only",
+        action="append",
+        metavar="MODEL:BATCHxSEQ",
+        help="measure only these configurations, e.g. smollm2-135m:8x128 (repeatable)",
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="measure each configuration's methods this many times, interleaved; keep the fastest",
+    )
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
@@ -210,51 +243,95 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="headscope-bench-"))
     rows, best = [], {}
-    print(f"{'model':<18} {'tokens':>10} {'method':<12} {'wall s':>8} {'x sdpa':>7} {'x logits':>8} {'peak+GB':>8} {'+GB vs sdpa':>11}")
+    print(
+        f"{'model':<18} {'tokens':>10} {'method':<12} {'wall s':>8} {'x sdpa':>7} "
+        f"{'x logits':>8} {'peak+GB':>8} {'+GB vs sdpa':>11}"
+    )
     for model, seq_len, batch, methods in plan(args.quick):
         if args.only and f"{model}:{batch}x{seq_len}" not in args.only:
             continue
         res = {}
-        for rnd in range(args.rounds):  # rounds interleave the methods: a noisy minute hits all alike
+        # rounds interleave the methods: a noisy minute hits all alike
+        for rnd in range(args.rounds):
             for method in methods:
                 if method.startswith("tl"):
                     if rnd > 0:
                         continue  # slow and not a target: measured once
                     layers, heads = TL_BYTES[model]
-                    need = layers * heads * seq_len**2 * batch * 4 / 2**30 * (1 if method == "tl-pat" else 2.2)
+                    need = (
+                        layers
+                        * heads
+                        * seq_len**2
+                        * batch
+                        * 4
+                        / 2**30
+                        * (1 if method == "tl-pat" else 2.2)
+                    )
                     if need > 0.6 * avail_gb():
-                        print(f"{model:<18} {f'{batch}x{seq_len}':>10} {method:<12} skipped: its cache needs ~{need:.0f} GB of {avail_gb():.0f} GB free")
+                        print(
+                            f"{model:<18} {f'{batch}x{seq_len}':>10} {method:<12} skipped: its "
+                            f"cache needs ~{need:.0f} GB of {avail_gb():.0f} GB free"
+                        )
                         continue
                 if method == "eager" and rnd > 0 and seq_len >= 4096:
                     continue
                 r = measure(model, seq_len, batch, method, tmp)
                 if r is None:
                     continue
-                rows.append({"model": model, "seq_len": seq_len, "batch": batch, "method": method, "round": rnd, **r})
+                rows.append(
+                    {
+                        "model": model,
+                        "seq_len": seq_len,
+                        "batch": batch,
+                        "method": method,
+                        "round": rnd,
+                        **r,
+                    }
+                )
                 prev = res.get(method)
-                peak = max(r["peak_extra_gb"], prev["peak_extra_gb"]) if prev else r["peak_extra_gb"]
+                peak = (
+                    max(r["peak_extra_gb"], prev["peak_extra_gb"]) if prev else r["peak_extra_gb"]
+                )
                 if prev is None or r["wall_s"] < prev["wall_s"]:
                     res[method] = dict(r)
                 res[method]["peak_extra_gb"] = peak  # the highest peak of any round
         for method, r in res.items():
             xs = r["wall_s"] / res["sdpa"]["wall_s"] if "sdpa" in res else float("nan")
             xl = r["wall_s"] / res["logits"]["wall_s"] if "logits" in res else float("nan")
-            dm = r["peak_extra_gb"] - res["sdpa"]["peak_extra_gb"] if "sdpa" in res else float("nan")
-            print(f"{model:<18} {f'{batch}x{seq_len}':>10} {method:<12} {r['wall_s']:>8.2f} {xs:>7.2f} {xl:>8.2f} "
-                  f"{r['peak_extra_gb']:>8.2f} {dm:>+11.2f}", flush=True)
+            dm = (
+                r["peak_extra_gb"] - res["sdpa"]["peak_extra_gb"] if "sdpa" in res else float("nan")
+            )
+            print(
+                f"{model:<18} {f'{batch}x{seq_len}':>10} {method:<12} {r['wall_s']:>8.2f} "
+                f"{xs:>7.2f} {xl:>8.2f} "
+                f"{r['peak_extra_gb']:>8.2f} {dm:>+11.2f}",
+                flush=True,
+            )
             best[(model, seq_len, batch, method)] = r["wall_s"]
-    scans = sorted((n, w) for (m, n, b, meth), w in best.items() if m == "smollm2-135m" and meth == "scan" and b == 1)
+    scans = sorted(
+        (n, w)
+        for (m, n, b, meth), w in best.items()
+        if m == "smollm2-135m" and meth == "scan" and b == 1
+    )
     if len(scans) >= 2:
         from headscope.analysis.timing import fit_quadratic
 
         n, t = [s for s, _ in scans], [w for _, w in scans]
         fit = fit_quadratic(n, t)
         a, b, c = fit["a"], fit["b"], fit["c"]
-        print("\nscan time vs context (smollm2-135m, 1 sequence): " + ", ".join(f"{s}: {w:.2f}s" for s, w in scans))
-        print(f"quadratic fit t = {a:.3g} + {b:.3e} n + {c:.3e} n^2 (no negative term, relative error); at the "
-              f"longest n the n^2 term is {c * n[-1] ** 2 / (a + b * n[-1] + c * n[-1] ** 2):.0%} of the fitted "
-              f"time; it overtakes the linear term at n = {fit['n_cross']:.0f}; log-log slope between the last "
-              f"two: {math.log(t[-1] / t[-2]) / math.log(n[-1] / n[-2]):.2f}")
+        print(
+            "\nscan time vs context (smollm2-135m, 1 sequence): "
+            + ", ".join(f"{s}: {w:.2f}s" for s, w in scans)
+        )
+        print(
+            f"quadratic fit t = {a:.3g} + {b:.3e} n + {c:.3e} n^2 (no negative term, relative "
+            "error); at the "
+            f"longest n the n^2 term is {c * n[-1] ** 2 / (a + b * n[-1] + c * n[-1] ** 2):.0%} "
+            "of the fitted "
+            f"time; it overtakes the linear term at n = {fit['n_cross']:.0f}; log-log slope "
+            "between the last "
+            f"two: {math.log(t[-1] / t[-2]) / math.log(n[-1] / n[-2]):.2f}"
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

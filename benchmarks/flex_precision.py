@@ -38,7 +38,11 @@ def scores(model, probes, engine: str) -> dict[str, torch.Tensor]:
 
     out = {}
     for probe in probes:
-        metrics = [m for m in REGISTRY.values() if m.probe == probe.name and m.name not in ("retrieval", "retrieval_soft")]
+        metrics = [
+            m
+            for m in REGISTRY.values()
+            if m.probe == probe.name and m.name not in ("retrieval", "retrieval_soft")
+        ]
         got = score_probe(model, probe, metrics, batch_size=4, engine=engine)
         tag = "long" if probe.settings.get("long") else probe.name
         out.update({f"{tag}/{n}": s.score.double().cpu() for n, s in got.items()})
@@ -51,7 +55,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--seq-len", type=int, default=256, help="the long text probe's length (0: none)")
+    ap.add_argument(
+        "--seq-len", type=int, default=256, help="the long text probe's length (0: none)"
+    )
     ap.add_argument("--json", help="write the table here")
     args = ap.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -61,13 +67,18 @@ def main(argv=None) -> int:
     ref = scores(ref_model, probes, "flex")
     ref_blocked = scores(ref_model, probes, "blocked")
     del ref_model
-    table = {"float32 flex vs float32 blocked": {k: float((ref[k] - ref_blocked[k]).abs().nan_to_num().max())
-                                                 for k in ref}}
+    table = {
+        "float32 flex vs float32 blocked": {
+            k: float((ref[k] - ref_blocked[k]).abs().nan_to_num().max()) for k in ref
+        }
+    }
     for dtype in ("bfloat16", "float16"):
         model = headscope.load_model(args.model, device=args.device, dtype=dtype)
         for engine in ("flex", "blocked"):
             got = scores(model, probes, engine)
-            table[f"{dtype} {engine} vs float32"] = {k: float((got[k] - ref[k]).abs().nan_to_num().max()) for k in ref}
+            table[f"{dtype} {engine} vs float32"] = {
+                k: float((got[k] - ref[k]).abs().nan_to_num().max()) for k in ref
+            }
         del model
     keys = list(ref)
     cols = list(table)
@@ -78,8 +89,16 @@ def main(argv=None) -> int:
     print(f"{'max':<24}" + "".join(f"{max(table[c].values()):>34.2e}" for c in cols))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": args.model, "device": args.device, "torch": torch.__version__, "table": table}, f,
-                      indent=1)
+            json.dump(
+                {
+                    "model": args.model,
+                    "device": args.device,
+                    "torch": torch.__version__,
+                    "table": table,
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 

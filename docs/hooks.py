@@ -13,8 +13,9 @@ A page holds a marker line and the build puts the generated Markdown in its plac
 
 It also puts the report notebooks of ``analyses/`` into the site under ``notebooks/`` (rendered
 as executed by mkdocs-jupyter) and into the nav's "Report notebooks" section, and turns Sphinx
-roles and doctest examples of the docstrings into Markdown for mkdocstrings (:class:`DocstringMarkdown`). ``tests/docs/test_site.py`` calls
-these functions directly and builds the site.
+roles and doctest examples of the docstrings into Markdown for mkdocstrings
+(:class:`DocstringMarkdown`). ``tests/docs/test_site.py`` calls these functions directly and builds
+the site.
 """
 
 from __future__ import annotations

@@ -97,11 +97,14 @@ def _scan_result_html(result) -> str:
 
 
 def _register_notebook_display() -> None:
-    """In a running IPython (a notebook), show a ScanResult as an HTML summary, not a dataclass dump."""
+    """In a running IPython (a notebook), show a ScanResult as an HTML summary, not a dataclass
+    dump."""
     import sys
 
     ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    shell = (
+        ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    )
     if shell is not None and hasattr(shell, "display_formatter"):
         html = shell.display_formatter.formatters.get("text/html")
         if html is not None:

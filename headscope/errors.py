@@ -58,14 +58,15 @@ def at_least(name: str, value: int | None, low: int = 1) -> None:
 #: Who hears the library's one-line notices in the code running now (None: nobody), and which
 #: once-only notices were already said. Scoped by :func:`listening`, like the attention seam's
 #: handler: nothing stays set after the ``with`` block.
-_LISTENER: contextvars.ContextVar[tuple[Callable[[str], None], set[str]] | None] = contextvars.ContextVar(
-    "headscope_listener", default=None)
+_LISTENER: contextvars.ContextVar[tuple[Callable[[str], None], set[str]] | None] = (
+    contextvars.ContextVar("headscope_listener", default=None)
+)
 
 
 @contextlib.contextmanager
 def listening(say: Callable[[str], None] | None) -> Iterator[None]:
-    """Inside the block, :func:`notice` lines go to ``say`` (the CLI prints them to stderr; a library
-    caller may pass its logger, or None for silence).
+    """Inside the block, :func:`notice` lines go to ``say`` (the CLI prints them to stderr; a
+    library caller may pass its logger, or None for silence).
 
     >>> with listening(print):
     ...     notice("compiling the kernel"); notice("a fallback", once=True); notice("a fallback", once=True)

@@ -34,10 +34,13 @@ from pathlib import Path
 
 from headscope.errors import HeadscopeError, did_you_mean
 
-SOFTWARE = "headscope"  # the PNG tEXt "Software" value (SVG/PDF: "Creator") of every figure headscope saves
+# the PNG tEXt "Software" value (SVG/PDF: "Creator") of every figure headscope saves
+SOFTWARE = "headscope"
 PNG_METADATA = {"Software": SOFTWARE}
-HTML_GENERATOR = f'<meta name="generator" content="{SOFTWARE}">'  # in the head of every page headscope writes
-#: ``colour(w)``: an attention weight in [0, 1] as a CSS colour (viridis, 10 stops), for the pages' scripts.
+# in the head of every page headscope writes
+HTML_GENERATOR = f'<meta name="generator" content="{SOFTWARE}">'
+#: ``colour(w)``: an attention weight in [0, 1] as a CSS colour (viridis, 10 stops), for the pages'
+# scripts.
 VIRIDIS_JS = """
   const V = [[68,1,84],[72,40,120],[62,73,137],[49,104,142],[38,130,142],
              [31,158,137],[53,183,121],[109,205,89],[180,222,44],[253,231,37]];
@@ -84,14 +87,15 @@ def is_ours(path: Path, csv_header: Header | None = None) -> bool:
     if suffix == ".svg":  # matplotlib writes the creator as <dc:creator><cc:Agent><dc:title>...
         head = _head(path, 8192)
         at = head.find(b"<dc:creator>")
-        return at >= 0 and f"<dc:title>{SOFTWARE}</dc:title>".encode() in head[at:at + 200]
+        return at >= 0 and f"<dc:title>{SOFTWARE}</dc:title>".encode() in head[at : at + 200]
     if suffix == ".pdf":
         return f"/Creator ({SOFTWARE})".encode() in _head(path, 1 << 24)
     return False
 
 
 def csv_is_ours(path: Path, header: Header) -> bool:
-    """Whether ``path`` is a CSV whose first line is ``header`` (or passes it, when it is a test)."""
+    """Whether ``path`` is a CSV whose first line is ``header`` (or passes it, when it is a
+    test)."""
     try:
         with open(path, encoding="utf-8") as f:
             first = f.readline().rstrip("\r\n")
@@ -100,8 +104,11 @@ def csv_is_ours(path: Path, header: Header) -> bool:
     return header(first) if callable(header) else first == header
 
 
-def check_replaceable(paths: Sequence[Path], csv_headers: Mapping[str, Header] | None = None) -> None:
-    """Refuse, in one line and before anything is written, to replace a file headscope did not write.
+def check_replaceable(
+    paths: Sequence[Path], csv_headers: Mapping[str, Header] | None = None
+) -> None:
+    """Refuse, in one line and before anything is written, to replace a file headscope did not
+    write.
 
     ``csv_headers`` maps a CSV file name to the header headscope writes in it. Missing files are
     fine; a directory in the way is refused.
@@ -111,14 +118,20 @@ def check_replaceable(paths: Sequence[Path], csv_headers: Mapping[str, Header] |
         if not (path.exists() or path.is_symlink()):
             continue
         if path.is_symlink() or not path.is_file():
-            raise HeadscopeError(f"'{path}' exists and is not a file headscope wrote; choose another --out.")
+            raise HeadscopeError(
+                f"'{path}' exists and is not a file headscope wrote; choose another --out."
+            )
         if not is_ours(path, csv_headers.get(path.name)):
-            raise HeadscopeError(f"'{path}' exists and headscope did not write it; it is left as it is. Move it "
-                                 "or choose another --out.")
+            raise HeadscopeError(
+                f"'{path}' exists and headscope did not write it; it is left as "
+                "it is. Move it "
+                "or choose another --out."
+            )
 
 
 def write_atomic(path: Path, write: Callable[[Path], None]) -> Path:
-    """``write(tmp)`` to a temporary file beside ``path``, flushed to disk, then renamed to ``path``."""
+    """``write(tmp)`` to a temporary file beside ``path``, flushed to disk, then renamed to
+    ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.tmp-", suffix=path.suffix, dir=path.parent)
@@ -181,7 +194,8 @@ def publish_dir(
     before_replace: Callable[[], None] | None = None,
     mode: int = 0o755,
 ) -> Path:
-    """Build a folder with ``build(tmp)`` in a temporary sibling of ``out`` and rename it into place.
+    """Build a folder with ``build(tmp)`` in a temporary sibling of ``out`` and rename it into
+    place.
 
     * ``out`` absent: it appears whole. If another writer publishes ``out`` meanwhile, exactly one
       wins: the loser raises one line (or, with ``keep_existing``, a cache, returns the winner's).
@@ -217,8 +231,13 @@ class Claimed(HeadscopeError):
     """Another writer published the destination first (two commands writing one place at once)."""
 
 
-def rename_into(tmp: Path, out: Path, replace: bool = False, keep_existing: bool = False,
-                before_replace: Callable[[], None] | None = None) -> None:
+def rename_into(
+    tmp: Path,
+    out: Path,
+    replace: bool = False,
+    keep_existing: bool = False,
+    before_replace: Callable[[], None] | None = None,
+) -> None:
     """Rename the finished folder ``tmp`` to ``out`` (the last step of :func:`publish_dir`; the run
     directory calls it inside its own signal-held section)."""
     if out.exists() or out.is_symlink():
@@ -226,8 +245,11 @@ def rename_into(tmp: Path, out: Path, replace: bool = False, keep_existing: bool
             shutil.rmtree(tmp, ignore_errors=True)
             return
         if not replace:  # callers check before the work starts: so it appeared meanwhile
-            raise Claimed(f"'{out}' appeared while this ran (another headscope writing the same place?); nothing "
-                          "was written. Choose another place, or replace it (--force).")
+            raise Claimed(
+                f"'{out}' appeared while this ran (another headscope writing the same "
+                "place?); nothing "
+                "was written. Choose another place, or replace it (--force)."
+            )
         if before_replace is not None:
             before_replace()
         old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.absolute().parent))
@@ -246,8 +268,11 @@ def rename_into(tmp: Path, out: Path, replace: bool = False, keep_existing: bool
         if keep_existing:
             shutil.rmtree(tmp, ignore_errors=True)
             return
-        raise Claimed(f"'{out}' appeared while this ran (another headscope writing the same place?); "
-                      "nothing was written. Choose another place, or replace it (--force).") from None
+        raise Claimed(
+            f"'{out}' appeared while this ran (another headscope writing the same "
+            "place?); "
+            "nothing was written. Choose another place, or replace it (--force)."
+        ) from None
     try:
         os.replace(tmp, out)  # replaces the empty folder just made
     except OSError:
@@ -256,11 +281,18 @@ def rename_into(tmp: Path, out: Path, replace: bool = False, keep_existing: bool
         if keep_existing and out.exists():
             shutil.rmtree(tmp, ignore_errors=True)
             return
-        raise Claimed(f"'{out}' was written by another process while this ran; nothing was written.") from None
+        raise Claimed(
+            f"'{out}' was written by another process while this ran; nothing was written."
+        ) from None
 
 
-def optional(what: str, step: Callable[[], object], record: dict, key: str,
-             say: Callable[[str], None] | None = None):
+def optional(
+    what: str,
+    step: Callable[[], object],
+    record: dict,
+    key: str,
+    say: Callable[[str], None] | None = None,
+):
     """Run ``step()``, whose failure must not lose finished work (a figure, a page).
 
     On failure: ``record[key]`` holds ``"<what>: <Error>: <message>"``, ``say`` hears one line,
@@ -273,7 +305,11 @@ def optional(what: str, step: Callable[[], object], record: dict, key: str,
     except OSError:
         raise
     except Exception as exc:
-        note = f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+        note = (
+            f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(
+                ": "
+            )
+        )
         record[key] = note
         if say is not None:
             say(f"{what} could not be made ({type(exc).__name__}: {exc}); everything else was kept")
@@ -308,9 +344,11 @@ def figure_formats(value: str | Sequence[str] | None) -> tuple[str, ...]:
             if not fmt:
                 continue
             if fmt not in FIGURE_FORMATS:
-                raise HeadscopeError(f"Unknown figure format '{name.strip()}' (--figure-format)."
-                                     f"{did_you_mean(fmt, FIGURE_FORMATS)} Choose from "
-                                     f"{', '.join(FIGURE_FORMATS)}.")
+                raise HeadscopeError(
+                    f"Unknown figure format '{name.strip()}' (--figure-format)."
+                    f"{did_you_mean(fmt, FIGURE_FORMATS)} Choose from "
+                    f"{', '.join(FIGURE_FORMATS)}."
+                )
             if fmt not in out:
                 out.append(fmt)
     return tuple(out) or ("png",)

@@ -1,7 +1,8 @@
 """The result schema: what a scan returns and a run directory holds. A leaf: no headscope imports.
 
 Every module that reads or writes results (report, plots, rundir, compare, runner, cli) depends on
-this one, and this one depends on nothing above it (only :mod:`headscope.errors`), so the layers stay one-way::
+this one, and this one depends on nothing above it (only :mod:`headscope.errors`), so the layers
+stay one-way::
 
     result  <-  report  <-  plots  <-  rundir  <-  runner  <-  cli
 
@@ -31,7 +32,18 @@ if TYPE_CHECKING:  # pragma: no cover - pandas loads where a table is made, not 
 from headscope.errors import HeadscopeError
 
 #: Columns of ``scores.csv`` (and of ``ScanResult.scores``), in order.
-COLUMNS = ["model", "metric", "probe", "layer", "head", "head_name", "score", "chance", "n", "label"]
+COLUMNS = [
+    "model",
+    "metric",
+    "probe",
+    "layer",
+    "head",
+    "head_name",
+    "score",
+    "chance",
+    "n",
+    "label",
+]
 #: How floats are written to ``scores.csv``: 8 significant digits round-trip every score we report.
 FLOAT_FORMAT = "%.8g"
 #: What a metric's name may look like (it names files: ``<metric>.png``).
@@ -56,7 +68,8 @@ class ScoreInfo:
     below: bool = False  # label heads at or below the threshold
     nan_reason: str | None = None
     unit: str = ""
-    default: bool = True  # pattern metrics: scanned when no metrics are named (long-context ones are not)
+    # pattern metrics: scanned when no metrics are named (long-context ones are not)
+    default: bool = True
     impl: str = ""  # built-in pattern metrics: "module:attribute" of the Metric that computes it
     chance: str = ""  # census scores: what chance means for it, in words (the rows hold its value)
 
@@ -69,13 +82,15 @@ class ScoreInfo:
 
 @dataclass
 class Probe:
-    """A named list of token-id sequences, with the settings that made it (saved in ``tokens.jsonl``)."""
+    """A named list of token-id sequences, with the settings that made it (saved in
+    ``tokens.jsonl``)."""
 
     name: str  # "text" or "repeat"
     sequences: list[list[int]]
     repeat_len: int | None = None  # L of BOS + R + R
     settings: dict = field(default_factory=dict)
-    token_types: list[list[int]] | None = None  # segment ids of encoder pairs, when fed (else all zero)
+    # segment ids of encoder pairs, when fed (else all zero)
+    token_types: list[list[int]] | None = None
     #: The needle probe's layout per sequence: ``{"needle_start", "answer_start", "k", "depth"}``
     #: (the K needle tokens sit at needle_start.., and are given again from answer_start).
     needles: list[dict] | None = None
@@ -105,8 +120,8 @@ class ScanResult:
     #: ``{"probe": str, "total": array [sequence, layer, head], "count": array [sequence]}``.
     per_sequence: dict = field(default_factory=dict)
     #: The strongest heads' patterns on one example of each probe, for the report
-    #: (:mod:`headscope.scanner.examples`): ``{"heads": [(layer, head)], "examples": [{"probe", "token_ids",
-    #: "n_full", "pattern" [head, query, key]}]}``; empty when not kept.
+    #: (:mod:`headscope.scanner.examples`): ``{"heads": [(layer, head)], "examples": [{"probe",
+    # "token_ids", : "n_full", "pattern" [head, query, key]}]}``; empty when not kept.
     views: dict = field(default_factory=dict)
 
 
@@ -140,16 +155,22 @@ def model_slug(name: str) -> str:
     revision stays in the name (``gpt2@refs/pr/3`` -> ``gpt2-refs-pr-3``)."""
     model, at, revision = name.rpartition("@")
     if at and model and not Path(name).exists():
-        return f"{model_slug(model)}-{re.sub(r'[^A-Za-z0-9._-]+', '-', revision).strip('-.')}".rstrip("-")
+        return (
+            f"{model_slug(model)}-{re.sub(r'[^A-Za-z0-9._-]+', '-', revision).strip('-.')}".rstrip(
+                "-"
+            )
+        )
     base = Path(name).name
     if base in ("", ".", "..") and Path(name).exists():
         base = Path(name).resolve().name
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", base or name).strip("-").lstrip(".")  # never a hidden name
+    # never a hidden name
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", base or name).strip("-").lstrip(".")
     return slug if slug.strip(".-") else "model"
 
 
 def display_token(s: str) -> str:
-    """A token as a label: spaces shown as ``␣``, newlines as ``↵``, other control characters escaped.
+    """A token as a label: spaces shown as ``␣``, newlines as ``↵``, other control characters
+    escaped.
 
     >>> display_token(" bank"), display_token("\\n"), display_token("")
     ('␣bank', '↵', '∅')
@@ -175,5 +196,8 @@ def matrix(scores: pd.DataFrame, metric: str) -> pd.DataFrame:
     """
     sub = scores[scores["metric"] == metric]
     if sub.empty:
-        raise HeadscopeError(f"No rows for metric '{metric}'; this table has: {', '.join(scores['metric'].unique())}.")
+        raise HeadscopeError(
+            f"No rows for metric '{metric}'; this table has: "
+            f"{', '.join(scores['metric'].unique())}."
+        )
     return sub.pivot(index="layer", columns="head", values="score")

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING
 
 from headscope.errors import HeadscopeError, setting
 
-if TYPE_CHECKING:  # pragma: no cover - torch is imported where a bootstrap runs, so reading a run needs none
+# pragma: no cover - torch is imported where a bootstrap runs, so reading a run needs none
+if TYPE_CHECKING:
     from jaxtyping import Float
     from torch import Tensor
 
@@ -53,7 +54,9 @@ def check(resamples: int, level: float) -> None:
     if resamples < 0:
         raise HeadscopeError(f"{setting('bootstrap')} must be 0 (off) or more, got {resamples}.")
     if not 0 < level < 1:
-        raise HeadscopeError(f"{setting('ci')} is a coverage level between 0 and 1 (e.g. 0.95), got {level}.")
+        raise HeadscopeError(
+            f"{setting('ci')} is a coverage level between 0 and 1 (e.g. 0.95), got {level}."
+        )
 
 
 def bootstrap(
@@ -77,7 +80,11 @@ def bootstrap(
     gen = torch.Generator().manual_seed(int(seed))
     draws = torch.randint(n, (resamples, n), generator=gen)  # [resample, sequence]: indices drawn
     weights = torch.zeros(resamples, n, dtype=torch.float64).scatter_add_(
-        1, draws, torch.ones(resamples, n, dtype=torch.float64))  # [resample, sequence]: times drawn
+        # [resample, sequence]: times drawn
+        1,
+        draws,
+        torch.ones(resamples, n, dtype=torch.float64),
+    )
     totals = weights @ torch.nan_to_num(flat)  # [resample, layer * head]
     counts = weights @ seq_count.double()  # [resample]
     scores = totals / counts[:, None]  # NaN where a resample has no qualifying query
@@ -96,7 +103,8 @@ def bootstrap(
 
 
 def passes_fn(info, threshold: float | None = None) -> Callable[[Tensor], Tensor] | None:
-    """``passes(scores)`` for a score's label (``info``: a Metric or ScoreInfo), or None if unlabelled."""
+    """``passes(scores)`` for a score's label (``info``: a Metric or ScoreInfo), or None if
+    unlabelled."""
     if info is None or not getattr(info, "label", ""):
         return None
     t = info.threshold if threshold is None else threshold

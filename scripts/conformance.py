@@ -1,6 +1,6 @@
-"""Run the conformance suite (:mod:`headscope.apps.conformance`) and, with ``--write``, write what it
-found into ``headscope/data/support.json`` (the site's support table, docs/models.md, is generated
-from it when the site is built).
+"""Run the conformance suite (:mod:`headscope.apps.conformance`) and, with ``--write``, write what
+it found into ``headscope/data/support.json`` (the site's support table, docs/models.md, is
+generated from it when the site is built).
 
     python -m scripts.conformance                 # run, print the table
     python -m scripts.conformance --write         # ... and write support.json
@@ -21,8 +21,12 @@ from headscope.engines.support import SUPPORT_JSON
 def write(table: dict) -> None:
     import transformers
 
-    doc = {"generated_by": "python -m scripts.conformance --write", "transformers": transformers.__version__,
-           "tolerance": TOL, "families": table}
+    doc = {
+        "generated_by": "python -m scripts.conformance --write",
+        "transformers": transformers.__version__,
+        "tolerance": TOL,
+        "families": table,
+    }
     SUPPORT_JSON.write_text(json.dumps(doc, indent=1) + "\n")
 
 
@@ -32,11 +36,22 @@ def main(argv=None) -> int:
     ap.add_argument("--family", action="append", help="only these families (by name or model_type)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    fams = [f for f in FAMILIES if not args.family or f.name in args.family or f.model_type in args.family]
+    fams = [
+        f
+        for f in FAMILIES
+        if not args.family or f.name in args.family or f.model_type in args.family
+    ]
     table = run(fams)
-    bad = [(n, e) for n, row in table.items() for e, o in row["engines"].items() if o["status"] in ("wrong", "error")]
+    bad = [
+        (n, e)
+        for n, row in table.items()
+        for e, o in row["engines"].items()
+        if o["status"] in ("wrong", "error")
+    ]
     for n, e in bad:
-        print(f"  {n} / {e}: {table[n]['engines'][e]['status']}: {table[n]['engines'][e]['detail']}")
+        print(
+            f"  {n} / {e}: {table[n]['engines'][e]['status']}: {table[n]['engines'][e]['detail']}"
+        )
     if args.write:
         write(table)
     return 1 if bad else 0

@@ -22,7 +22,9 @@ from headscope.analysis.recompute import compare, recompute
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir")
-    ap.add_argument("--model-dir", default=None, help="checkpoint folder (default: from metadata.json)")
+    ap.add_argument(
+        "--model-dir", default=None, help="checkpoint folder (default: from metadata.json)"
+    )
     ap.add_argument("--tol", type=float, default=1e-3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch's default)")
@@ -31,8 +33,9 @@ def main(argv=None) -> int:
 
     run_dir = Path(args.run_dir)
     theirs = pd.read_csv(run_dir / "scores.csv")
-    ours = recompute(run_dir, args.model_dir, device=args.device, progress=True,
-                     threads=args.threads or None)
+    ours = recompute(
+        run_dir, args.model_dir, device=args.device, progress=True, threads=args.threads or None
+    )
     if args.save:
         ours.to_csv(args.save, index=False)
     summary, problems = compare(ours, theirs, args.tol)
@@ -43,8 +46,10 @@ def main(argv=None) -> int:
         for p in problems:
             print("  " + p)
         return 1
-    print(f"\nOK: every score, chance and n agrees within {args.tol:g} "
-          f"({len(theirs)} rows, {theirs.metric.nunique()} metrics)")
+    print(
+        f"\nOK: every score, chance and n agrees within {args.tol:g} "
+        f"({len(theirs)} rows, {theirs.metric.nunique()} metrics)"
+    )
     return 0
 
 

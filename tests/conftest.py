@@ -16,22 +16,26 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # ------------------------------------------------------------------------------ the cuda marker
 # Tests that need a CUDA GPU run where one exists and are skipped with a reason elsewhere (CI has
-# none): ``pytest -m cuda`` runs only them (benchmarks/gpu_check.sh). ``HEADSCOPE_CUDA_TESTS_DEVICE=cpu``
-# runs them on the CPU instead (the uncompiled path): a dry run of the GPU check where there is no GPU.
-# They take their device from the ``accel`` fixture.
+# none): ``pytest -m cuda`` runs only them (benchmarks/gpu_check.sh).
+# ``HEADSCOPE_CUDA_TESTS_DEVICE=cpu`` runs them on the CPU instead (the uncompiled path): a dry run
+# of the GPU check where there is no GPU. They take their device from the ``accel`` fixture.
 
 DEVICE = os.environ.get("HEADSCOPE_CUDA_TESTS_DEVICE", "cuda")
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "cuda: needs a CUDA GPU (skipped with a reason where there is none)")
+    config.addinivalue_line(
+        "markers", "cuda: needs a CUDA GPU (skipped with a reason where there is none)"
+    )
 
 
 def pytest_collection_modifyitems(config, items):
     if DEVICE != "cuda" or torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason=f"no CUDA GPU here (torch {torch.__version__}, "
-                                   f"cuda {torch.version.cuda or 'not built'})")
+    skip = pytest.mark.skip(
+        reason=f"no CUDA GPU here (torch {torch.__version__}, "
+        f"cuda {torch.version.cuda or 'not built'})"
+    )
     for item in items:
         if item.get_closest_marker("cuda") is not None:
             item.add_marker(skip)
@@ -127,7 +131,8 @@ def tiny_gqa_llama64(tiny_gqa_llama):
 
 @pytest.fixture(scope="module")
 def runs(tiny_gpt2, tiny_bert, tmp_path_factory):
-    """Two saved runs per test module: gpt2 with figures, bert without (what `plot` and `report` redraw)."""
+    """Two saved runs per test module: gpt2 with figures, bert without (what `plot` and `report`
+    redraw)."""
     import headscope
 
     root = tmp_path_factory.mktemp("runs")
@@ -141,6 +146,7 @@ def runs(tiny_gpt2, tiny_bert, tmp_path_factory):
 @pytest.fixture
 def no_model(monkeypatch):
     """Any attempt to load a model fails the test."""
+
     def refuse(*_a, **_k):
         raise AssertionError("a model was loaded")
 

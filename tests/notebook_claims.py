@@ -15,8 +15,9 @@ sentence is checked against the outputs of the cells it cites, and only those:
 * a citation of a cell that does not exist, or that printed nothing, is itself a problem.
 
 Integers are not checked (layer counts, sequence counts, years and the like are too many to tell
-apart from claims), nor is a model's name ("Llama 3.1 8B"). A number that comes from elsewhere (a paper, the corpus) goes in a code cell
-that prints it, so the prose can cite it. LaTeX (``$...$``) is not a claim.
+apart from claims), nor is a model's name ("Llama 3.1 8B"). A number that comes from elsewhere (a
+paper, the corpus) goes in a code cell that prints it, so the prose can cite it. LaTeX (``$...$``)
+is not a claim.
 """
 
 from __future__ import annotations
@@ -183,8 +184,8 @@ def unsupported_claims(nb: dict) -> list[str]:
 #: Notebooks whose prose does not cite its cells in the form above yet: 02, 05 and 06 are still to
 #: be rewritten (issue 24); 08 and 10 were written and reviewed against the older rule and cite
 #: "cell [N]" in their own words. Until they cite ``[out N]`` they are held to the older rule,
-#: :func:`quoted_anywhere`. ``tests/test_notebook_claims.py`` fails as soon as one of them passes the
-#: strict rule, so this list only shrinks.
+#: :func:`quoted_anywhere`. ``tests/test_notebook_claims.py`` fails as soon as one of them passes
+# the : strict rule, so this list only shrinks.
 NOT_YET_CITED = (
     "02_induction_heads.ipynb",
     "05_weight_vs_importance.ipynb",

@@ -25,7 +25,11 @@ def test_figures_say_headscope_wrote_them(tmp_path, suffix):
     _figure().savefig(theirs)  # plain matplotlib: its own Software/Creator
     assert is_ours(ours) and not is_ours(theirs)
     check_replaceable([ours, tmp_path / "missing.png"])
-    with pytest.raises(HeadscopeError, match=rf"'.*theirs\.{suffix}' exists and headscope did not write it"):
+    with pytest.raises(
+        HeadscopeError,
+        match=rf"'.*theirs\.{suffix}' exists and headscope did not "
+        r"write it",
+    ):
         check_replaceable([ours, theirs])
 
 
@@ -33,7 +37,9 @@ def test_csv_and_html_are_recognised_by_their_content(tmp_path):
     csv = tmp_path / "compare.csv"
     csv.write_text("metric,run\nsink,a\n")
     assert is_ours(csv, "metric,run") and not is_ours(csv, "metric,run,model") and not is_ours(csv)
-    assert is_ours(csv, lambda line: line.startswith("metric,")) and not is_ours(csv, lambda line: False)
+    assert is_ours(csv, lambda line: line.startswith("metric,")) and not is_ours(
+        csv, lambda line: False
+    )
     page = tmp_path / "view.html"
     page.write_text(f"<!DOCTYPE html><html><head>{HTML_GENERATOR}</head></html>")
     assert is_ours(page)
@@ -61,7 +67,9 @@ def test_write_atomic_leaves_the_old_file_or_the_new_one(tmp_path):
 
 @pytest.fixture(scope="module")
 def run(tiny_gpt2, tmp_path_factory):
-    result = headscope.scan(tiny_gpt2, headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4))
+    result = headscope.scan(
+        tiny_gpt2, headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4)
+    )
     return headscope.save_run(result, tmp_path_factory.mktemp("outputs") / "run", figures=False)
 
 
@@ -74,9 +82,13 @@ def test_plot_and_compare_never_overwrite_a_users_file(run, tmp_path):
     mine = figs / "induction.png"
     _figure().savefig(mine)
     before = mine.read_bytes()
-    with pytest.raises(HeadscopeError, match="induction.png' exists and headscope did not write it"):
+    with pytest.raises(
+        HeadscopeError, match="induction.png' exists and headscope did not write it"
+    ):
         redraw(run, figs)
-    assert mine.read_bytes() == before and sorted(p.name for p in figs.iterdir()) == ["induction.png"]
+    assert mine.read_bytes() == before and sorted(p.name for p in figs.iterdir()) == [
+        "induction.png"
+    ]
     mine.unlink()
     first = redraw(run, figs)
     assert redraw(run, figs) == first  # its own figures are replaced
@@ -90,13 +102,25 @@ def test_plot_and_compare_never_overwrite_a_users_file(run, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["compare.csv"]
     (out / "compare.csv").unlink()
     _, paths = compare_dirs([run, other], out)
-    assert [p.name for p in paths] == ["compare.csv", "head_diffs.csv", "distributions.png", "difference.png"]
+    assert [p.name for p in paths] == [
+        "compare.csv",
+        "head_diffs.csv",
+        "distributions.png",
+        "difference.png",
+    ]
     assert compare_dirs([run, other], out)[1] == paths  # rewriting its own comparison is fine
     third = headscope.save_run(headscope.load_run(run), tmp_path / "run3", figures=False)
-    _, paths3 = compare_dirs([run, other, third], out)  # other runs: head_diffs.csv names them, still ours
+    # other runs: head_diffs.csv names them, still ours
+    _, paths3 = compare_dirs([run, other, third], out)
     assert [p.name for p in paths3] == ["compare.csv", "head_diffs.csv", "distributions.png"]
-    assert sorted(p.name for p in out.iterdir()) == ["compare.csv", "distributions.png", "head_diffs.csv"]  # stale
-    # difference.png (two runs only) was removed: it was ours and no longer describes this comparison
+    # stale
+    assert sorted(p.name for p in out.iterdir()) == [
+        "compare.csv",
+        "distributions.png",
+        "head_diffs.csv",
+    ]
+    # difference.png (two runs only) was removed: it was ours and no longer describes this
+    # comparison
 
 
 def test_a_scores_table_cannot_name_a_path(run, tmp_path):
@@ -107,9 +131,16 @@ def test_a_scores_table_cannot_name_a_path(run, tmp_path):
 
     bad = tmp_path / "bad"
     shutil.copytree(run, bad)
-    table = (bad / "scores.csv").read_text().replace("\nmodel", "\nmodel").replace(",induction,", ",../../x,")
+    table = (
+        (bad / "scores.csv")
+        .read_text()
+        .replace("\nmodel", "\nmodel")
+        .replace(",induction,", ",../../x,")
+    )
     (bad / "scores.csv").write_text(table)
-    with pytest.raises(HeadscopeError, match="names a metric '../../x', which is not a metric name"):
+    with pytest.raises(
+        HeadscopeError, match="names a metric '../../x', which is not a metric name"
+    ):
         load_run(bad)
     with pytest.raises(HeadscopeError, match="not a metric name"):
         redraw(bad)
@@ -123,5 +154,7 @@ def test_show_never_overwrites_a_users_figure(tiny_gpt2, tmp_path):
     with pytest.raises(HeadscopeError, match="head.png' exists and headscope did not write it"):
         show_head(tiny_gpt2, "0.1", out=mine)
     written = show_head(tiny_gpt2, "0.1", out=tmp_path / "ours.png", html_view=True)
-    assert [p.name for p in written] == ["ours.png", "ours.html"] and all(is_ours(p) for p in written)
+    assert [p.name for p in written] == ["ours.png", "ours.html"] and all(
+        is_ours(p) for p in written
+    )
     assert show_head(tiny_gpt2, "0.1", out=tmp_path / "ours.png", html_view=True) == written

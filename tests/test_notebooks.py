@@ -30,10 +30,15 @@ def jupyter_path(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("jupyter")
     spec = root / "kernels" / KERNEL
     spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "headscope tests", "language": "python",
-    }))
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "headscope tests",
+                "language": "python",
+            }
+        )
+    )
     return str(root)
 
 
@@ -42,7 +47,8 @@ def test_there_are_notebooks():
 
 
 def _execute(path: Path, jupyter_path: str, monkeypatch) -> None:
-    """Run the notebook at ``path`` on a fresh kernel in fast mode; fail the test on any cell error."""
+    """Run the notebook at ``path`` on a fresh kernel in fast mode; fail the test on any cell
+    error."""
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     from nbclient.exceptions import CellExecutionError
@@ -54,13 +60,23 @@ def _execute(path: Path, jupyter_path: str, monkeypatch) -> None:
     for cell in nb.cells:  # start from a clean notebook: saved outputs play no part
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    client = nbclient.NotebookClient(nb, kernel_name=KERNEL, timeout=CELL_TIMEOUT_S,
-                                     resources={"metadata": {"path": str(path.parent)}})
+    client = nbclient.NotebookClient(
+        nb,
+        kernel_name=KERNEL,
+        timeout=CELL_TIMEOUT_S,
+        resources={"metadata": {"path": str(path.parent)}},
+    )
     try:
         client.execute()
     except CellExecutionError as exc:
         pytest.fail(f"{path.name}: a cell failed:\n{exc}", pytrace=False)
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    errors = [
+        o
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.output_type == "error"
+    ]
     assert not errors, f"{path.name}: {errors[0].ename}: {errors[0].evalue}"
 
 
@@ -72,8 +88,10 @@ def test_notebook_runs_in_fast_mode(path: Path, jupyter_path: str, monkeypatch):
 def test_a_failing_cell_fails_the_test(tmp_path, jupyter_path: str, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("import os\nassert os.environ['HEADSCOPE_FAST'] == '1'"),
-                nbformat.v4.new_code_cell("raise ValueError('broken on purpose')")]
+    nb.cells = [
+        nbformat.v4.new_code_cell("import os\nassert os.environ['HEADSCOPE_FAST'] == '1'"),
+        nbformat.v4.new_code_cell("raise ValueError('broken on purpose')"),
+    ]
     path = tmp_path / "broken.ipynb"
     nbformat.write(nb, path)
     with pytest.raises(pytest.fail.Exception, match="broken on purpose"):

@@ -35,7 +35,9 @@ def test_padded_batches_score_like_single_sequences(fixture, request):
     single = score_probe(model, probe, metrics, batch_size=1)
     padded = score_probe(model, probe, metrics, batch_size=6)
     for name in single:
-        torch.testing.assert_close(padded[name].score, single[name].score, atol=2e-5, rtol=0, equal_nan=True)
+        torch.testing.assert_close(
+            padded[name].score, single[name].score, atol=2e-5, rtol=0, equal_nan=True
+        )
         assert padded[name].count == single[name].count
 
 
@@ -73,7 +75,10 @@ def test_gemma3_structure_and_tokens(gemma3):
     assert cfg.sliding_window == 512
     assert [i for i, t in enumerate(cfg.layer_types) if t == "full_attention"] == [5, 11, 17]
     assert set(cfg.layer_types) == {"sliding_attention", "full_attention"}
-    assert m.provenance["weights_sha256"] == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+    assert (
+        m.provenance["weights_sha256"]
+        == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+    )
     assert m.provenance["repo_id"] == "google/gemma-3-270m"
     assert (m.bos_id, m.sep_id, m.eos_id) == (2, 1, None)  # <bos>; the separator is <eos>
     ids = m.join_pair("The cat sat.", "It purred.")
@@ -83,7 +88,8 @@ def test_gemma3_structure_and_tokens(gemma3):
 
 def test_gemma3_induction_heads_in_global_layers_and_the_loss_drop(gemma3):
     """Measured: induction L5H1 0.87, L11H2 0.63, L5H2 0.53 (16 x 50 tokens), all in global layers;
-    loss ~16 nats on the first copy of R, ~1 on the second. L5H1 is also the strongest sink on text."""
+    loss ~16 nats on the first copy of R, ~1 on the second. L5H1 is also the strongest sink on
+    text."""
     from headscope.analysis.induction import repeat_loss_summary, token_losses
 
     probes = headscope.default_probes(gemma3, n_prompts=16, repeat_len=50, seed=0)
@@ -95,6 +101,8 @@ def test_gemma3_induction_heads_in_global_layers_and_the_loss_drop(gemma3):
     sink = _score(result, "sink")
     assert sink.to_numpy().max() > 0.9 and (sink > 0.3).to_numpy().mean() > 0.5
     assert result.scores.query("metric == 'next_token'")["score"].isna().all()
-    losses = token_losses(gemma3, headscope.repeat_probe(gemma3, repeat_len=50, n_sequences=4, seed=0))
+    losses = token_losses(
+        gemma3, headscope.repeat_probe(gemma3, repeat_len=50, n_sequences=4, seed=0)
+    )
     summary = repeat_loss_summary(losses, 50)
     assert summary["first_copy"] > 10 and summary["second_copy"] < 2.5

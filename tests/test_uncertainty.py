@@ -1,4 +1,5 @@
-"""The bootstrap over sequences: intervals that behave, label stability, and runs that reproduce them."""
+"""The bootstrap over sequences: intervals that behave, label stability, and runs that reproduce
+them."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from headscope.uncertainty import bootstrap
 
 
 def _sequences(n: int, seed: int = 0):
-    """n sequences of 20 queries each; per-query values ~ Bernoulli(0.3): score 0.3 in expectation."""
+    """n sequences of 20 queries each; per-query values ~ Bernoulli(0.3): score 0.3 in
+    expectation."""
     g = torch.Generator().manual_seed(seed)
     hits = (torch.rand(n, 20, generator=g) < 0.3).double()  # [sequence, query]
     return hits.sum(1)[:, None, None], torch.full((n,), 20.0, dtype=torch.float64)  # [n, 1, 1], [n]
@@ -39,7 +41,10 @@ def test_more_sequences_narrow_the_interval_around_the_score():
 
 def test_seeded_and_stability_is_the_share_of_resamples_passing():
     total, count = _sequences(40)
-    a, b = bootstrap(total, count, resamples=300, seed=1), bootstrap(total, count, resamples=300, seed=1)
+    a, b = (
+        bootstrap(total, count, resamples=300, seed=1),
+        bootstrap(total, count, resamples=300, seed=1),
+    )
     assert torch.equal(a.ci_low, b.ci_low) and torch.equal(a.ci_high, b.ci_high)
     c = bootstrap(total, count, resamples=300, seed=2)
     assert not torch.equal(a.ci_low, c.ci_low)
@@ -58,7 +63,9 @@ def test_heads_never_measured_have_no_interval_and_bad_settings_are_one_line():
     assert b.ci_low[0, 0] == 1.0 and torch.isnan(b.ci_low[0, 1]) and torch.isnan(b.stability[0, 1])
     with pytest.raises(HeadscopeError, match=r"ci \(--ci\) is a coverage level between 0 and 1"):
         bootstrap(total, torch.ones(5), level=95)
-    with pytest.raises(HeadscopeError, match=r"bootstrap \(--bootstrap\) must be 0 \(off\) or more"):
+    with pytest.raises(
+        HeadscopeError, match=r"bootstrap \(--bootstrap\) must be 0 \(off\) or more"
+    ):
         bootstrap(total, torch.ones(5), resamples=-1)
 
 
@@ -66,19 +73,33 @@ def test_a_saved_run_reproduces_its_intervals_from_its_per_sequence_sums(tiny_gp
     from headscope.catalog import describe
     from headscope.uncertainty import passes_fn
 
-    probes = [headscope.text_probe(tiny_gpt2, n_prompts=6), headscope.repeat_probe(tiny_gpt2, 5, n_sequences=4)]
+    probes = [
+        headscope.text_probe(tiny_gpt2, n_prompts=6),
+        headscope.repeat_probe(tiny_gpt2, 5, n_sequences=4),
+    ]
     result = headscope.scan(tiny_gpt2, probes, bootstrap=200, ci=0.9, bootstrap_seed=3)
     run = headscope.load_run(headscope.save_run(result, tmp_path / "run", figures=False))
     settings = run.metadata["bootstrap"]
     assert (settings["resamples"], settings["level"], settings["seed"]) == (200, 0.9, 3)
     for name, rec in run.per_sequence.items():
-        n_sequences = {p.name: len(p) for p in result.probes}[rec["probe"]]  # 6 text, 4 repeat (and its null)
+        # 6 text, 4 repeat (and its null)
+        n_sequences = {p.name: len(p) for p in result.probes}[rec["probe"]]
         assert rec["total"].shape == (n_sequences, 2, 4)
-        b = bootstrap(torch.tensor(rec["total"]), torch.tensor(rec["count"]), passes_fn(describe(name)),
-                      settings["resamples"], settings["level"], settings["seed"])
+        b = bootstrap(
+            torch.tensor(rec["total"]),
+            torch.tensor(rec["count"]),
+            passes_fn(describe(name)),
+            settings["resamples"],
+            settings["level"],
+            settings["seed"],
+        )
         rows = run.scores[run.scores.metric == name]
-        np.testing.assert_allclose(rows["ci_low"].to_numpy(), b.ci_low.flatten().numpy(), rtol=1e-7, equal_nan=True)
-        np.testing.assert_allclose(rows["ci_high"].to_numpy(), b.ci_high.flatten().numpy(), rtol=1e-7, equal_nan=True)
+        np.testing.assert_allclose(
+            rows["ci_low"].to_numpy(), b.ci_low.flatten().numpy(), rtol=1e-7, equal_nan=True
+        )
+        np.testing.assert_allclose(
+            rows["ci_high"].to_numpy(), b.ci_high.flatten().numpy(), rtol=1e-7, equal_nan=True
+        )
         # the pooled score is the per-sequence sums pooled
         pooled = rec["total"].sum(0).flatten() / rec["count"].sum()
         np.testing.assert_allclose(rows["score"].to_numpy(), pooled, rtol=1e-7, equal_nan=True)

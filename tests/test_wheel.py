@@ -189,8 +189,22 @@ def test_the_wheel_installs_into_a_fresh_venv_and_scans(dist, tmp_path, tiny_gpt
 
     out = tmp_path / "run"
     scan = _run(
-        [cli, "scan", tiny_gpt2_dir, "--out", out, "--n-prompts", "2", "--repeat-len", "4",
-         "--bootstrap", "0", "--quiet", "--figure-format", "png,svg"],
+        [
+            cli,
+            "scan",
+            tiny_gpt2_dir,
+            "--out",
+            out,
+            "--n-prompts",
+            "2",
+            "--repeat-len",
+            "4",
+            "--bootstrap",
+            "0",
+            "--quiet",
+            "--figure-format",
+            "png,svg",
+        ],
         timeout=600,
         env=clean,
         cwd=tmp_path,

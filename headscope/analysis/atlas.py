@@ -42,14 +42,26 @@ from matplotlib.figure import Figure
 from headscope.errors import HeadscopeError
 
 #: The columns :func:`atlas` returns, in order.
-ATLAS_COLUMNS = ("model", "metric", "layer", "n_layers", "depth", "depth_bin", "head", "score", "chance",
-                 "label", "labelled")
+ATLAS_COLUMNS = (
+    "model",
+    "metric",
+    "layer",
+    "n_layers",
+    "depth",
+    "depth_bin",
+    "head",
+    "score",
+    "chance",
+    "label",
+    "labelled",
+)
 _NEEDED = ("metric", "layer", "head", "score", "chance")
 BIN_NAMES = {3: ("early", "middle", "late"), 2: ("early", "late")}
 
 
 def _table(run, name: str | None) -> tuple[pd.DataFrame, str, int | None]:
-    """(scores, model name, n_layers if known) of one run given as a path, ScanResult or DataFrame."""
+    """(scores, model name, n_layers if known) of one run given as a path, ScanResult or
+    DataFrame."""
     n_layers = None
     if isinstance(run, (str, Path)):
         from headscope.rundir.store import load_run
@@ -61,17 +73,23 @@ def _table(run, name: str | None) -> tuple[pd.DataFrame, str, int | None]:
         name = name or getattr(run, "model_name", None)
         run = run.scores
     if not isinstance(run, pd.DataFrame):
-        raise HeadscopeError(f"atlas: cannot read a {type(run).__name__}; give run directories, "
-                             "headscope.load_run(...) results or score DataFrames.")
+        raise HeadscopeError(
+            f"atlas: cannot read a {type(run).__name__}; give run directories, "
+            "headscope.load_run(...) results or score DataFrames."
+        )
     missing = [c for c in _NEEDED if c not in run.columns]
     if missing:
-        raise HeadscopeError(f"atlas: a score table lacks column(s) {', '.join(missing)}; "
-                             "it should be a headscope scores table.")
+        raise HeadscopeError(
+            f"atlas: a score table lacks column(s) {', '.join(missing)}; "
+            "it should be a headscope scores table."
+        )
     if name is None:
         models = run["model"].dropna().unique() if "model" in run.columns else []
         if len(models) != 1:
-            raise HeadscopeError(f"atlas: a table holds {len(models)} model names; name each run "
-                                 "(pass a mapping {name: run}).")
+            raise HeadscopeError(
+                f"atlas: a table holds {len(models)} model names; name each run "
+                "(pass a mapping {name: run})."
+            )
         name = str(models[0])
     return run, name, None if n_layers is None else int(n_layers)
 
@@ -90,7 +108,9 @@ def depth_bins(depth: pd.Series | np.ndarray, bins: int = 3) -> pd.Categorical:
     return pd.Categorical.from_codes(idx, categories=list(names), ordered=True)
 
 
-def atlas(runs: Sequence | Mapping, metrics: Sequence[str] | None = None, bins: int = 3) -> pd.DataFrame:
+def atlas(
+    runs: Sequence | Mapping, metrics: Sequence[str] | None = None, bins: int = 3
+) -> pd.DataFrame:
     """One tidy table of several runs' head scores, with each layer's relative depth.
 
     ``runs``: run directories, :func:`headscope.load_run` results or score DataFrames (a list, or
@@ -109,8 +129,10 @@ def atlas(runs: Sequence | Mapping, metrics: Sequence[str] | None = None, bins: 
     for name, run in items:
         scores, model, n_layers = _table(run, name)
         if model in seen:
-            raise HeadscopeError(f"atlas: model '{model}' given twice; name the runs apart "
-                                 "(pass a mapping {name: run}).")
+            raise HeadscopeError(
+                f"atlas: model '{model}' given twice; name the runs apart "
+                "(pass a mapping {name: run})."
+            )
         seen.add(model)
         df = scores.loc[:, [c for c in (*_NEEDED, "label") if c in scores.columns]].copy()
         n = n_layers if n_layers is not None else int(df["layer"].max()) + 1
@@ -124,8 +146,10 @@ def atlas(runs: Sequence | Mapping, metrics: Sequence[str] | None = None, bins: 
     if metrics is not None:
         unknown = sorted(set(metrics) - set(out["metric"]))
         if unknown:
-            raise HeadscopeError(f"atlas: no rows for {', '.join(unknown)}; the runs hold: "
-                                 f"{', '.join(out['metric'].unique())}.")
+            raise HeadscopeError(
+                f"atlas: no rows for {', '.join(unknown)}; the runs hold: "
+                f"{', '.join(out['metric'].unique())}."
+            )
         out = out[out["metric"].isin(metrics)]
     out["depth_bin"] = depth_bins(out["depth"], bins)
     out["labelled"] = out["label"] != ""
@@ -143,13 +167,28 @@ def depth_summary(table: pd.DataFrame) -> pd.DataFrame:
     """
     missing = [c for c in ATLAS_COLUMNS if c not in table.columns]
     if missing:
-        raise HeadscopeError(f"depth_summary: not an atlas table (no {', '.join(missing)}); make one with atlas().")
-    t = table.assign(metric=pd.Categorical(table["metric"], categories=list(table["metric"].unique()), ordered=True),
-                     model=pd.Categorical(table["model"], categories=list(table["model"].unique()), ordered=True))
-    out = (t.groupby(["metric", "depth_bin", "model"], observed=True)
-             .agg(heads=("score", "size"), frac_labelled=("labelled", "mean"), mean_score=("score", "mean"),
-                  max_score=("score", "max"), chance=("chance", "mean"))
-             .reset_index())
+        raise HeadscopeError(
+            f"depth_summary: not an atlas table (no {', '.join(missing)}); make one with atlas()."
+        )
+    t = table.assign(
+        metric=pd.Categorical(
+            table["metric"], categories=list(table["metric"].unique()), ordered=True
+        ),
+        model=pd.Categorical(
+            table["model"], categories=list(table["model"].unique()), ordered=True
+        ),
+    )
+    out = (
+        t.groupby(["metric", "depth_bin", "model"], observed=True)
+        .agg(
+            heads=("score", "size"),
+            frac_labelled=("labelled", "mean"),
+            mean_score=("score", "mean"),
+            max_score=("score", "max"),
+            chance=("chance", "mean"),
+        )
+        .reset_index()
+    )
     for col in ("metric", "depth_bin", "model"):
         out[col] = out[col].astype(str)
     return out
@@ -158,19 +197,32 @@ def depth_summary(table: pd.DataFrame) -> pd.DataFrame:
 def layer_profile(table: pd.DataFrame) -> pd.DataFrame:
     """Per (model, metric, layer): the relative depth, the mean and max score over the layer's
     heads, the fraction labelled and the chance value (what :func:`atlas_figure` draws)."""
-    return (table.groupby(["model", "metric", "layer"], sort=False)
-                 .agg(depth=("depth", "first"), mean_score=("score", "mean"), max_score=("score", "max"),
-                      frac_labelled=("labelled", "mean"), chance=("chance", "mean"))
-                 .reset_index())
+    return (
+        table.groupby(["model", "metric", "layer"], sort=False)
+        .agg(
+            depth=("depth", "first"),
+            mean_score=("score", "mean"),
+            max_score=("score", "max"),
+            frac_labelled=("labelled", "mean"),
+            chance=("chance", "mean"),
+        )
+        .reset_index()
+    )
 
 
-def atlas_figure(table: pd.DataFrame, metrics: Sequence[str] | None = None, stat: str = "mean_score",
-                 ncols: int = 4) -> Figure:
+def atlas_figure(
+    table: pd.DataFrame,
+    metrics: Sequence[str] | None = None,
+    stat: str = "mean_score",
+    ncols: int = 4,
+) -> Figure:
     """One panel per metric: each model's per-layer ``stat`` (``mean_score``, ``max_score`` or
     ``frac_labelled``) against relative depth, the model's chance value dashed in the same colour
     (score stats only); light lines split the depth bins (thirds)."""
     if stat not in ("mean_score", "max_score", "frac_labelled"):
-        raise HeadscopeError(f"atlas_figure: unknown stat '{stat}'; use mean_score, max_score or frac_labelled.")
+        raise HeadscopeError(
+            f"atlas_figure: unknown stat '{stat}'; use mean_score, max_score or frac_labelled."
+        )
     metrics = list(table["metric"].unique()) if metrics is None else list(metrics)
     unknown = [m for m in metrics if m not in set(table["metric"])]
     if unknown or not metrics:
@@ -185,7 +237,15 @@ def atlas_figure(table: pd.DataFrame, metrics: Sequence[str] | None = None, stat
     for ax, metric in zip(axes, metrics, strict=False):
         sub = prof[prof["metric"] == metric]
         for model, rows in sub.groupby("model", sort=False):
-            ax.plot(rows["depth"], rows[stat], marker="o", ms=3, lw=1.2, color=colours[model], label=model)
+            ax.plot(
+                rows["depth"],
+                rows[stat],
+                marker="o",
+                ms=3,
+                lw=1.2,
+                color=colours[model],
+                label=model,
+            )
             if stat != "frac_labelled" and rows["chance"].notna().any():
                 ax.plot(rows["depth"], rows["chance"], ls="--", lw=0.8, color=colours[model])
         for edge in np.arange(1, nbins) / nbins:
@@ -195,9 +255,17 @@ def atlas_figure(table: pd.DataFrame, metrics: Sequence[str] | None = None, stat
         ax.set_xlabel("relative depth (layer / (n_layers - 1))", fontsize=8)
         ax.set_ylabel(stat.replace("_", " "), fontsize=8)
         if sub[stat].isna().all():
-            ax.text(0.5, 0.5, "NaN for these models", ha="center", va="center", transform=ax.transAxes,
-                    fontsize=8, color="0.4")
-    for ax in axes[len(metrics):]:
+            ax.text(
+                0.5,
+                0.5,
+                "NaN for these models",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                fontsize=8,
+                color="0.4",
+            )
+    for ax in axes[len(metrics) :]:
         ax.set_visible(False)
     if stat != "frac_labelled":
         axes[0].plot([], [], ls="--", lw=0.8, color="0.4", label="chance (dashed, model's colour)")

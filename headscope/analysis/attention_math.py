@@ -44,11 +44,13 @@ def article_example(dtype: torch.dtype = torch.float64) -> dict[str, Tensor]:
     >>> (ex["X"] @ ex["WQ"])[2].tolist()                # the query of "bank"
     [2.0, 0.0]
     """
+
     def t(rows):
         return torch.tensor(rows, dtype=dtype)
 
     return {
-        "X": t([[0, 0, 1], [1, 0, 0], [0, 1, 0], [1, 0, 1]]),  # [token=4, feature=3]: The, river, bank, flooded
+        # [token=4, feature=3]: The, river, bank, flooded
+        "X": t([[0, 0, 1], [1, 0, 0], [0, 1, 0], [1, 0, 1]]),
         "WQ": t([[1, 0], [2, 0], [0, 1]]),  # [feature=3, d_k=2]
         "WK": t([[2, 0], [0, 1], [0, 1]]),  # [feature=3, d_k=2]
         "WV": t([[1, 0], [0, 1], [0, 0]]),  # [feature=3, d_v=2]
@@ -71,9 +73,11 @@ def causal_mask(n_query: int, n_key: int, device=None) -> Tensor:
     """
     if n_query > n_key:
         raise HeadscopeError(
-            f"A causal mask needs at least as many keys as queries; got {n_query} queries, {n_key} keys."
+            f"A causal mask needs at least as many keys as queries; got {n_query} queries, {n_key} "
+            "keys."
         )
-    return torch.ones(n_query, n_key, dtype=torch.bool, device=device).triu(n_key - n_query + 1)  # [query, key]
+    # [query, key]
+    return torch.ones(n_query, n_key, dtype=torch.bool, device=device).triu(n_key - n_query + 1)
 
 
 def attention(
@@ -83,7 +87,8 @@ def attention(
     causal: bool = False,
     scale: float | None = None,
 ) -> tuple[Float[Tensor, "... query d_v"], Float[Tensor, "... query key"]]:
-    """Scaled dot-product attention: ``softmax(Q K^T * scale [+ mask]) V``; returns (output, weights).
+    """Scaled dot-product attention: ``softmax(Q K^T * scale [+ mask]) V``; returns (output,
+    weights).
 
     ``scale`` defaults to ``1 / sqrt(d_k)`` (pass ``1.0`` for unscaled scores). With ``causal=True``
     every score of a later key is set to ``-inf`` before the softmax, so its weight is exactly 0.
@@ -102,13 +107,16 @@ def attention(
     scale = d_k**-0.5 if scale is None else scale
     scores = Q @ K.transpose(-2, -1) * scale  # [..., query, key]
     if causal:
-        future = causal_mask(scores.shape[-2], scores.shape[-1], device=scores.device)  # [query, key]
+        # [query, key]
+        future = causal_mask(scores.shape[-2], scores.shape[-1], device=scores.device)
         scores = scores.masked_fill(future, float("-inf"))  # [..., query, key]
     weights = scores.softmax(dim=-1)  # [..., query, key], each row sums to 1
     return weights @ V, weights  # [..., query, d_v], [..., query, key]
 
 
-def repeat_kv(x: Float[Tensor, "... kv_head pos d"], n_heads: int) -> Float[Tensor, "... head pos d"]:
+def repeat_kv(
+    x: Float[Tensor, "... kv_head pos d"], n_heads: int
+) -> Float[Tensor, "... head pos d"]:
     """Grouped-query attention: give each of ``n_heads`` query heads its KV head.
 
     Query head ``h`` uses KV head ``h // (n_heads // n_kv_heads)`` (consecutive query heads share).
@@ -133,7 +141,8 @@ def permutation_gap(
 
     ``perm[i]`` is the original position of the token now at position ``i``. Returns
     ``(max |out_perm - out[perm]|, max |weights_perm - weights[perm][:, perm]|)``; both are 0 when
-    attention is permutation-equivariant. ``out`` is ``[..., pos, d]``, weights ``[..., query, key]``.
+    attention is permutation-equivariant. ``out`` is ``[..., pos, d]``, weights ``[..., query,
+    key]``.
 
     >>> ex = article_example()
     >>> perm = [2, 0, 3, 1]
@@ -144,7 +153,8 @@ def permutation_gap(
     """
     idx = torch.as_tensor(list(perm), device=out.device)  # [pos]
     d_out = (out_perm - out[..., idx, :]).abs().max().item()  # rows of out in the shuffled order
-    d_w = (weights_perm - weights[..., idx, :][..., idx]).abs().max().item()  # rows and columns shuffled
+    # rows and columns shuffled
+    d_w = (weights_perm - weights[..., idx, :][..., idx]).abs().max().item()
     return d_out, d_w
 
 
@@ -176,7 +186,15 @@ def weights_figure(weights: Tensor, tokens: Sequence[str], title: str) -> Figure
     ax.set_xlabel("key (being asked)")
     ax.set_ylabel("query (asking)")
     for (i, j), v in np.ndenumerate(w):
-        ax.text(j, i, f"{v:.3f}", ha="center", va="center", fontsize=8, color="black" if v > 0.6 else "white")
+        ax.text(
+            j,
+            i,
+            f"{v:.3f}",
+            ha="center",
+            va="center",
+            fontsize=8,
+            color="black" if v > 0.6 else "white",
+        )
     ax.set_title(title, fontsize=10)
     fig.colorbar(im, ax=ax, shrink=0.8, label="attention weight (row sums to 1)")
     return fig

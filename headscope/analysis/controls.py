@@ -110,7 +110,8 @@ def proportion_interval(k: int, n: int, level: float = LEVEL) -> tuple[float, fl
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-#: Student's t, 97.5th percentile, by degrees of freedom (1..30): a 95% interval of a mean of few values.
+#: Student's t, 97.5th percentile, by degrees of freedom (1..30): a 95% interval of a mean of few
+# values.
 _T975 = [
     12.706,
     4.303,
@@ -262,7 +263,8 @@ def group_effects(
         )
     if ablation == "resample" and len({len(s) for s in probe.sequences}) != 1:
         raise HeadscopeError(
-            "Resample ablation swaps outputs between sequences of one length; this probe has several."
+            "Resample ablation swaps outputs between sequences of one length; this probe has "
+            "several."
         )
     tgt = TARGETS[target]
     n = len(probe)

@@ -36,7 +36,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headscope.circuits.copying import (  # noqa: F401 - the on-real-inputs half lives there; re-exported
+# noqa: F401 - the on-real-inputs half lives there; re-exported
+from headscope.circuits.copying import (
     COPYING_K,
     COPYING_THRESHOLD,
     HeadWeights,
@@ -91,9 +92,17 @@ def eigen_copying_scores(w: HeadWeights) -> pd.DataFrame:
     for layer in range(w.n_layers):
         ue = base * w.ln1[layer].double()[None, :]  # [d_model, d_model]: U . N1(W_E)
         for head in range(w.n_heads):
-            small = w.W_O[layer, head].double() @ ue @ w.W_V[layer, head].double()  # [d_head, d_head]
-            rows.append({"model": w.model, "layer": layer, "head": head,
-                         "head_name": f"L{layer}H{head}", "eigen_copying": _eig_score(small)})
+            # [d_head, d_head]
+            small = w.W_O[layer, head].double() @ ue @ w.W_V[layer, head].double()
+            rows.append(
+                {
+                    "model": w.model,
+                    "layer": layer,
+                    "head": head,
+                    "head_name": f"L{layer}H{head}",
+                    "eigen_copying": _eig_score(small),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -120,13 +129,22 @@ def induction_copying_heads(
     if ind.empty:
         raise HeadscopeError("The scores table has no 'induction' rows; scan a repeat probe first.")
     if column not in copying.columns:
-        raise HeadscopeError(f"The copying table has no column '{column}'; it has {', '.join(copying.columns)}.")
-    keep = ["model", "layer", "head", "head_name", column] + [c for c in ("median_rank", "null") if c in copying.columns]
-    out = copying[keep].merge(ind.rename(columns={"score": "induction"}), on=["layer", "head"], how="inner")
+        raise HeadscopeError(
+            f"The copying table has no column '{column}'; it has {', '.join(copying.columns)}."
+        )
+    keep = ["model", "layer", "head", "head_name", column] + [
+        c for c in ("median_rank", "null") if c in copying.columns
+    ]
+    out = copying[keep].merge(
+        ind.rename(columns={"score": "induction"}), on=["layer", "head"], how="inner"
+    )
     out["prefix_matching"] = out["induction"] >= t
     out["copies"] = out[column] >= copying_threshold
     out["induction_head"] = out["prefix_matching"] & out["copies"]
     out = out.sort_values(["induction_head", "induction"], ascending=[False, False], kind="stable")
-    cols = ["model", "head_name", "layer", "head", "induction", column] + keep[5:] + [
-        "prefix_matching", "copies", "induction_head"]
+    cols = (
+        ["model", "head_name", "layer", "head", "induction", column]
+        + keep[5:]
+        + ["prefix_matching", "copies", "induction_head"]
+    )
     return out.reset_index(drop=True)[cols]

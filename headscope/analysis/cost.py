@@ -53,9 +53,9 @@ def cost_table(
     Per head per layer: ``scores = n^2``, ``grid_bytes = n^2 * bytes_per_score``, and
     ``flops_per_head_layer = 4 n^2 d_head`` (``Q K^T`` and ``weights @ V``, 2 FLOPs per
     multiply-add each). For the whole model: ``attn_flops`` = that times ``n_layers * n_heads``
-    (halved when ``causal_half``: the mask skips about half the pairs); ``weight_flops = 2 n_params n``;
-    and per generated token with a KV cache, ``attn_flops_per_token = 4 n d_head n_layers n_heads``
-    against ``2 n_params``.
+    (halved when ``causal_half``: the mask skips about half the pairs); ``weight_flops = 2 n_params
+    n``; and per generated token with a KV cache, ``attn_flops_per_token = 4 n d_head n_layers
+    n_heads`` against ``2 n_params``.
 
     >>> t = cost_table([131072], d_head=128, n_layers=32, n_heads=32, n_params=8e9)
     >>> print(f'{t.loc[0, "scores"]:.3g} scores, attention/weights = {t.loc[0, "attn_to_weights"]:.2f}')
@@ -87,9 +87,9 @@ def time_scan(
     """Wall time of ``headscope.scan`` with one repeat-probe sequence of each length.
 
     Each sequence is ``BOS + R + R`` (``n = 2L + 1`` tokens for a decoder); the time is the
-    :func:`~headscope.analysis.timing.best_time` of up to ``repeats`` runs (fewer once a length has used
-    ``budget_s`` seconds: short lengths get every repeat, long ones may get one), after one untimed
-    warm-up scan at the shortest length. ``engine`` is what the scan reported using (when it
+    :func:`~headscope.analysis.timing.best_time` of up to ``repeats`` runs (fewer once a length has
+    used ``budget_s`` seconds: short lengths get every repeat, long ones may get one), after one
+    untimed warm-up scan at the shortest length. ``engine`` is what the scan reported using (when it
     reports one).
     """
     from headscope.probes.pairs import repeat_probe
@@ -108,33 +108,47 @@ def time_scan(
     for length in repeat_lens:
         probe = probe_of(length)
         seconds = best_time(lambda probe=probe: run(probe), repeats, budget_s)
-        rows.append({"repeat_len": length, "n": len(probe.sequences[0]), "seconds": seconds,
-                     "engine": meta.get("engine")})
+        rows.append(
+            {
+                "repeat_len": length,
+                "n": len(probe.sequences[0]),
+                "seconds": seconds,
+                "engine": meta.get("engine"),
+            }
+        )
     return pd.DataFrame(rows)
 
 
-def time_one_layer(model, lengths: Sequence[int], layer: int = 0, seed: int = 0, repeats: int = 3) -> pd.DataFrame:
-    """Wall time of a forward that stops at ``layer``'s pattern (``model.run_patterns``), per length.
+def time_one_layer(
+    model, lengths: Sequence[int], layer: int = 0, seed: int = 0, repeats: int = 3
+) -> pd.DataFrame:
+    """Wall time of a forward that stops at ``layer``'s pattern (``model.run_patterns``), per
+    length.
 
-    Tokens are seeded random ordinary ids; the time is the :func:`~headscope.analysis.timing.best_time` of
-    ``repeats`` runs after one warm-up.
+    Tokens are seeded random ordinary ids; the time is the
+    :func:`~headscope.analysis.timing.best_time` of ``repeats`` runs after one warm-up.
     """
     gen = torch.Generator().manual_seed(seed)
     vocab = model.ordinary_vocab()  # [vocab]
 
     def run(n):
         ids = vocab[torch.randint(len(vocab), (1, n), generator=gen)]  # [1, n]
-        model.run_patterns(ids, torch.ones_like(ids, dtype=torch.bool), lambda _layer, _p: None, layers=[layer])
+        model.run_patterns(
+            ids, torch.ones_like(ids, dtype=torch.bool), lambda _layer, _p: None, layers=[layer]
+        )
 
     run(min(lengths))  # warm-up
-    return pd.DataFrame([{"n": n, "seconds": best_time(lambda n=n: run(n), repeats)} for n in lengths])
+    return pd.DataFrame(
+        [{"n": n, "seconds": best_time(lambda n=n: run(n), repeats)} for n in lengths]
+    )
 
 
 # ---------------------------------------------------------------------------- the fit, shown
 
 
 def with_fit(table: pd.DataFrame, fit: dict[str, float]) -> pd.DataFrame:
-    """``table`` (columns ``n``, ``seconds``) plus the fit's prediction and the quadratic term's share.
+    """``table`` (columns ``n``, ``seconds``) plus the fit's prediction and the quadratic term's
+    share.
 
     ``fit`` is :func:`headscope.analysis.timing.fit_quadratic`'s ``{a, b, c}``.
 
@@ -170,10 +184,11 @@ def growth(table: pd.DataFrame) -> pd.DataFrame:
 def fit_spread(n: Sequence[float], seconds: Sequence[float]) -> dict[str, float]:
     """How far to trust the ``a + b n + c n^2`` split of measured times.
 
-    Fits all points (:func:`~headscope.analysis.timing.fit_quadratic`), then again leaving each point out in
-    turn, and reports at the largest ``n``: the quadratic term's share of the fitted time (``share``)
-    and its range over the leave-one-out fits (``share_min``, ``share_max``), plus the full fit's
-    largest relative residual ``max_residual = max |fit / measured - 1|``. Needs 4 points or more.
+    Fits all points (:func:`~headscope.analysis.timing.fit_quadratic`), then again leaving each
+    point out in turn, and reports at the largest ``n``: the quadratic term's share of the fitted
+    time (``share``) and its range over the leave-one-out fits (``share_min``, ``share_max``), plus
+    the full fit's largest relative residual ``max_residual = max |fit / measured - 1|``. Needs 4
+    points or more.
 
     >>> n = [100, 200, 400, 800]
     >>> f = fit_spread(n, [1 + 0.01 * x + 1e-5 * x * x for x in n])      # exactly quadratic
@@ -183,7 +198,10 @@ def fit_spread(n: Sequence[float], seconds: Sequence[float]) -> dict[str, float]
     x = np.asarray(n, dtype=np.float64)  # [point]
     y = np.asarray(seconds, dtype=np.float64)  # [point]
     if len(x) < 4:
-        raise ValueError(f"fit_spread needs at least 4 points (3 coefficients and one to leave out); got {len(x)}.")
+        raise ValueError(
+            "fit_spread needs at least 4 points (3 coefficients and one to leave "
+            f"out); got {len(x)}."
+        )
     top = x.max()
 
     def share(fit):
@@ -193,20 +211,33 @@ def fit_spread(n: Sequence[float], seconds: Sequence[float]) -> dict[str, float]
     full = fit_quadratic(x, y)
     pred = full["a"] + full["b"] * x + full["c"] * x**2  # [point]
     loo = [share(fit_quadratic(np.delete(x, i), np.delete(y, i))) for i in range(len(x))]
-    return {"share": share(full), "share_min": float(np.min(loo)), "share_max": float(np.max(loo)),
-            "max_residual": float(np.max(np.abs(pred / y - 1))), "n": float(top)}
+    return {
+        "share": share(full),
+        "share_min": float(np.min(loo)),
+        "share_max": float(np.max(loo)),
+        "max_residual": float(np.max(np.abs(pred / y - 1))),
+        "n": float(top),
+    }
 
 
-def timing_figure(panels: Sequence[tuple[str, pd.DataFrame, dict[str, float]]], title: str) -> Figure:
-    """One panel per ``(label, table, fit)``: measured seconds vs ``n``, the fit, and its ``c n^2``."""
+def timing_figure(
+    panels: Sequence[tuple[str, pd.DataFrame, dict[str, float]]], title: str
+) -> Figure:
+    """One panel per ``(label, table, fit)``: measured seconds vs ``n``, the fit, and its ``c
+    n^2``."""
     fig = Figure(figsize=(5.2 * len(panels), 4.0), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (label, table, fit) in zip(axes, panels, strict=True):
         n = table["n"].to_numpy(dtype=float)  # [length]
         grid = np.linspace(0, n.max() * 1.05, 200)  # [200]: where the fitted curves are drawn
         ax.plot(n, table["seconds"], "o", color="C0", label="measured")
-        ax.plot(grid, fit["a"] + fit["b"] * grid + fit["c"] * grid**2, "-", color="C0",
-                label=f"fit a + bn + cn²\nc = {fit['c']:.2e} s/token²")
+        ax.plot(
+            grid,
+            fit["a"] + fit["b"] * grid + fit["c"] * grid**2,
+            "-",
+            color="C0",
+            label=f"fit a + bn + cn²\nc = {fit['c']:.2e} s/token²",
+        )
         ax.plot(grid, fit["c"] * grid**2, "--", color="C3", label="quadratic term cn²")
         ax.plot(grid, fit["a"] + fit["b"] * grid, ":", color="C2", label="a + bn")
         ax.set_xlabel("context length n (tokens)")

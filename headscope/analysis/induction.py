@@ -26,18 +26,25 @@ from headscope.errors import HeadscopeError
 # ------------------------------------------------------------------------------ one head's pattern
 
 
-def sequence_pattern(model, ids: Sequence[int], layer: int, head: int) -> Float[np.ndarray, "query key"]:
+def sequence_pattern(
+    model, ids: Sequence[int], layer: int, head: int
+) -> Float[np.ndarray, "query key"]:
     """Head ``(layer, head)``'s post-softmax pattern on one token-id sequence, ``[query, key]``."""
     if not (0 <= layer < model.n_layers and 0 <= head < model.n_heads):
-        raise HeadscopeError(f"Head L{layer}H{head} does not exist: the model has {model.n_layers} layers "
-                             f"x {model.n_heads} heads.")
+        raise HeadscopeError(
+            f"Head L{layer}H{head} does not exist: the model has {model.n_layers} "
+            "layers "
+            f"x {model.n_heads} heads."
+        )
     tokens = torch.tensor([list(ids)], dtype=torch.long)  # [1, pos]
     kept: dict[str, np.ndarray] = {}
 
     def on_pattern(_layer: int, pattern: Tensor) -> None:  # [batch=1, head, query, key]
         kept["p"] = pattern[0, head].float().cpu().numpy().copy()
 
-    model.run_patterns(tokens, torch.ones_like(tokens, dtype=torch.bool), on_pattern, layers=[layer])
+    model.run_patterns(
+        tokens, torch.ones_like(tokens, dtype=torch.bool), on_pattern, layers=[layer]
+    )
     return kept["p"]
 
 
@@ -49,8 +56,15 @@ def offset_weights(pattern: np.ndarray, repeat_len: int) -> pd.DataFrame:
     """
     L = repeat_len
     q = np.arange(L + 1, 2 * L + 1)
-    return pd.DataFrame({"query": q, "induction": pattern[q, q - L + 1], "duplicate": pattern[q, q - L],
-                         "previous": pattern[q, q - 1], "first": pattern[q, 0]})
+    return pd.DataFrame(
+        {
+            "query": q,
+            "induction": pattern[q, q - L + 1],
+            "duplicate": pattern[q, q - L],
+            "previous": pattern[q, q - 1],
+            "first": pattern[q, 0],
+        }
+    )
 
 
 def stripe_figure(pattern: np.ndarray, repeat_len: int, title: str) -> Figure:
@@ -72,17 +86,21 @@ def stripe_figure(pattern: np.ndarray, repeat_len: int, title: str) -> Figure:
     ax2.set_ylim(-0.02, 1.02)
     ax2.set_xlabel("query position (second copy of R)")
     ax2.set_ylabel("attention weight")
-    ax2.set_title("induction = A[q, q-L+1], duplicate = A[q, q-L],\nprevious = A[q, q-1], first = A[q, 0]",
-                  fontsize=9)
+    ax2.set_title(
+        "induction = A[q, q-L+1], duplicate = A[q, q-L],\nprevious = A[q, q-1], first = A[q, 0]",
+        fontsize=9,
+    )
     ax2.legend(fontsize=8, loc="center right")
     return fig
 
 
-# ------------------------------------------------------------------------------ the loss on each copy
+# ------------------------------------------------------------------------------ the loss on each
+# copy
 
 
 def token_losses(model, probe, batch_size: int = 8) -> Float[Tensor, "sequence position"]:
-    """Per-token cross-entropy (nats) of every sequence of ``probe``; column ``t`` predicts token ``t+1``.
+    """Per-token cross-entropy (nats) of every sequence of ``probe``; column ``t`` predicts token
+    ``t+1``.
 
     Sequences must all have the same length (a repeat probe's do). Column ``p - 1`` is the loss on
     the token at position ``p``.
@@ -92,7 +110,8 @@ def token_losses(model, probe, batch_size: int = 8) -> Float[Tensor, "sequence p
         raise HeadscopeError("token_losses needs sequences of one length (a repeat probe).")
     out = []
     for start in range(0, len(probe), batch_size):
-        tokens = torch.tensor(probe.sequences[start:start + batch_size], dtype=torch.long)  # [batch, pos]
+        # [batch, pos]
+        tokens = torch.tensor(probe.sequences[start : start + batch_size], dtype=torch.long)
         logits = model.logits(tokens).float().cpu()  # [batch, pos, vocab]
         logp = torch.log_softmax(logits[:, :-1], dim=-1)  # [batch, pos-1, vocab]
         out.append(-logp.gather(-1, tokens[:, 1:, None]).squeeze(-1))  # [batch, pos-1]
@@ -102,16 +121,19 @@ def token_losses(model, probe, batch_size: int = 8) -> Float[Tensor, "sequence p
 def repeat_loss_summary(losses: Tensor, repeat_len: int) -> dict[str, float]:
     """Mean loss on the tokens of the first copy of R and of the second (positions 2..L, L+2..2L).
 
-    ``losses`` is :func:`token_losses`' output (column ``p - 1`` = loss on position ``p``). The first
-    token of each copy is left out: nothing before it predicts it (position 1 follows BOS; position
-    L+1 follows the last token of the first copy). ``difference`` = second - first (Olsson et al.'s
-    in-context-learning signature is a large negative value).
+    ``losses`` is :func:`token_losses`' output (column ``p - 1`` = loss on position ``p``). The
+    first token of each copy is left out: nothing before it predicts it (position 1 follows BOS;
+    position L+1 follows the last token of the first copy). ``difference`` = second - first (Olsson
+    et al.'s in-context-learning signature is a large negative value).
     """
     L = repeat_len
     first = losses[:, 1:L].mean()  # tokens at positions 2..L
-    second = losses[:, L + 1:2 * L].mean()  # tokens at positions L+2..2L
-    return {"first_copy": round(float(first), 4), "second_copy": round(float(second), 4),
-            "difference": round(float(second - first), 4)}
+    second = losses[:, L + 1 : 2 * L].mean()  # tokens at positions L+2..2L
+    return {
+        "first_copy": round(float(first), 4),
+        "second_copy": round(float(second), 4),
+        "difference": round(float(second - first), 4),
+    }
 
 
 def loss_figure(losses: Tensor, repeat_len: int, title: str) -> Figure:
@@ -121,8 +143,13 @@ def loss_figure(losses: Tensor, repeat_len: int, title: str) -> Figure:
     arr = losses.numpy()
     fig = Figure(figsize=(8, 3.6), layout="constrained")
     ax = fig.add_subplot()
-    ax.fill_between(x, np.percentile(arr, 25, axis=0), np.percentile(arr, 75, axis=0), alpha=0.25,
-                    label=f"25th-75th percentile over the {arr.shape[0]} sequences")
+    ax.fill_between(
+        x,
+        np.percentile(arr, 25, axis=0),
+        np.percentile(arr, 75, axis=0),
+        alpha=0.25,
+        label=f"25th-75th percentile over the {arr.shape[0]} sequences",
+    )
     ax.plot(x, arr.mean(0), lw=1.5, label=f"mean over the {arr.shape[0]} sequences")
     ax.axvline(L + 0.5, color="grey", ls="--", lw=1)
     top = float(arr.mean(0).max())
@@ -140,10 +167,15 @@ def loss_figure(losses: Tensor, repeat_len: int, title: str) -> Figure:
 
 
 def repeat_length_sweep(
-    model, lengths: Sequence[int], n_sequences: int, seed: int = 0, batch_size: int = 8,
+    model,
+    lengths: Sequence[int],
+    n_sequences: int,
+    seed: int = 0,
+    batch_size: int = 8,
     metrics: Sequence[str] = ("induction",),
 ) -> pd.DataFrame:
-    """Scan a repeat probe for each ``L`` in ``lengths``; the tidy scores with a ``repeat_len`` column."""
+    """Scan a repeat probe for each ``L`` in ``lengths``; the tidy scores with a ``repeat_len``
+    column."""
     from headscope.probes.pairs import repeat_probe
     from headscope.scanner.runner import scan
 
@@ -166,11 +198,12 @@ def sweep_figure(sweep: pd.DataFrame, heads: Sequence[str], metric: str = "induc
     ch = sub.groupby("repeat_len")["chance"].first()
     ax.plot(ch.index, ch.to_numpy(), color="grey", ls="--", label="chance")
     ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted(sub["repeat_len"].unique()), [str(v) for v in sorted(sub["repeat_len"].unique())])
+    ax.set_xticks(
+        sorted(sub["repeat_len"].unique()), [str(v) for v in sorted(sub["repeat_len"].unique())]
+    )
     ax.set_ylim(0, 1)
     ax.set_xlabel("repeat length L (tokens in R)")
     ax.set_ylabel(f"{metric} score")
     ax.set_title(f"{sub['model'].iloc[0]}: {metric} score against L", fontsize=10)
     ax.legend(fontsize=8, ncol=2)
     return fig
-

@@ -8,9 +8,10 @@ cache relies on (:func:`prefix_check`), and positions, not the formula, are what
 depend on word order (:func:`permutation_table`).
 
 Everything a model gives comes through :class:`headscope.models.model.Model`
-(:meth:`~headscope.models.model.Model.attention_activations`, :meth:`~headscope.models.model.Model.run_patterns`),
-so nothing here knows a hook name. Grouped-query models: query head ``h`` reads KV head
-``h // (n_heads // n_kv_heads)`` (:func:`~headscope.analysis.attention_math.repeat_kv`).
+(:meth:`~headscope.models.model.Model.attention_activations`,
+:meth:`~headscope.models.model.Model.run_patterns`), so nothing here knows a hook name.
+Grouped-query models: query head ``h`` reads KV head ``h // (n_heads // n_kv_heads)``
+(:func:`~headscope.analysis.attention_math.repeat_kv`).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def recompute_layer(
     ((4, 5, 8), (4, 5, 5), True)
     """
     q = acts.get("rot_q", acts["q"])  # [head, pos, d_head]
-    k = repeat_kv(acts.get("rot_k", acts["k"]), q.shape[0])  # [kv_head, pos, d_head] -> [head, pos, d_head]
+    # [kv_head, pos, d_head] -> [head, pos, d_head]
+    k = repeat_kv(acts.get("rot_k", acts["k"]), q.shape[0])
     v = repeat_kv(acts["v"], q.shape[0])  # [head, pos, d_head]
     return attention(q, k, v, causal=causal)  # [head, query, d_head], [head, query, key]
 
@@ -58,13 +60,16 @@ def recompute_check(model, ids: Sequence[int], layers: Sequence[int] | None = No
     acts = model.attention_activations(ids, layers)
     rows = []
     for layer in layers:
-        z, w = recompute_layer(acts[layer], model.causal)  # [head, query, d_head], [head, query, key]
-        rows.append({
-            "layer": layer,
-            "pattern_max_abs_diff": (w - acts[layer]["pattern"]).abs().max().item(),
-            "z_max_abs_diff": (z - acts[layer]["z"]).abs().max().item(),
-            "max_row_sum_err": (acts[layer]["pattern"].sum(-1) - 1).abs().max().item(),
-        })
+        # [head, query, d_head], [head, query, key]
+        z, w = recompute_layer(acts[layer], model.causal)
+        rows.append(
+            {
+                "layer": layer,
+                "pattern_max_abs_diff": (w - acts[layer]["pattern"]).abs().max().item(),
+                "z_max_abs_diff": (z - acts[layer]["z"]).abs().max().item(),
+                "max_row_sum_err": (acts[layer]["pattern"].sum(-1) - 1).abs().max().item(),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -93,15 +98,20 @@ def prefix_check(model, ids: Sequence[int]) -> pd.DataFrame:
     n = len(ids) - 1
     rows = []
     for layer in sorted(full):
-        rows.append({
-            "layer": layer,
-            "prefix_max_abs_diff": (full[layer][:, :n, :n] - prefix[layer]).abs().max().item(),
-            "new_key_max_weight": full[layer][:, :n, n].abs().max().item(),  # earlier rows, the new column
-        })
+        rows.append(
+            {
+                "layer": layer,
+                "prefix_max_abs_diff": (full[layer][:, :n, :n] - prefix[layer]).abs().max().item(),
+                # earlier rows, the new column
+                "new_key_max_weight": full[layer][:, :n, n].abs().max().item(),
+            }
+        )
     return pd.DataFrame(rows)
 
 
-def permutation_table(model, ids: Sequence[int], perm: Sequence[int], layer: int = 0) -> pd.DataFrame:
+def permutation_table(
+    model, ids: Sequence[int], perm: Sequence[int], layer: int = 0
+) -> pd.DataFrame:
     """Does shuffling the tokens just shuffle attention? Four ways of computing one layer.
 
     ``perm`` reorders ``ids`` (``ids[perm[i]]`` goes to position ``i``); keep position 0 (BOS)
@@ -110,7 +120,8 @@ def permutation_table(model, ids: Sequence[int], perm: Sequence[int], layer: int
 
     * ``queries, before positions``: the model's own pre-rotary ``q`` (output gap only);
     * ``from scratch, no positions, no mask``: attention on the model's pre-rotary q, k, v;
-    * ``from scratch, RoPE, no mask``: the same with the rotated ``rot_q``/``rot_k`` (rotary models);
+    * ``from scratch, RoPE, no mask``: the same with the rotated ``rot_q``/``rot_k`` (rotary
+      models);
     * ``the model (positions + mask)``: the model's own ``z`` and pattern.
     """
     perm = list(perm)
@@ -123,13 +134,28 @@ def permutation_table(model, ids: Sequence[int], perm: Sequence[int], layer: int
         return {"computation": name, "output_gap": gaps[0], "weights_gap": gaps[1]}
 
     def scratch(x: dict[str, Tensor], rotary: bool) -> tuple[Tensor, Tensor]:
-        q, k = (x["rot_q"], x["rot_k"]) if rotary else (x["q"], x["k"])  # [head, pos, d], [kv_head, pos, d]
+        # [head, pos, d], [kv_head, pos, d]
+        q, k = (x["rot_q"], x["rot_k"]) if rotary else (x["q"], x["k"])
         return attention(q, repeat_kv(k, n_heads), repeat_kv(x["v"], n_heads))  # no mask
 
-    rows = [row("queries, before positions", ((b["q"] - a["q"][:, idx]).abs().max().item(), math.nan)),
-            row("from scratch, no positions, no mask",
-                permutation_gap(*scratch(a, False), *scratch(b, False), perm))]
+    rows = [
+        row("queries, before positions", ((b["q"] - a["q"][:, idx]).abs().max().item(), math.nan)),
+        row(
+            "from scratch, no positions, no mask",
+            permutation_gap(*scratch(a, False), *scratch(b, False), perm),
+        ),
+    ]
     if "rot_q" in a:
-        rows.append(row("from scratch, RoPE, no mask", permutation_gap(*scratch(a, True), *scratch(b, True), perm)))
-    rows.append(row("the model (positions + mask)", permutation_gap(a["z"], a["pattern"], b["z"], b["pattern"], perm)))
+        rows.append(
+            row(
+                "from scratch, RoPE, no mask",
+                permutation_gap(*scratch(a, True), *scratch(b, True), perm),
+            )
+        )
+    rows.append(
+        row(
+            "the model (positions + mask)",
+            permutation_gap(a["z"], a["pattern"], b["z"], b["pattern"], perm),
+        )
+    )
     return pd.DataFrame(rows)

@@ -28,7 +28,9 @@ from headscope.uncertainty import STABLE
 CLARK_METRICS = ("sink", "separator", "punctuation")
 
 
-def layer_means(scores: pd.DataFrame, metrics: Sequence[str] = CLARK_METRICS, run: str | None = None) -> pd.DataFrame:
+def layer_means(
+    scores: pd.DataFrame, metrics: Sequence[str] = CLARK_METRICS, run: str | None = None
+) -> pd.DataFrame:
     """Per (metric, layer): the mean and max score over the layer's heads, and the chance value.
 
     ``run`` names the table in a ``run`` column (default: its model name), so tables of several
@@ -37,19 +39,31 @@ def layer_means(scores: pd.DataFrame, metrics: Sequence[str] = CLARK_METRICS, ru
     """
     missing = [m for m in metrics if m not in set(scores["metric"])]
     if missing:
-        raise HeadscopeError(f"No rows for {', '.join(missing)}; this table has: {', '.join(scores['metric'].unique())}.")
+        raise HeadscopeError(
+            f"No rows for {', '.join(missing)}; this table has: "
+            f"{', '.join(scores['metric'].unique())}."
+        )
     sub = scores[scores["metric"].isin(metrics)]
-    out = (sub.groupby(["model", "metric", "layer"], sort=False)
-              .agg(mean=("score", "mean"), max=("score", "max"), chance=("chance", "first"),
-                   heads=("score", "size"))
-              .reset_index())
+    out = (
+        sub.groupby(["model", "metric", "layer"], sort=False)
+        .agg(
+            mean=("score", "mean"),
+            max=("score", "max"),
+            chance=("chance", "first"),
+            heads=("score", "size"),
+        )
+        .reset_index()
+    )
     out.insert(0, "run", run if run is not None else out["model"])
     order = {m: i for i, m in enumerate(metrics)}
-    return out.sort_values(["metric", "layer"], key=lambda c: c.map(order) if c.name == "metric" else c,
-                           kind="stable").reset_index(drop=True)
+    return out.sort_values(
+        ["metric", "layer"], key=lambda c: c.map(order) if c.name == "metric" else c, kind="stable"
+    ).reset_index(drop=True)
 
 
-def layer_curves(table: pd.DataFrame, panels: str = "run", lines: str = "metric", title: str | None = None) -> Figure:
+def layer_curves(
+    table: pd.DataFrame, panels: str = "run", lines: str = "metric", title: str | None = None
+) -> Figure:
     """Per-layer mean curves from :func:`layer_means` tables (concatenated).
 
     One panel per value of ``panels``, one line per value of ``lines``; each line's chance value is
@@ -57,7 +71,9 @@ def layer_curves(table: pd.DataFrame, panels: str = "run", lines: str = "metric"
     """
     for col in (panels, lines):
         if col not in table.columns:
-            raise HeadscopeError(f"layer_curves: no column '{col}'; use one of {', '.join(table.columns)}.")
+            raise HeadscopeError(
+                f"layer_curves: no column '{col}'; use one of {', '.join(table.columns)}."
+            )
     groups = list(dict.fromkeys(table[panels]))
     fig = Figure(figsize=(4.6 * len(groups), 3.6), layout="constrained")
     axes = fig.subplots(1, len(groups), squeeze=False)[0]
@@ -67,7 +83,14 @@ def layer_curves(table: pd.DataFrame, panels: str = "run", lines: str = "metric"
             colour = f"C{i}"
             ax.plot(line["layer"], line["mean"], marker="o", ms=3, color=colour, label=str(name))
             ax.plot(line["layer"], line["chance"], ls="--", lw=0.8, color=colour)
-        ax.plot([], [], ls="--", lw=0.8, color="0.4", label="chance (a uniform head),\nin the line's colour")
+        ax.plot(
+            [],
+            [],
+            ls="--",
+            lw=0.8,
+            color="0.4",
+            label="chance (a uniform head),\nin the line's colour",
+        )
         ax.set_ylim(0, 1)
         ax.set_xlabel("layer")
         ax.set_ylabel("mean score over the layer's heads")
@@ -77,8 +100,12 @@ def layer_curves(table: pd.DataFrame, panels: str = "run", lines: str = "metric"
     return fig
 
 
-def side_by_side(runs: Mapping[str, pd.DataFrame], metric: str | Mapping[str, str], title: str | None = None,
-                 vmax: float | None = None) -> Figure:
+def side_by_side(
+    runs: Mapping[str, pd.DataFrame],
+    metric: str | Mapping[str, str],
+    title: str | None = None,
+    vmax: float | None = None,
+) -> Figure:
     """Layer x head heatmaps of several tables (``{label: scores}``) in one figure.
 
     ``metric`` is one metric for every panel, or ``{label: metric}`` to draw a different metric
@@ -106,8 +133,14 @@ def side_by_side(runs: Mapping[str, pd.DataFrame], metric: str | Mapping[str, st
         if vmax is not None:
             im.set_clim(0.0, vmax)
     metrics = list(dict.fromkeys(chosen.values()))
-    bar = fig.colorbar(im, ax=list(axes), shrink=0.8,
-                       label=colour_label(metrics[0]) if len(metrics) == 1 else "score (" + ", ".join(metrics) + ")")
+    bar = fig.colorbar(
+        im,
+        ax=list(axes),
+        shrink=0.8,
+        label=colour_label(metrics[0])
+        if len(metrics) == 1
+        else "score (" + ", ".join(metrics) + ")",
+    )
     chances = {}
     for label, scores in runs.items():
         sub = scores[scores["metric"] == chosen[label]]
@@ -115,14 +148,36 @@ def side_by_side(runs: Mapping[str, pd.DataFrame], metric: str | Mapping[str, st
             chances.setdefault(round(float(sub["chance"].iloc[0]), 3), []).append(label)
     for value, labels in chances.items():
         bar.ax.axhline(value, color="red", lw=1.2)
-        bar.ax.text(1.05, value, f"chance {value:.3f}" + (f" ({', '.join(labels)})" if len(chances) > 1 else ""),
-                    transform=bar.ax.get_yaxis_transform(), fontsize=6, color="red", va="bottom")
-    if any((_unstable(s, chosen[label]) & _labelled(s, chosen[label])).any() for label, s in runs.items()):
-        fig.legend(handles=[Patch(facecolor="none", edgecolor="0.45", hatch="///",
-                                  label=f"hatched: label stability < {STABLE} (bootstrap over sequences)")],
-                   loc="lower center", fontsize=7, frameon=False)
-    fig.suptitle(title or (metric if isinstance(metric, str) else ", ".join(dict.fromkeys(chosen.values()))),
-                 fontsize=11)
+        bar.ax.text(
+            1.05,
+            value,
+            f"chance {value:.3f}" + (f" ({', '.join(labels)})" if len(chances) > 1 else ""),
+            transform=bar.ax.get_yaxis_transform(),
+            fontsize=6,
+            color="red",
+            va="bottom",
+        )
+    if any(
+        (_unstable(s, chosen[label]) & _labelled(s, chosen[label])).any()
+        for label, s in runs.items()
+    ):
+        fig.legend(
+            handles=[
+                Patch(
+                    facecolor="none",
+                    edgecolor="0.45",
+                    hatch="///",
+                    label=f"hatched: label stability < {STABLE} (bootstrap over sequences)",
+                )
+            ],
+            loc="lower center",
+            fontsize=7,
+            frameon=False,
+        )
+    fig.suptitle(
+        title or (metric if isinstance(metric, str) else ", ".join(dict.fromkeys(chosen.values()))),
+        fontsize=11,
+    )
     return fig
 
 
@@ -146,13 +201,22 @@ def labelled_heads(scores: pd.DataFrame, max_names: int | None = 12) -> pd.DataF
         names = list(sub["head_name"])
         shown = names if max_names is None else names[:max_names]
         more = f", ... ({len(names) - len(shown)} more)" if len(shown) < len(names) else ""
-        row = {"model": sub["model"].iloc[0], "label": sub["label"].iloc[0], "metric": metric,
-               "heads": len(sub), "names": ", ".join(shown) + more}
+        row = {
+            "model": sub["model"].iloc[0],
+            "label": sub["label"].iloc[0],
+            "metric": metric,
+            "heads": len(sub),
+            "names": ", ".join(shown) + more,
+        }
         if with_stability:
             row["stable"] = int((sub["stability"] >= STABLE).sum())
             edge = every[(every["stability"] > 1 - STABLE) & (every["stability"] < STABLE)]
             edge = edge.sort_values("score", ascending=below)
-            row["borderline"] = ", ".join(f"{h} ({s:.2f})" for h, s in zip(edge["head_name"], edge["stability"], strict=True))
+            row["borderline"] = ", ".join(
+                f"{h} ({s:.2f})" for h, s in zip(edge["head_name"], edge["stability"], strict=True)
+            )
         rows.append(row)
-    columns = ["model", "label", "metric", "heads", "names"] + (["stable", "borderline"] if with_stability else [])
+    columns = ["model", "label", "metric", "heads", "names"] + (
+        ["stable", "borderline"] if with_stability else []
+    )
     return pd.DataFrame(rows, columns=columns)

@@ -1,8 +1,8 @@
 """Independent cross-check of a headscope run directory.
 
-Recomputes every (metric, layer, head) score, its chance value and its n from ``tokens.jsonl`` alone,
-with plain Hugging Face eager attention (one sequence at a time, no padding; token_type_ids only
-where the run saved them, i.e. a scan with ``--token-types``), from
+Recomputes every (metric, layer, head) score, its chance value and its n from ``tokens.jsonl``
+alone, with plain Hugging Face eager attention (one sequence at a time, no padding; token_type_ids
+only where the run saved them, i.e. a scan with ``--token-types``), from
 the metric definitions (``headscope/catalog.py``), and compares with ``scores.csv``.
 
     python scripts/recompute_scores.py RUN_DIR [--model-dir DIR] [--tol 1e-3]      # the command
@@ -73,8 +73,9 @@ def model_folder(meta: dict, model_dir: str | os.PathLike | None = None) -> str:
         return name
     if ref and str(ref).startswith("hf:"):  # a hub model, read from the local HF cache
         return str(ref)[3:]
-    raise SystemExit(f"cannot locate the model of this run (model={name!r}, source={ref!r}); "
-                     "pass --model-dir")
+    raise SystemExit(
+        f"cannot locate the model of this run (model={name!r}, source={ref!r}); pass --model-dir"
+    )
 
 
 def load(folder: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
@@ -86,8 +87,11 @@ def load(folder: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
     kw = dict(dtype=dtype, attn_implementation="eager")
     if cfg.model_type == "bert":
         model, causal = BertModel.from_pretrained(folder, **kw), False
-    elif "CausalLM" in archs or "LMHeadModel" in archs or cfg.model_type in ("gpt2", "llama", "gpt_neox",
-                                                                                "gemma3_text"):
+    elif (
+        "CausalLM" in archs
+        or "LMHeadModel" in archs
+        or cfg.model_type in ("gpt2", "llama", "gpt_neox", "gemma3_text")
+    ):
         model, causal = AutoModelForCausalLM.from_pretrained(folder, **kw), True
     else:
         model = AutoModel.from_pretrained(folder, **kw)
@@ -109,8 +113,11 @@ def layer_windows(cfg, n_layers: int, causal: bool) -> list[int | None]:
     if types is not None:
         types = list(types)
         if len(types) != n_layers or not set(types) <= {"full_attention", "sliding_attention"}:
-            raise SystemExit(f"layer_types {sorted(set(types))} for {n_layers} layers: only full_attention and "
-                             "sliding_attention are modelled here")
+            raise SystemExit(
+                f"layer_types {sorted(set(types))} for {n_layers} layers: only "
+                "full_attention and "
+                "sliding_attention are modelled here"
+            )
         windows = [int(window) if t == "sliding_attention" else None for t in types]
     elif window is not None and getattr(cfg, "use_sliding_window", True):
         windows = [int(window)] * n_layers
@@ -139,7 +146,8 @@ def is_punctuation(text: str) -> bool:
 
 
 class Acc:
-    """Per-head running sums of f, per-layer sums of chance, and the pair count n, for one metric."""
+    """Per-head running sums of f, per-layer sums of chance, and the pair count n, for one
+    metric."""
 
     def __init__(self, n_layers: int, n_heads: int):
         self.f = np.zeros((n_layers, n_heads))
@@ -156,13 +164,24 @@ class Acc:
         if self.n == 0:
             return np.full_like(self.f, np.nan), np.full_like(self.chance, np.nan), 0
         score = np.full_like(self.f, np.nan) if nan_score else self.f / self.n
-        return score, (np.full_like(self.chance, np.nan) if nan_score else self.chance / self.n), self.n
+        return (
+            score,
+            (np.full_like(self.chance, np.nan) if nan_score else self.chance / self.n),
+            self.n,
+        )
 
 
-def attentions(model, ids: list[int], device: str, token_types: list[int] | None = None) -> torch.Tensor:
-    """[layer, head, query, key] float64, one sequence, no padding; ``token_types`` fed when given."""
+def attentions(
+    model, ids: list[int], device: str, token_types: list[int] | None = None
+) -> torch.Tensor:
+    """[layer, head, query, key] float64, one sequence, no padding; ``token_types`` fed when
+    given."""
     x = torch.tensor([ids], dtype=torch.long, device=device)
-    extra = {} if token_types is None else {"token_type_ids": torch.tensor([token_types], device=device)}
+    extra = (
+        {}
+        if token_types is None
+        else {"token_type_ids": torch.tensor([token_types], device=device)}
+    )
     # The bare transformer of a *ForCausalLM: same attention, no unembedding (~20% of the time).
     body = getattr(model, "base_model", model) or model
     with torch.no_grad():
@@ -179,8 +198,15 @@ def _per_layer(windows: list[int | None], fn) -> np.ndarray:
     return np.array([memo[w] for w in windows], dtype=np.float64)
 
 
-def score_text(A: torch.Tensor, ids: list[int], causal: bool, sep_id, punct_ids: set, accs: dict,
-               windows: list[int | None] | None = None):
+def score_text(
+    A: torch.Tensor,
+    ids: list[int],
+    causal: bool,
+    sep_id,
+    punct_ids: set,
+    accs: dict,
+    windows: list[int | None] | None = None,
+):
     n = len(ids)
     idx = torch.arange(n)
     windows = windows or [None] * A.shape[0]
@@ -188,25 +214,33 @@ def score_text(A: torch.Tensor, ids: list[int], causal: bool, sep_id, punct_ids:
 
     def uniform_sum(queries, keys):
         """Per layer: sum over ``queries`` of a uniform head's weight on key ``keys[i]``."""
+
         def one(w):
             vis = visibility(n, causal, w)
             return (vis[queries, keys].double() / vis[queries].sum(1)).sum().item()
+
         return _per_layer(windows, one)
 
     q = idx[1:]  # 1 <= q <= n-1
     accs["previous_token"].add(A[:, :, q, q - 1].sum(-1).numpy(), uniform_sum(q, q - 1), len(q))
     accs["sink"].add(A[:, :, q, 0].sum(-1).numpy(), uniform_sum(q, torch.zeros_like(q)), len(q))
     ent = -torch.special.xlogy(A[:, :, q, :], A[:, :, q, :]).sum(-1)  # 0 ln 0 = 0
-    accs["entropy"].add(ent.sum(-1).numpy(),
-                        _per_layer(windows, lambda w: torch.log(visibility(n, causal, w)[q].sum(1).double()).sum().item()),
-                        len(q))
+    accs["entropy"].add(
+        ent.sum(-1).numpy(),
+        _per_layer(
+            windows, lambda w: torch.log(visibility(n, causal, w)[q].sum(1).double()).sum().item()
+        ),
+        len(q),
+    )
 
     q = idx[:-1]  # 0 <= q <= n-2
     accs["next_token"].add(A[:, :, q, q + 1].sum(-1).numpy(), uniform_sum(q, q + 1), len(q))
 
     ids_t = torch.tensor(ids)
-    for name, key_ok in (("separator", ids_t == (sep_id if sep_id is not None else -1)),
-                         ("punctuation", torch.tensor([i in punct_ids for i in ids]))):
+    for name, key_ok in (
+        ("separator", ids_t == (sep_id if sep_id is not None else -1)),
+        ("punctuation", torch.tensor([i in punct_ids for i in ids])),
+    ):
         key_ok = key_ok.clone()
         key_ok[0] = False  # position 0 never counts as a separator/punctuation key
         M = visible & key_ok[None, :]  # [q, k] visible keys of the class
@@ -216,31 +250,50 @@ def score_text(A: torch.Tensor, ids: list[int], causal: bool, sep_id, punct_ids:
         def chance(w, key_ok=key_ok, qual=qual):
             vis = visibility(n, causal, w)
             return ((vis & key_ok[None, :]).sum(1).double() / vis.sum(1))[qual].sum().item()
+
         accs[name].add(f.numpy(), _per_layer(windows, chance), int(qual.sum()))
 
 
-def score_repeat(A: torch.Tensor, ids: list[int], L: int, causal: bool, accs: dict, where: str,
-                 windows: list[int | None] | None = None):
+def score_repeat(
+    A: torch.Tensor,
+    ids: list[int],
+    L: int,
+    causal: bool,
+    accs: dict,
+    where: str,
+    windows: list[int | None] | None = None,
+):
     n = len(ids)
     q = torch.arange(L + 1, 2 * L + 1)  # L+1 <= q <= 2L
     if int(q[-1]) >= n:
         raise ValueError(f"{where}: sequence of {n} tokens is too short for repeat_len {L}")
     if any(ids[i] != ids[i - L] for i in q.tolist()):
-        print(f"warning: {where}: token at q differs from token at q-L (not BOS+R+R?)", file=sys.stderr)
+        print(
+            f"warning: {where}: token at q differs from token at q-L (not BOS+R+R?)",
+            file=sys.stderr,
+        )
     windows = windows or [None] * A.shape[0]
 
     def chance(offset):
         def one(w):
             vis = visibility(n, causal, w)
             return (vis[q, q - offset].double() / vis[q].sum(1)).sum().item()
+
         return _per_layer(windows, one)
 
     accs["induction"].add(A[:, :, q, q - L + 1].sum(-1).numpy(), chance(L - 1), len(q))
     accs["duplicate_token"].add(A[:, :, q, q - L].sum(-1).numpy(), chance(L), len(q))
 
 
-def score_streaming(A: torch.Tensor, ids: list[int], causal: bool, accs: dict, sinks: int, window: int,
-                    windows: list[int | None]):
+def score_streaming(
+    A: torch.Tensor,
+    ids: list[int],
+    causal: bool,
+    accs: dict,
+    sinks: int,
+    window: int,
+    windows: list[int | None],
+):
     """Mass on keys k < sinks or q - window < k <= q, over queries sinks + window <= q <= n-1."""
     n = len(ids)
     q = torch.arange(sinks + window, n)
@@ -248,18 +301,27 @@ def score_streaming(A: torch.Tensor, ids: list[int], causal: bool, accs: dict, s
         accs["streaming"].add(np.zeros(A.shape[:2]), np.zeros(A.shape[0]), 0)
         return
     k = torch.arange(n)
-    band = (k[None, :] < sinks) | ((q[:, None] - k[None, :] < window) & (k[None, :] <= q[:, None]))  # [q, k]
+    # [q, k]
+    band = (k[None, :] < sinks) | ((q[:, None] - k[None, :] < window) & (k[None, :] <= q[:, None]))
     f = (A[:, :, q, :] * band.double()).sum(-1).sum(-1)
 
     def one(w):
         vis = visibility(n, causal, w)[q]
         return ((vis & band).sum(1).double() / vis.sum(1)).sum().item()
+
     accs["streaming"].add(f.numpy(), _per_layer(windows, one), len(q))
 
 
-def score_needle(A: torch.Tensor, ids: list[int], causal: bool, accs: dict, needle: dict,
-                 windows: list[int | None]):
-    """Answer query q = answer_start + j - 1 copies key needle_start + j: arg-max hit, and weight."""
+def score_needle(
+    A: torch.Tensor,
+    ids: list[int],
+    causal: bool,
+    accs: dict,
+    needle: dict,
+    windows: list[int | None],
+):
+    """Answer query q = answer_start + j - 1 copies key needle_start + j: arg-max hit, and
+    weight."""
     n = len(ids)
     j = torch.arange(int(needle["k"]))
     q = int(needle["answer_start"]) - 1 + j
@@ -270,6 +332,7 @@ def score_needle(A: torch.Tensor, ids: list[int], causal: bool, accs: dict, need
     def one(w):
         vis = visibility(n, causal, w)
         return (vis[q, key].double() / vis[q].sum(1)).sum().item()
+
     chance = _per_layer(windows, one)  # a head picking a visible key at random
     accs["retrieval"].add(hits.numpy(), chance, len(q))
     accs["retrieval_soft"].add(soft.numpy(), chance, len(q))
@@ -280,8 +343,9 @@ def read_tokens(run_dir: Path) -> list[dict]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
-def recompute(run_dir, model_dir=None, device: str = "cpu", progress: bool = False,
-              threads: int | None = 1) -> pd.DataFrame:
+def recompute(
+    run_dir, model_dir=None, device: str = "cpu", progress: bool = False, threads: int | None = 1
+) -> pd.DataFrame:
     """The recomputed long table of ``run_dir``: one row per (metric, layer, head).
 
     ``threads``: torch intra-op threads while recomputing (restored afterwards; None = leave as is).
@@ -302,19 +366,27 @@ def _recompute(run_dir: Path, model_dir, device: str, progress: bool) -> pd.Data
     dtype = getattr(torch, str(meta.get("dtype", "float32")))
     model, tok, causal = load(model_folder(meta, model_dir), dtype=dtype, device=device)
     if "causal" in meta and bool(meta["causal"]) != causal:
-        print(f"warning: metadata says causal={meta['causal']}, the model loaded here is "
-              f"causal={causal}", file=sys.stderr)
+        print(
+            f"warning: metadata says causal={meta['causal']}, the model loaded here is "
+            f"causal={causal}",
+            file=sys.stderr,
+        )
 
     sep_id = tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id
     records = read_tokens(run_dir)
     vocab_ids = sorted({i for r in records if r["probe"] == "text" for i in r["token_ids"]})
     punct_ids = {i for i in vocab_ids if is_punctuation(tok.decode([i]))}
 
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    cfg = (
+        model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    )
     windows = layer_windows(cfg, int(cfg.num_hidden_layers), causal)
     settings = meta.get("settings") or {}
-    scanned = set(pd.read_csv(run_dir / "scores.csv", usecols=["metric"]).metric) if (run_dir / "scores.csv").is_file() \
+    scanned = (
+        set(pd.read_csv(run_dir / "scores.csv", usecols=["metric"]).metric)
+        if (run_dir / "scores.csv").is_file()
         else set()
+    )
     long = bool(settings.get("long_context")) or bool(scanned & set(LONG_METRICS))
     sinks, window = int(settings.get("sinks", 4)), int(settings.get("window", 64))
     names = {**METRICS, **(LONG_METRICS if long else {})}
@@ -331,8 +403,15 @@ def _recompute(run_dir: Path, model_dir, device: str, progress: bool) -> pd.Data
         elif rec["probe"] == "needle":
             score_needle(A, ids, causal, accs, rec["needle"], windows)
         elif rec["probe"] == "repeat":
-            score_repeat(A, ids, int(rec["repeat_len"]), causal, accs,
-                         where=f"repeat sequence {rec.get('index')}", windows=windows)
+            score_repeat(
+                A,
+                ids,
+                int(rec["repeat_len"]),
+                causal,
+                accs,
+                where=f"repeat sequence {rec.get('index')}",
+                windows=windows,
+            )
         else:
             raise ValueError(f"unknown probe {rec['probe']!r} in tokens.jsonl line {j + 1}")
         if progress and (j + 1) % 16 == 0:
@@ -345,9 +424,19 @@ def _recompute(run_dir: Path, model_dir, device: str, progress: bool) -> pd.Data
         score, chance, n = accs[metric].result(nan_score=(metric == "next_token" and causal))
         for layer in range(score.shape[0]):
             for head in range(score.shape[1]):
-                rows.append(dict(model=meta.get("model"), metric=metric, probe=probe, layer=layer,
-                                 head=head, head_name=f"L{layer}H{head}",
-                                 score=float(score[layer, head]), chance=float(chance[layer]), n=n))
+                rows.append(
+                    dict(
+                        model=meta.get("model"),
+                        metric=metric,
+                        probe=probe,
+                        layer=layer,
+                        head=head,
+                        head_name=f"L{layer}H{head}",
+                        score=float(score[layer, head]),
+                        chance=float(chance[layer]),
+                        n=n,
+                    )
+                )
     return pd.DataFrame(rows)
 
 
@@ -371,30 +460,43 @@ def compare(ours: pd.DataFrame, theirs: pd.DataFrame, tol: float = 1e-3):
     only_run = m[m["_merge"] == "left_only"]
     only_re = m[m["_merge"] == "right_only"]
     if len(only_run):
-        problems.append(f"{len(only_run)} rows of scores.csv not recomputed "
-                        f"(metrics {sorted(only_run.metric.unique())})")
+        problems.append(
+            f"{len(only_run)} rows of scores.csv not recomputed "
+            f"(metrics {sorted(only_run.metric.unique())})"
+        )
     run_metrics = set(theirs.metric)
     missing = only_re[~only_re.metric.isin(run_metrics)].metric.unique()
     if len(missing):
         print(f"note: metrics not in scores.csv (not compared): {sorted(missing)}", file=sys.stderr)
     if len(only_re[only_re.metric.isin(run_metrics)]):
-        problems.append(f"{len(only_re[only_re.metric.isin(run_metrics)])} (metric, layer, head) "
-                        "rows missing from scores.csv")
+        problems.append(
+            f"{len(only_re[only_re.metric.isin(run_metrics)])} (metric, layer, head) "
+            "rows missing from scores.csv"
+        )
     both = m[m["_merge"] == "both"].copy()
     both["d_score"] = _diff(both.score_run, both.score_re)
     both["d_chance"] = _diff(both.chance_run, both.chance_re)
     both["n_bad"] = both.n_run.astype(int) != both.n_re.astype(int)
     summary = both.groupby("metric", sort=False).agg(
-        max_d_score=("d_score", "max"), max_d_chance=("d_chance", "max"),
-        n_run=("n_run", "first"), n_re=("n_re", "first"), n_mismatch=("n_bad", "sum"))
+        max_d_score=("d_score", "max"),
+        max_d_chance=("d_chance", "max"),
+        n_run=("n_run", "first"),
+        n_re=("n_re", "first"),
+        n_mismatch=("n_bad", "sum"),
+    )
     for metric, s in summary.iterrows():
         if not (s.max_d_score <= tol):
             worst = both[both.metric == metric].sort_values("d_score").iloc[-1]
-            problems.append(f"{metric}: score differs by {s.max_d_score:.3g} (worst L{worst.layer}H"
-                            f"{worst['head']}: run {float(worst.score_run):.8g}, recomputed {float(worst.score_re):.8g})")
+            problems.append(
+                f"{metric}: score differs by {s.max_d_score:.3g} (worst L{worst.layer}H"
+                f"{worst['head']}: run {float(worst.score_run):.8g}, recomputed "
+                f"{float(worst.score_re):.8g})"
+            )
         if not (s.max_d_chance <= tol):
             problems.append(f"{metric}: chance differs by {s.max_d_chance:.3g}")
         if s.n_mismatch:
-            problems.append(f"{metric}: n differs on {int(s.n_mismatch)} rows "
-                            f"(first: run {int(s.n_run)}, recomputed {int(s.n_re)})")
+            problems.append(
+                f"{metric}: n differs on {int(s.n_mismatch)} rows "
+                f"(first: run {int(s.n_run)}, recomputed {int(s.n_re)})"
+            )
     return summary, problems

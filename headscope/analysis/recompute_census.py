@@ -484,7 +484,8 @@ def rare_word_rows(hf, tok, causal: bool, seqs: list[list[int]]) -> dict:
 
 
 def recompute(run_dir, model_dir=None, progress=None) -> pd.DataFrame:
-    """Every census row of ``run_dir`` recomputed: ``metric, layer, head, score, chance, n, null``."""
+    """Every census row of ``run_dir`` recomputed: ``metric, layer, head, score, chance, n,
+    null``."""
     from headscope.analysis.recompute import model_folder
 
     say = progress or (lambda _m: None)

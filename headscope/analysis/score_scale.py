@@ -48,14 +48,26 @@ def dot_product_stats(
             k = torch.randn(m, d_k, generator=gen, dtype=torch.float64)  # [pair, d_k]
             dots.append((q * k).sum(-1))  # [pair]
         d = torch.cat(dots)  # [n_pairs]
-        rows.append({"d_k": d_k, "mean": d.mean().item(), "var": d.var().item(), "std": d.std().item(),
-                     "sqrt_d_k": math.sqrt(d_k), "std_scaled": (d / math.sqrt(d_k)).std().item()})
+        rows.append(
+            {
+                "d_k": d_k,
+                "mean": d.mean().item(),
+                "var": d.var().item(),
+                "std": d.std().item(),
+                "sqrt_d_k": math.sqrt(d_k),
+                "std_scaled": (d / math.sqrt(d_k)).std().item(),
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def peak_stats(
-    d_k: int = 128, n_keys: int = 8, n_trials: int = 20_000, seed: int = 0,
-    threshold: float = 0.99, chunk: int = 5_000,
+    d_k: int = 128,
+    n_keys: int = 8,
+    n_trials: int = 20_000,
+    seed: int = 0,
+    threshold: float = 0.99,
+    chunk: int = 5_000,
 ) -> pd.DataFrame:
     """The article's simulation: how often softmax puts > ``threshold`` of its weight on one key.
 
@@ -86,7 +98,16 @@ def peak_stats(
     for name in ("unscaled", "scaled"):
         top = torch.cat(tops[name])  # [n_trials]
         frac = (top > threshold).double().mean().item()
-        rows.append({"scores": name, "d_k": d_k, "n_keys": n_keys, "n_trials": n_trials,
-                     "frac_peaked": frac, "frac_peaked_se": math.sqrt(frac * (1 - frac) / n_trials),
-                     "mean_top": top.mean().item(), "mean_slope": torch.cat(slopes[name]).mean().item()})
+        rows.append(
+            {
+                "scores": name,
+                "d_k": d_k,
+                "n_keys": n_keys,
+                "n_trials": n_trials,
+                "frac_peaked": frac,
+                "frac_peaked_se": math.sqrt(frac * (1 - frac) / n_trials),
+                "mean_top": top.mean().item(),
+                "mean_slope": torch.cat(slopes[name]).mean().item(),
+            }
+        )
     return pd.DataFrame(rows)

@@ -72,11 +72,17 @@ def fit_quadratic(n: Sequence[float], seconds: Sequence[float]) -> dict[str, flo
     x = np.asarray(n, dtype=np.float64)  # [point]
     y = np.asarray(seconds, dtype=np.float64)  # [point]
     if x.ndim != 1 or x.shape != y.shape or not len(x):
-        raise HeadscopeError(f"fit_quadratic needs as many times as lengths, at least one; got {x.shape} "
-                             f"lengths and {y.shape} times.")
+        raise HeadscopeError(
+            "fit_quadratic needs as many times as lengths, at least one; got "
+            f"{x.shape} "
+            f"lengths and {y.shape} times."
+        )
     if not (np.isfinite(y).all() and (y > 0).all() and np.isfinite(x).all()):
-        raise HeadscopeError("fit_quadratic needs finite lengths and positive, finite times (it fits relative "
-                             "error, so a time of 0 cannot be used).")
+        raise HeadscopeError(
+            "fit_quadratic needs finite lengths and positive, finite times (it "
+            "fits relative "
+            "error, so a time of 0 cannot be used)."
+        )
     design = np.stack([np.ones_like(x), x, x**2], axis=1) / y[:, None]  # [point, term]
     target = np.ones_like(y)  # [point]: a perfect fit predicts each time exactly, ratio 1
     best: tuple[float, np.ndarray] | None = None

@@ -181,7 +181,11 @@ def census(
         (tmp / "summary.md").write_text("\n".join(ctx.summary) + "\n")
         if figures:  # tables first; a figure that cannot be drawn costs only itself
             optional(
-                "the figures", lambda: save_census_figures(frame, tmp, figure_formats), meta, "figures_skipped", say
+                "the figures",
+                lambda: save_census_figures(frame, tmp, figure_formats),
+                meta,
+                "figures_skipped",
+                say,
             )
         meta["timings"]["write_s"] = round(time.perf_counter() - t0, 3)
         meta["timings"]["total_s"] = round(time.perf_counter() - started, 3)

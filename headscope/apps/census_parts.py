@@ -99,7 +99,8 @@ def rows(
 
 
 def _pooled(sums: dict, n_seq: int, model) -> tuple[Tensor, Tensor]:
-    """``{(layer, head): (sums [seq], counts [seq])}`` -> ``(totals [seq, layer, head], counts [seq])``."""
+    """``{(layer, head): (sums [seq], counts [seq])}`` -> ``(totals [seq, layer, head], counts
+    [seq])``."""
     tot = torch.zeros(n_seq, model.n_layers, model.n_heads, dtype=torch.float64)
     cnt = torch.zeros(n_seq, dtype=torch.float64)
     for (layer, h), (s, c) in sums.items():
@@ -202,7 +203,8 @@ def syntax_part(ctx: Context) -> list[dict]:
         "## Syntax heads (Clark et al. 2019, section 4.2)",
         "",
         p.note() + ".",
-        f"{len(ss.sentences)} held-out sentences ({ss.settings['tokenize']} tokenization; left out: "
+        f"{len(ss.sentences)} held-out sentences ({ss.settings['tokenize']} tokenization; left "
+        "out: "
         f"{ss.left_out or 'none'}"
         + (
             f"; {ss.settings['differ_from_natural']} differ from the natural tokenization"
@@ -243,15 +245,19 @@ def table_markdown(table: pd.DataFrame, causal: bool) -> str:
     Clark's Table 1); decoders: each direction that keeps enough pairs, its count beside it."""
     sub = table if causal else table[table.direction == "either"]
     lines = [
-        "| relation | direction | count | best head | accuracy % [95% CI] | best offset | its accuracy % "
+        "| relation | direction | count | best head | accuracy % [95% CI] | best offset | its "
+        "accuracy % "
         "| difference [95% CI] |",
         "| --- | --- | ---: | --- | --- | ---: | ---: | --- |",
     ]
     for r in sub.itertuples():
         lines.append(
-            f"| {r.relation} | {r.direction if causal else r.head_direction} | {r.count} | {r.best_head} | "
-            f"{100 * r.accuracy:.1f} [{100 * r.ci_low:.1f}, {100 * r.ci_high:.1f}] | {r.offset:+d} | "
-            f"{100 * r.baseline:.1f} | {100 * r.difference:+.1f} [{100 * r.difference_ci_low:+.1f}, "
+            f"| {r.relation} | {r.direction if causal else r.head_direction} | {r.count} | "
+            f"{r.best_head} | "
+            f"{100 * r.accuracy:.1f} [{100 * r.ci_low:.1f}, {100 * r.ci_high:.1f}] | {r.offset:+d} "
+            "| "
+            f"{100 * r.baseline:.1f} | {100 * r.difference:+.1f} "
+            f"[{100 * r.difference_ci_low:+.1f}, "
             f"{100 * r.difference_ci_high:+.1f}] |"
         )
     return "\n".join(lines)
@@ -267,7 +273,8 @@ def _effect_probe(ctx: Context) -> Probe:
 
 
 def ablation(ctx: Context) -> list[dict]:
-    """Each head's whole-head mean-ablation effect on the text probe (text loss / embedding), once."""
+    """Each head's whole-head mean-ablation effect on the text probe (text loss / embedding),
+    once."""
     if ctx.ablation is not None or not ctx.settings.ablation:
         return []
     from headscope.effects.ablation import exact_effects, head_means
@@ -361,7 +368,8 @@ def noop_part(ctx: Context) -> list[dict]:
         la, h = divmod(i, model.n_heads)
         line = (
             f"| {head_name(la, h)} | {float(w.score[la, h]):.3f} [{float(bw.ci_low[la, h]):.3f}, "
-            f"{float(bw.ci_high[la, h]):.3f}] | {float(score[la, h]):.2e} [{float(b.ci_low[la, h]):.2e}, "
+            f"{float(bw.ci_high[la, h]):.3f}] | {float(score[la, h]):.2e} "
+            f"[{float(b.ci_low[la, h]):.2e}, "
             f"{float(b.ci_high[la, h]):.2e}] |"
         )
         ctx.summary.append(line + (f" {float(ab[la, h]):.2e} |" if ab is not None else ""))
@@ -423,7 +431,8 @@ def successor_part(ctx: Context) -> list[dict]:
         f"readout: {kind}; {r.count} pairs in {len(r.sets)} sets, chance {r.chance:.3f}; best head "
         f"{head_name(la, h)}: {float(r.score[la, h]):.3f} [{float(r.ci_low[la, h]):.3f}, "
         f"{float(r.ci_high[la, h]):.3f}], shuffled-map null mean {float(r.null_mean[la, h]):.3f} "
-        f"(95th percentile {float(r.null_q95[la, h]):.3f}); heads above their null's 95th percentile: "
+        f"(95th percentile {float(r.null_q95[la, h]):.3f}); heads above their null's 95th "
+        "percentile: "
         f"{int((r.score > r.null_q95).sum())} of {model.n_layers * model.n_heads}.",
         "",
     ]
@@ -483,7 +492,8 @@ def copy_suppression_part(ctx: Context) -> list[dict]:
     ctx.summary += [
         "## Copy suppression (McDougall et al. 2023)",
         "",
-        f"readout: {kind}; {r.count} first-copy positions; chance {r.chance:.2e}; control = another "
+        f"readout: {kind}; {r.count} first-copy positions; chance {r.chance:.2e}; control = "
+        "another "
         "token of R among the k lowest.",
         "",
         "| head | copy_suppression [95% CI] | control |"
@@ -518,9 +528,12 @@ def rare_word_part(ctx: Context) -> list[dict]:
     ctx.summary += [
         "## Rare-word heads (Voita et al. 2019; their NMT head: 66%)",
         "",
-        f"{int(got.count)} text queries; chance 1/(keys counted) = {float(got.chance_at(0)):.3f} (a head "
-        f"picking a counted key uniformly hits {ties:.3f}, ties counted); best head {head_name(la, h)}: "
-        f"{float(got.score[la, h]):.3f} [{float(b.ci_low[la, h]):.3f}, {float(b.ci_high[la, h]):.3f}].",
+        f"{int(got.count)} text queries; chance 1/(keys counted) = {float(got.chance_at(0)):.3f} "
+        "(a head "
+        f"picking a counted key uniformly hits {ties:.3f}, ties counted); best head "
+        f"{head_name(la, h)}: "
+        f"{float(got.score[la, h]):.3f} [{float(b.ci_low[la, h]):.3f}, "
+        f"{float(b.ci_high[la, h]):.3f}].",
         "",
     ]
     ctx.meta["rare_word"] = {
@@ -544,7 +557,8 @@ def rare_word_part(ctx: Context) -> list[dict]:
 
 
 def tied_chance(model, probe: Probe) -> float:
-    """The hit rate of a head picking one counted key uniformly: mean of (rarest keys) / (keys counted)."""
+    """The hit rate of a head picking one counted key uniformly: mean of (rarest keys) / (keys
+    counted)."""
     from headscope.probes.unigrams import unigram_counts
 
     table = unigram_counts(model).tolist()

@@ -6,7 +6,8 @@
 >>> CensusSettings(parts=("nope",))
 Traceback (most recent call last):
 ...
-headscope.errors.HeadscopeError: Unknown census part 'nope'. Did you mean: noop? Use any of syntax, noop, successor, copy_suppression, rare_word.
+headscope.errors.HeadscopeError: Unknown census part 'nope'. Did you mean: noop? Use any of syntax,
+noop, successor, copy_suppression, rare_word.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ PARTS = ("syntax", "noop", "successor", "copy_suppression", "rare_word")
 TOKENIZE = ("natural", "words")
 #: How successor and copy suppression read a head's output: ``auto`` = the unembedding where the
 #: model has a trained one (decoders; encoders: not measured, NaN rows saying why), ``unembedding``
-#: (refused for encoders), ``embeddings`` = through the input embeddings, rows named ``*_embeddings``.
+#: (refused for encoders), ``embeddings`` = through the input embeddings, rows named
+# ``*_embeddings``.
 READOUTS = ("auto", "unembedding", "embeddings")
 ENGINES = ("blocked", "hooks")  # word maps need each head's full pattern
 

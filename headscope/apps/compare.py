@@ -38,7 +38,8 @@ from headscope.result import fmt, head_name, model_slug
 
 
 def read_run(path: str | Path):
-    """A saved run (:func:`headscope.rundir.store.load_run`, which explains a missing or non-run folder)."""
+    """A saved run (:func:`headscope.rundir.store.load_run`, which explains a missing or non-run
+    folder)."""
     from headscope.rundir.store import load_run
 
     return load_run(path)
@@ -52,8 +53,11 @@ def run_labels(models: Sequence[str], paths: Sequence[Path]) -> list[str]:
     >>> run_labels(["m", "m"], [Path("runs/m-s0"), Path("runs/m-s1")])
     ['m-s0', 'm-s1']
     """
-    for labels in ([model_slug(m) for m in models], [p.name for p in paths],
-                   [f"{p.parent.name}/{p.name}" for p in paths]):
+    for labels in (
+        [model_slug(m) for m in models],
+        [p.name for p in paths],
+        [f"{p.parent.name}/{p.name}" for p in paths],
+    ):
         if len(set(labels)) == len(labels):
             return labels
     return [f"{model_slug(m)}#{i}" for i, m in enumerate(models)]
@@ -63,13 +67,17 @@ def load_runs(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
     """Read two or more distinct run directories into ``{label: scores}`` (in the order given)."""
     paths = [Path(p) for p in paths]
     if len(paths) < 2:
-        raise HeadscopeError(f"compare needs at least two run directories, got {len(paths)}; "
-                             "e.g. headscope compare runs/a runs/b.")
+        raise HeadscopeError(
+            f"compare needs at least two run directories, got {len(paths)}; "
+            "e.g. headscope compare runs/a runs/b."
+        )
     seen: dict[Path, Path] = {}
     for p in paths:
         key = p.resolve()
         if key in seen:
-            raise HeadscopeError(f"'{seen[key]}' and '{p}' are the same run directory; give distinct runs.")
+            raise HeadscopeError(
+                f"'{seen[key]}' and '{p}' are the same run directory; give distinct runs."
+            )
         seen[key] = p
     results = [read_run(p) for p in paths]
     labels = run_labels([r.model_name for r in results], paths)
@@ -99,14 +107,25 @@ def summary(runs: dict[str, pd.DataFrame]) -> pd.DataFrame:
             if sub.empty:
                 continue
             valid = sub[sub["score"].notna()]
-            top = valid.loc[valid["score"].idxmin() if below else valid["score"].idxmax()] if len(valid) else None
-            rows.append({
-                "metric": metric, "run": label, "model": str(sub["model"].iloc[0]),
-                "heads": len(sub), "max": sub["score"].max(), "mean": sub["score"].mean(),
-                "labelled": int((sub["label"] != "").sum()), "chance": float(sub["chance"].iloc[0]),
-                "top_head": _head_name(top) if top is not None else "",
-                "top_score": float(top["score"]) if top is not None else float("nan"),
-            })
+            top = (
+                valid.loc[valid["score"].idxmin() if below else valid["score"].idxmax()]
+                if len(valid)
+                else None
+            )
+            rows.append(
+                {
+                    "metric": metric,
+                    "run": label,
+                    "model": str(sub["model"].iloc[0]),
+                    "heads": len(sub),
+                    "max": sub["score"].max(),
+                    "mean": sub["score"].mean(),
+                    "labelled": int((sub["label"] != "").sum()),
+                    "chance": float(sub["chance"].iloc[0]),
+                    "top_head": _head_name(top) if top is not None else "",
+                    "top_score": float(top["score"]) if top is not None else float("nan"),
+                }
+            )
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
@@ -128,31 +147,66 @@ def head_differences(runs: dict[str, pd.DataFrame], k: int | None = None) -> pd.
     ``k`` largest per metric. Needs :func:`same_shape`.
     """
     if not same_shape(runs):
-        raise HeadscopeError("Per-head differences need runs with the same layers x heads; these differ "
-                             f"({', '.join(f'{k}: {_shape(s)}' for k, s in runs.items())}).")
+        raise HeadscopeError(
+            "Per-head differences need runs with the same layers x heads; these "
+            "differ "
+            f"({', '.join(f'{k}: {_shape(s)}' for k, s in runs.items())})."
+        )
     labels = list(runs)
     common = [m for m in metric_order(runs) if all((s["metric"] == m).any() for s in runs.values())]
     parts = []
     with_ci = all({"ci_low", "ci_high"} <= set(s.columns) for s in runs.values())
     for metric in common:
-        wide = pd.concat({label: runs[label][runs[label]["metric"] == metric].set_index(["layer", "head"])["score"]
-                          for label in labels}, axis=1).dropna()  # [(layer, head), run]
-        diff = wide[labels[1]] - wide[labels[0]] if len(labels) == 2 else wide.max(axis=1) - wide.min(axis=1)
+        wide = pd.concat(
+            {
+                label: runs[label][runs[label]["metric"] == metric].set_index(["layer", "head"])[
+                    "score"
+                ]
+                for label in labels
+            },
+            axis=1,
+        ).dropna()  # [(layer, head), run]
+        diff = (
+            wide[labels[1]] - wide[labels[0]]
+            if len(labels) == 2
+            else wide.max(axis=1) - wide.min(axis=1)
+        )
         part = wide.assign(diff=diff, abs_diff=diff.abs())
-        if with_ci:  # the runs' intervals do not all overlap: a difference beyond the sampling noise
-            lows = pd.concat({la: runs[la][runs[la]["metric"] == metric].set_index(["layer", "head"])["ci_low"]
-                              for la in labels}, axis=1).reindex(part.index)
-            highs = pd.concat({la: runs[la][runs[la]["metric"] == metric].set_index(["layer", "head"])["ci_high"]
-                               for la in labels}, axis=1).reindex(part.index)
+        # the runs' intervals do not all overlap: a difference beyond the sampling noise
+        if with_ci:
+            lows = pd.concat(
+                {
+                    la: runs[la][runs[la]["metric"] == metric].set_index(["layer", "head"])[
+                        "ci_low"
+                    ]
+                    for la in labels
+                },
+                axis=1,
+            ).reindex(part.index)
+            highs = pd.concat(
+                {
+                    la: runs[la][runs[la]["metric"] == metric].set_index(["layer", "head"])[
+                        "ci_high"
+                    ]
+                    for la in labels
+                },
+                axis=1,
+            ).reindex(part.index)
             part["beyond_ci"] = (lows.max(axis=1) > highs.min(axis=1)) & lows.notna().all(axis=1)
         part = part.reset_index()
         part = part.sort_values(["abs_diff", "layer", "head"], ascending=[False, True, True])
         if k is not None:
             part = part.head(k)
         part.insert(0, "metric", metric)
-        part.insert(3, "head_name", [head_name(la, h) for la, h in zip(part["layer"], part["head"], strict=True)])
+        part.insert(
+            3,
+            "head_name",
+            [head_name(la, h) for la, h in zip(part["layer"], part["head"], strict=True)],
+        )
         parts.append(part)
-    cols = ["metric", "layer", "head", "head_name", *labels, "diff", "abs_diff"] + (["beyond_ci"] if with_ci else [])
+    cols = ["metric", "layer", "head", "head_name", *labels, "diff", "abs_diff"] + (
+        ["beyond_ci"] if with_ci else []
+    )
     return pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)
 
 
@@ -163,11 +217,16 @@ def _shape(scores: pd.DataFrame) -> str:
 def format_summary(table: pd.DataFrame) -> str:
     """The :func:`summary` table as plain text for stdout."""
     w = max([12, *(len(r) for r in table["run"])])
-    lines = [f"{'metric':<16} {'run':<{w}} {'max':>7} {'mean':>7} {'labelled':>9} {'chance':>7}  top head"]
+    lines = [
+        f"{'metric':<16} {'run':<{w}} {'max':>7} {'mean':>7} {'labelled':>9} {'chance':>7}  "
+        "top head"
+    ]
     for r in table.itertuples():
         top = f"{r.top_head} {fmt(r.top_score)}" if r.top_head else ""
-        lines.append(f"{r.metric:<16} {r.run:<{w}} {fmt(r.max):>7} {fmt(r.mean):>7} "
-                     f"{f'{r.labelled}/{r.heads}':>9} {fmt(r.chance):>7}  {top}")
+        lines.append(
+            f"{r.metric:<16} {r.run:<{w}} {fmt(r.max):>7} {fmt(r.mean):>7} "
+            f"{f'{r.labelled}/{r.heads}':>9} {fmt(r.chance):>7}  {top}"
+        )
     return "\n".join(lines)
 
 
@@ -177,11 +236,15 @@ def format_differences(diffs: pd.DataFrame, labels: Sequence[str], k: int = 3) -
     lines = [f"largest per-head differences ({what}):"]
     for metric, sub in diffs.groupby("metric", sort=False):
         sign = "+" if len(labels) == 2 else ""  # a spread is never negative
-        items = ", ".join(f"{r.head_name} {r.diff:{sign}.3f}" + ("*" if getattr(r, "beyond_ci", False) else "")
-                          for r in sub.head(k).itertuples())
+        items = ", ".join(
+            f"{r.head_name} {r.diff:{sign}.3f}" + ("*" if getattr(r, "beyond_ci", False) else "")
+            for r in sub.head(k).itertuples()
+        )
         lines.append(f"  {metric:<16} {items}")
     if "beyond_ci" in diffs and bool(diffs["beyond_ci"].fillna(False).astype(bool).any()):
-        lines.append("  * the runs' bootstrap intervals do not overlap: a difference beyond sampling noise")
+        lines.append(
+            "  * the runs' bootstrap intervals do not overlap: a difference beyond sampling noise"
+        )
     return "\n".join(lines)
 
 
@@ -195,7 +258,8 @@ def _vrange(metric: str, values: np.ndarray) -> tuple[float, float]:
 
 
 def distribution_figure(runs: dict[str, pd.DataFrame]) -> Figure:
-    """Per metric, each run's head scores as a box with every head drawn as a dot; chance as a dash."""
+    """Per metric, each run's head scores as a box with every head drawn as a dot; chance as a
+    dash."""
     metrics = metric_order(runs)
     labels = list(runs)
     cols = min(4, len(metrics))
@@ -205,23 +269,54 @@ def distribution_figure(runs: dict[str, pd.DataFrame]) -> Figure:
     rng = np.random.default_rng(0)  # jitter only; a local generator, no global RNG
     for i, metric in enumerate(metrics):
         ax = fig.add_subplot(rows, cols, i + 1)
-        values = [runs[la].loc[runs[la]["metric"] == metric, "score"].to_numpy(dtype=float) for la in labels]
+        values = [
+            runs[la].loc[runs[la]["metric"] == metric, "score"].to_numpy(dtype=float)
+            for la in labels
+        ]
         finite = [v[np.isfinite(v)] for v in values]
         pos = [j for j, v in enumerate(finite) if len(v)]
         if pos:
-            ax.boxplot([finite[j] for j in pos], positions=pos, widths=0.5, showfliers=False,
-                       medianprops={"color": "black"})
+            ax.boxplot(
+                [finite[j] for j in pos],
+                positions=pos,
+                widths=0.5,
+                showfliers=False,
+                medianprops={"color": "black"},
+            )
         for j, v in enumerate(finite):
-            ax.scatter(j + rng.uniform(-0.15, 0.15, len(v)), v, s=8, alpha=0.6, color=f"C{j % 10}", zorder=3,
-                       label=labels[j])
+            ax.scatter(
+                j + rng.uniform(-0.15, 0.15, len(v)),
+                v,
+                s=8,
+                alpha=0.6,
+                color=f"C{j % 10}",
+                zorder=3,
+                label=labels[j],
+            )
             sub = runs[labels[j]][runs[labels[j]]["metric"] == metric]
             if len(sub) and np.isfinite(sub["chance"].iloc[0]):
-                ax.hlines(float(sub["chance"].iloc[0]), j - 0.35, j + 0.35, colors="grey", linestyles="--")
+                ax.hlines(
+                    float(sub["chance"].iloc[0]), j - 0.35, j + 0.35, colors="grey", linestyles="--"
+                )
             if len(sub) and not len(v):
-                ax.text(j, 0.5, "NaN", ha="center", va="center", fontsize=8, transform=ax.get_xaxis_transform())
+                ax.text(
+                    j,
+                    0.5,
+                    "NaN",
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    transform=ax.get_xaxis_transform(),
+                )
         lo, hi = _vrange(metric, np.concatenate(values))
         ax.set_ylim(lo - 0.02 * (hi - lo), hi + 0.02 * (hi - lo))
-        ax.set_xticks(range(len(labels)), labels, rotation=30 if len(labels) > 2 else 0, ha="right" if len(labels) > 2 else "center", fontsize=8)
+        ax.set_xticks(
+            range(len(labels)),
+            labels,
+            rotation=30 if len(labels) > 2 else 0,
+            ha="right" if len(labels) > 2 else "center",
+            fontsize=8,
+        )
         ax.set_xlim(-0.6, len(labels) - 0.4)
         ax.set_title(metric + (" (nats)" if metric == "entropy" else ""), fontsize=10)
     fig.suptitle("head scores per run (dot = one head, dashed = chance)")
@@ -243,19 +338,26 @@ def difference_limit(d: np.ndarray) -> float:
 
 
 def difference_figure(runs: dict[str, pd.DataFrame]) -> Figure:
-    """Two runs of the same shape: per metric, a layer x head heatmap of ``second - first``, its colour
+    """Two runs of the same shape: per metric, a layer x head heatmap of ``second - first``, its
+    colour
     range the metric's largest difference (written in the colour bar's label)."""
     from headscope.report.figures import draw_matrix, write_cells
 
     if len(runs) != 2 or not same_shape(runs):
-        raise HeadscopeError("A difference heatmap needs exactly two runs with the same layers x heads.")
+        raise HeadscopeError(
+            "A difference heatmap needs exactly two runs with the same layers x heads."
+        )
     (la, a), (lb, b) = runs.items()
-    metrics = [m for m in metric_order(runs) if (a["metric"] == m).any() and (b["metric"] == m).any()]
+    metrics = [
+        m for m in metric_order(runs) if (a["metric"] == m).any() and (b["metric"] == m).any()
+    ]
     cols = min(4, len(metrics))
     rows = math.ceil(len(metrics) / cols)
     n_layers, n_heads = a["layer"].nunique(), a["head"].nunique()
-    fig = Figure(figsize=(max(3.4, 0.3 * n_heads + 2.0) * cols, max(2.8, 0.18 * n_layers + 1.4) * rows),
-                 layout="constrained")
+    fig = Figure(
+        figsize=(max(3.4, 0.3 * n_heads + 2.0) * cols, max(2.8, 0.18 * n_layers + 1.4) * rows),
+        layout="constrained",
+    )
     for i, metric in enumerate(metrics):
         ax = fig.add_subplot(rows, cols, i + 1)
         pa = a[a["metric"] == metric].pivot(index="layer", columns="head", values="score")
@@ -264,8 +366,13 @@ def difference_figure(runs: dict[str, pd.DataFrame]) -> Figure:
         lim = difference_limit(d)
         im = draw_matrix(ax, d, "RdBu_r", -lim, lim)
         if n_layers * n_heads <= 400:
-            write_cells(ax, d, np.abs(np.nan_to_num(d)) >= 0.25 * lim, fmt="{:+.2f}",
-                        dark=lambda v, lim=lim: abs(v) > 0.6 * lim)
+            write_cells(
+                ax,
+                d,
+                np.abs(np.nan_to_num(d)) >= 0.25 * lim,
+                fmt="{:+.2f}",
+                dark=lambda v, lim=lim: abs(v) > 0.6 * lim,
+            )
         if not np.isfinite(d).any():
             ax.text(0.5, 0.5, "NaN", transform=ax.transAxes, ha="center", va="center")
         ax.set_title(metric, fontsize=10)
@@ -277,8 +384,20 @@ def difference_figure(runs: dict[str, pd.DataFrame]) -> Figure:
 # ------------------------------------------------------------------------------ writing
 
 
-SUMMARY_COLUMNS = ["metric", "run", "model", "heads", "max", "mean", "labelled", "chance", "top_head", "top_score"]
-_OLD_SUMMARY_HEADER = "metric,run,model,heads,max,mean,labelled,chance,top_head"  # before top_score: still ours
+SUMMARY_COLUMNS = [
+    "metric",
+    "run",
+    "model",
+    "heads",
+    "max",
+    "mean",
+    "labelled",
+    "chance",
+    "top_head",
+    "top_score",
+]
+# before top_score: still ours
+_OLD_SUMMARY_HEADER = "metric,run,model,heads,max,mean,labelled,chance,top_head"
 
 
 def check_folder(out: str | Path) -> Path:
@@ -289,8 +408,13 @@ def check_folder(out: str | Path) -> Path:
     return out
 
 
-def write_comparison(runs: dict[str, pd.DataFrame], out: str | Path, dpi: int = 110, say=None,
-                     figure_formats: Sequence[str] = ("png",)) -> list[Path]:
+def write_comparison(
+    runs: dict[str, pd.DataFrame],
+    out: str | Path,
+    dpi: int = 110,
+    say=None,
+    figure_formats: Sequence[str] = ("png",),
+) -> list[Path]:
     """Write ``compare.csv``, ``distributions.png`` and, for runs of one shape, ``head_diffs.csv``
     (and, for two runs, ``difference.png``) into ``out``; return the paths. The figures are
     written in each of ``figure_formats`` (png, svg, pdf).
@@ -308,22 +432,35 @@ def write_comparison(runs: dict[str, pd.DataFrame], out: str | Path, dpi: int = 
     formats = check_figure_formats(figure_formats)
     wanted = [out / n for n in names if n in tables or n in figures]
     targets = [f for t in wanted for f in ([t] if t.name in tables else figure_files(t, formats))]
-    every = [f for n in names
-             for f in ([out / n] if n.endswith(".csv") else figure_files(out / n, FIGURE_FORMATS))]
+    every = [
+        f
+        for n in names
+        for f in ([out / n] if n.endswith(".csv") else figure_files(out / n, FIGURE_FORMATS))
+    ]
     stale = [f for f in every if f not in targets and f.exists()]
     # head_diffs.csv's header names the runs: any runs' table of ours has this head and tail
-    headers = {"compare.csv": lambda line: line in (",".join(SUMMARY_COLUMNS), _OLD_SUMMARY_HEADER),
-               "head_diffs.csv": lambda line: line.startswith("metric,layer,head,head_name,")
-               and line.endswith((",diff,abs_diff", ",diff,abs_diff,beyond_ci"))}
+    headers = {
+        "compare.csv": lambda line: line in (",".join(SUMMARY_COLUMNS), _OLD_SUMMARY_HEADER),
+        "head_diffs.csv": lambda line: (
+            line.startswith("metric,layer,head,head_name,")
+            and line.endswith((",diff,abs_diff", ",diff,abs_diff,beyond_ci"))
+        ),
+    }
     check_replaceable(targets + stale, headers)
     out.mkdir(parents=True, exist_ok=True)
-    for path in stale:  # an earlier comparison's file that this one does not write: ours, and out of date
+    # an earlier comparison's file that this one does not write: ours, and out of date
+    for path in stale:
         path.unlink()
     written = []
-    for path in [t for t in targets if t.name in tables]:  # the tables first: a figure cannot cost them
+    # the tables first: a figure cannot cost them
+    for path in [t for t in targets if t.name in tables]:
         table = tables[path.name]
-        written.append(write_atomic(path, lambda tmp, t=table: t.to_csv(tmp, index=False, float_format="%.8g",
-                                                                          na_rep="NaN")))
+        written.append(
+            write_atomic(
+                path,
+                lambda tmp, t=table: t.to_csv(tmp, index=False, float_format="%.8g", na_rep="NaN"),
+            )
+        )
     notes: dict = {}
     for path in [t for t in wanted if t.name in figures]:
         draw = lambda p=path: save_figure(figures[p.name](runs), p, dpi, formats)  # noqa: E731
@@ -332,8 +469,12 @@ def write_comparison(runs: dict[str, pd.DataFrame], out: str | Path, dpi: int = 
     return written
 
 
-def compare_dirs(run_dirs: Sequence[str | Path], out: str | Path | None = None, top: int = 3,
-                 figure_formats: Sequence[str] = ("png",)) -> tuple[str, list[Path]]:
+def compare_dirs(
+    run_dirs: Sequence[str | Path],
+    out: str | Path | None = None,
+    top: int = 3,
+    figure_formats: Sequence[str] = ("png",),
+) -> tuple[str, list[Path]]:
     """``headscope compare``: read the runs, write the comparison to ``out``; return (text, paths).
 
     ``out`` defaults to ``./compare-<A>-vs-<B>``; the text is the summary table and, for runs of
@@ -344,22 +485,33 @@ def compare_dirs(run_dirs: Sequence[str | Path], out: str | Path | None = None, 
     runs = load_runs(run_dirs)
     labels = list(runs)
     if out is None:
-        name = "-vs-".join(model_slug(la) for la in labels) if len(labels) <= 3 else f"{len(labels)}-runs"
+        name = (
+            "-vs-".join(model_slug(la) for la in labels)
+            if len(labels) <= 3
+            else f"{len(labels)}-runs"
+        )
         out = Path(f"compare-{name}")
     check_folder(out)
     text = [format_summary(summary(runs))]
     if not same_shape(runs):
         text.append("runs differ in layers x heads: no per-head differences.")
     elif identical(runs):
-        text.append(f"the {len(runs)} runs are identical: every head has the same score in each (differences all 0).")
+        text.append(
+            f"the {len(runs)} runs are identical: every head has the same score in each "
+            "(differences all 0)."
+        )
     elif top:
         text.append(format_differences(head_differences(runs, k=top), labels, k=top))
     return "\n".join(text), write_comparison(runs, out, figure_formats=figure_formats)
 
 
 def identical(runs: dict[str, pd.DataFrame]) -> bool:
-    """Whether every run holds the same scores for the same (metric, layer, head)s (NaN equal to NaN)."""
+    """Whether every run holds the same scores for the same (metric, layer, head)s (NaN equal to
+    NaN)."""
     tables = [s.set_index(["metric", "layer", "head"])["score"].sort_index() for s in runs.values()]
     first = tables[0]
-    return all(t.index.equals(first.index) and np.array_equal(t.to_numpy(float), first.to_numpy(float), equal_nan=True)
-               for t in tables[1:])
+    return all(
+        t.index.equals(first.index)
+        and np.array_equal(t.to_numpy(float), first.to_numpy(float), equal_nan=True)
+        for t in tables[1:]
+    )

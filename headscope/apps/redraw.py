@@ -21,9 +21,11 @@ def run_figure_formats(run) -> tuple[str, ...]:
     return tuple(found) or ("png",)
 
 
-def redraw(run_dir: str | Path, out: str | Path | None = None,
-           formats: Sequence[str] | None = None) -> list[Path]:
-    """``headscope plot``: redraw every figure of a saved run from its ``scores.csv``, without the model.
+def redraw(
+    run_dir: str | Path, out: str | Path | None = None, formats: Sequence[str] | None = None
+) -> list[Path]:
+    """``headscope plot``: redraw every figure of a saved run from its ``scores.csv``, without the
+    model.
 
     ``out`` defaults to the run directory itself (its figures are replaced); elsewhere, a file of
     the same name is replaced only if headscope wrote it (:mod:`headscope.files`). ``formats``
@@ -32,18 +34,25 @@ def redraw(run_dir: str | Path, out: str | Path | None = None,
     formats = figure_formats(formats) if formats else run_figure_formats(run)
     target = Path(out) if out is not None else Path(run_dir)
     if target.exists() and not target.is_dir():
-        raise HeadscopeError(f"--out '{target}' exists and is not a directory; choose another --out.")
+        raise HeadscopeError(
+            f"--out '{target}' exists and is not a directory; choose another --out."
+        )
     if target.resolve() != Path(run_dir).resolve():
         check_replaceable([target / name for name in figure_names(run.scores, formats)])
     # n per probe, for the titles: tokens.jsonl when the run has it, else metadata.json.
     n_sequences = {p.name: len(p) for p in run.probes} or {
-        name: s.get("n_sequences") for name, s in run.metadata.get("probes", {}).items()}
-    return save_figures(run.scores, target, n_sequences=n_sequences, thresholds=run.thresholds,
-                        formats=formats)
+        name: s.get("n_sequences") for name, s in run.metadata.get("probes", {}).items()
+    }
+    return save_figures(
+        run.scores, target, n_sequences=n_sequences, thresholds=run.thresholds, formats=formats
+    )
 
 
-def rebuild_report(run_dir: str | Path, out: str | Path | None = None, figures: bool | None = None) -> Path:
-    """``headscope report``: write a saved run's ``report.html`` again from its files, without the model.
+def rebuild_report(
+    run_dir: str | Path, out: str | Path | None = None, figures: bool | None = None
+) -> Path:
+    """``headscope report``: write a saved run's ``report.html`` again from its files, without the
+    model.
 
     ``out`` defaults to ``RUN_DIR/report.html``; elsewhere, a file of that name is replaced only if
     headscope wrote it (:mod:`headscope.files`). ``figures`` defaults to what the run has (its
@@ -51,14 +60,25 @@ def rebuild_report(run_dir: str | Path, out: str | Path | None = None, figures: 
     run = load_run(run_dir)  # one line when run_dir is not a run
     target = Path(out) if out is not None else Path(run_dir) / REPORT
     if target.suffix.lower() not in (".html", ".htm"):
-        raise HeadscopeError(f"--out '{target}' must name an .html file, e.g. {target.with_suffix('.html')}.")
+        raise HeadscopeError(
+            f"--out '{target}' must name an .html file, e.g. {target.with_suffix('.html')}."
+        )
     if target.is_dir():
-        raise HeadscopeError(f"--out '{target}' is a directory; name the page to write, e.g. {target / REPORT}.")
+        raise HeadscopeError(
+            f"--out '{target}' is a directory; name the page to write, e.g. {target / REPORT}."
+        )
     if not target.parent.is_dir():
-        raise HeadscopeError(f"--out '{target}': folder '{target.parent}' does not exist; create it or choose another --out.")
+        raise HeadscopeError(
+            f"--out '{target}': folder '{target.parent}' does not exist; create "
+            "it or choose another --out."
+        )
     if target.parent.resolve() != Path(run_dir).resolve() and is_run_dir(target.parent):
-        raise HeadscopeError(f"--out '{target}' is inside another run directory ('{target.parent}'); its page is "
-                             f"that run's. Rebuild it with `headscope report {target.parent}`, or choose another --out.")
+        raise HeadscopeError(
+            f"--out '{target}' is inside another run directory "
+            f"('{target.parent}'); its page is "
+            f"that run's. Rebuild it with `headscope report {target.parent}`, or "
+            "choose another --out."
+        )
     check_replaceable([target])  # in place too: a page of the user's own is never replaced
     if figures is None:
         drawn = tuple(f".{f}" for f in FIGURE_FORMATS)
@@ -67,4 +87,6 @@ def rebuild_report(run_dir: str | Path, out: str | Path | None = None, figures: 
     try:
         return write_atomic(target, lambda tmp: tmp.write_text(page, encoding="utf-8"))
     except OSError as exc:
-        raise HeadscopeError(f"Cannot write '{target}' ({exc.strerror or exc}); choose another --out.") from None
+        raise HeadscopeError(
+            f"Cannot write '{target}' ({exc.strerror or exc}); choose another --out."
+        ) from None

@@ -40,8 +40,11 @@ def default_out_path(model_name: str, layer: int, head: int) -> Path:
 _HEAD_RE = re.compile(r"^\s*(?:L\s*)?(\d+)\s*(?:\.|H)\s*(\d+)\s*$", re.IGNORECASE)
 
 
-def parse_head(spec: str, n_layers: int | None = None, n_heads: int | None = None) -> tuple[int, int]:
-    """``"3.2"`` (or ``"L3H2"``) -> ``(3, 2)``, 0-based; checked against the model's shape when given.
+def parse_head(
+    spec: str, n_layers: int | None = None, n_heads: int | None = None
+) -> tuple[int, int]:
+    """``"3.2"`` (or ``"L3H2"``) -> ``(3, 2)``, 0-based; checked against the model's shape when
+    given.
 
     Without ``n_layers``/``n_heads`` only the form is checked (the CLI does that before it spends
     seconds loading the model, then checks the range).
@@ -51,10 +54,13 @@ def parse_head(spec: str, n_layers: int | None = None, n_heads: int | None = Non
     >>> parse_head("3-2", 30, 9)
     Traceback (most recent call last):
     ...
-    headscope.errors.HeadscopeError: Head '3-2' is not LAYER.HEAD; write it like 3.2 (layers 0..29, heads 0..8).
+    headscope.errors.HeadscopeError: Head '3-2' is not LAYER.HEAD; write it like 3.2 (layers 0..29,
+    heads 0..8).
     """
     sized = n_layers is not None and n_heads is not None
-    valid = f"layers 0..{n_layers - 1}, heads 0..{n_heads - 1}" if sized else "0-based layer, then head"
+    valid = (
+        f"layers 0..{n_layers - 1}, heads 0..{n_heads - 1}" if sized else "0-based layer, then head"
+    )
     m = _HEAD_RE.match(spec)
     if m is None:
         nums = [int(x) for x in re.findall(r"\d+", spec)]
@@ -62,11 +68,15 @@ def parse_head(spec: str, n_layers: int | None = None, n_heads: int | None = Non
             nums = [0, 0]
         if sized:
             nums = [min(nums[0], n_layers - 1), min(nums[1], n_heads - 1)]
-        raise HeadscopeError(f"Head '{spec}' is not LAYER.HEAD; write it like {nums[0]}.{nums[1]} ({valid}).")
+        raise HeadscopeError(
+            f"Head '{spec}' is not LAYER.HEAD; write it like {nums[0]}.{nums[1]} ({valid})."
+        )
     layer, head = int(m.group(1)), int(m.group(2))
     if sized and (layer >= n_layers or head >= n_heads):
         nearest = f"{min(layer, n_layers - 1)}.{min(head, n_heads - 1)}"
-        raise HeadscopeError(f"Head '{spec}' is out of range: the model has {valid}; nearest valid: {nearest}.")
+        raise HeadscopeError(
+            f"Head '{spec}' is out of range: the model has {valid}; nearest valid: {nearest}."
+        )
     return layer, head
 
 
@@ -91,11 +101,17 @@ def _patterns(model, text: str, layer: int, heads: list[int]) -> list[HeadPatter
 
     body = model.encode(text)
     if not body:
-        raise HeadscopeError("The text has no tokens; give a non-empty --text, e.g. 'The river bank flooded'.")
+        raise HeadscopeError(
+            "The text has no tokens; give a non-empty --text, e.g. 'The river bank flooded'."
+        )
     ids = model.wrap(body)
     if len(ids) > model.n_ctx:
-        raise HeadscopeError(f"The text is {len(ids)} tokens with special tokens, longer than the model's "
-                             f"context ({model.n_ctx}); shorten it to at most {model.n_ctx - (len(ids) - len(body))} tokens.")
+        raise HeadscopeError(
+            f"The text is {len(ids)} tokens with special tokens, longer than the "
+            "model's "
+            f"context ({model.n_ctx}); shorten it to at most "
+            f"{model.n_ctx - (len(ids) - len(body))} tokens."
+        )
     tokens = torch.tensor([ids], dtype=torch.long)  # [1, pos]
     mask = torch.ones_like(tokens, dtype=torch.bool)  # [1, pos]
     kept: dict = {}  # "p": numpy [head, query, key]
@@ -105,21 +121,40 @@ def _patterns(model, text: str, layer: int, heads: list[int]) -> list[HeadPatter
 
     model.run_patterns(tokens, mask, on_pattern, layers=[layer])
     labels = [display_token(s) for s in model.str_tokens(ids)]
-    return [HeadPattern(model=model.name, layer=layer, head=h, text=text, token_ids=list(ids), tokens=labels,
-                        pattern=kept["p"][i], causal=model.causal) for i, h in enumerate(heads)]
+    return [
+        HeadPattern(
+            model=model.name,
+            layer=layer,
+            head=h,
+            text=text,
+            token_ids=list(ids),
+            tokens=labels,
+            pattern=kept["p"][i],
+            causal=model.causal,
+        )
+        for i, h in enumerate(heads)
+    ]
 
 
 def check_layer(layer: int, n_layers: int) -> int:
     """A 0-based layer index, or one line naming the valid range and the nearest layer."""
     if not 0 <= layer < n_layers:
         nearest = min(max(layer, 0), n_layers - 1)
-        raise HeadscopeError(f"Layer {layer} is out of range: the model has layers 0..{n_layers - 1}; "
-                             f"nearest valid: {nearest}.")
+        raise HeadscopeError(
+            f"Layer {layer} is out of range: the model has layers "
+            f"0..{n_layers - 1}; "
+            f"nearest valid: {nearest}."
+        )
     return layer
 
 
-def write_views(hp: HeadPattern | list[HeadPattern], out: str | Path, html_view: bool = False,
-                dpi: int = 130, figure_formats: Sequence[str] | None = None) -> list[Path]:
+def write_views(
+    hp: HeadPattern | list[HeadPattern],
+    out: str | Path,
+    html_view: bool = False,
+    dpi: int = 130,
+    figure_formats: Sequence[str] | None = None,
+) -> list[Path]:
     """Write the figure to ``out`` (.png, .svg or .pdf; with ``figure_formats``, ``out``'s name in
     each of them) and, with ``html_view``, ``out`` as .html.
     ``hp``: one head, or every head of a layer (:func:`layer_patterns`).
@@ -144,10 +179,19 @@ def write_views(hp: HeadPattern | list[HeadPattern], out: str | Path, html_view:
     return paths
 
 
-def show_head(model, head: str, text: str = DEFAULT_TEXT, out: str | Path | None = None, html_view: bool = False,
-              device: str = "auto", dtype: str | None = None, progress=None,
-              figure_formats: Sequence[str] | None = None) -> list[Path]:
-    """``headscope show``: draw head ``head`` (``"L.H"``) of ``model`` on ``text``; return the paths written.
+def show_head(
+    model,
+    head: str,
+    text: str = DEFAULT_TEXT,
+    out: str | Path | None = None,
+    html_view: bool = False,
+    device: str = "auto",
+    dtype: str | None = None,
+    progress=None,
+    figure_formats: Sequence[str] | None = None,
+) -> list[Path]:
+    """``headscope show``: draw head ``head`` (``"L.H"``) of ``model`` on ``text``; return the paths
+    written.
 
     Every mistake that needs no model (the head's form, ``out``'s suffix, an empty text, a file in
     the way, default path included) is refused before the model loads; the head's range is
@@ -163,20 +207,31 @@ def show_head(model, head: str, text: str = DEFAULT_TEXT, out: str | Path | None
     if html_view:
         check_replaceable([target.with_suffix(".html")])
     if not text.strip():
-        raise HeadscopeError(f"{setting('text')} is empty; give a sentence, e.g. 'The river bank flooded'.")
+        raise HeadscopeError(
+            f"{setting('text')} is empty; give a sentence, e.g. 'The river bank flooded'."
+        )
     from headscope.models.loading import (
         load_model,  # torch and transformers: only once every check passed
     )
 
     m = load_model(model, device=device, dtype=dtype, progress=progress)
     layer, h = parse_head(head, m.n_layers, m.n_heads)
-    return write_views(head_pattern(m, text, layer, h), target, html_view=html_view,
-                       figure_formats=figure_formats)
+    return write_views(
+        head_pattern(m, text, layer, h), target, html_view=html_view, figure_formats=figure_formats
+    )
 
 
-def show_layer(model, layer: int, text: str = DEFAULT_TEXT, out: str | Path | None = None,
-               html_view: bool = False, device: str = "auto", dtype: str | None = None,
-               progress=None, figure_formats: Sequence[str] | None = None) -> list[Path]:
+def show_layer(
+    model,
+    layer: int,
+    text: str = DEFAULT_TEXT,
+    out: str | Path | None = None,
+    html_view: bool = False,
+    device: str = "auto",
+    dtype: str | None = None,
+    progress=None,
+    figure_formats: Sequence[str] | None = None,
+) -> list[Path]:
     """``headscope show --layer L``: every head of layer ``layer`` in one figure (and one page with
     ``html_view``); return the paths written. Checks that need no model come first."""
     if layer < 0:
@@ -190,7 +245,9 @@ def show_layer(model, layer: int, text: str = DEFAULT_TEXT, out: str | Path | No
     if html_view:
         check_replaceable([target.with_suffix(".html")])
     if not text.strip():
-        raise HeadscopeError(f"{setting('text')} is empty; give a sentence, e.g. 'The river bank flooded'.")
+        raise HeadscopeError(
+            f"{setting('text')} is empty; give a sentence, e.g. 'The river bank flooded'."
+        )
     from headscope.models.loading import load_model
 
     m = load_model(model, device=device, dtype=dtype, progress=progress)
@@ -208,17 +265,24 @@ def check_figure_path(out: str | Path, figure_formats: Sequence[str] | None = No
     that ``figure_formats`` (when given) leaves out, or is a file headscope did not write."""
     out = Path(out)
     if out.suffix.lower() not in FIGURE_SUFFIXES:
-        raise HeadscopeError(f"{setting('out')} '{out}' must end in {', '.join(FIGURE_SUFFIXES)}; "
-                             f"e.g. {out.with_suffix('.png')}.")
+        raise HeadscopeError(
+            f"{setting('out')} '{out}' must end in {', '.join(FIGURE_SUFFIXES)}; "
+            f"e.g. {out.with_suffix('.png')}."
+        )
     if out.is_dir():
-        raise HeadscopeError(f"{setting('out')} '{out}' is a directory; give a file name such as {out / 'head.png'}.")
+        raise HeadscopeError(
+            f"{setting('out')} '{out}' is a directory; give a file name such as {out / 'head.png'}."
+        )
     if figure_formats:
         formats = figure_formats_of(figure_formats)
         if out.suffix.lower().lstrip(".") not in formats:
             kind = out.suffix.lstrip(".").lower()
             nearest = out.with_suffix("." + formats[0])
-            raise HeadscopeError(f"{setting('out')} '{out}' is a {kind} file but --figure-format is "
-                                 f"{','.join(formats)}; give --out {nearest} "
-                                 f"or add {kind} to --figure-format.")
+            raise HeadscopeError(
+                f"{setting('out')} '{out}' is a {kind} file but --figure-format "
+                "is "
+                f"{','.join(formats)}; give --out {nearest} "
+                f"or add {kind} to --figure-format."
+            )
     check_replaceable(figure_files(out, figure_formats or None))
     return out

@@ -4,7 +4,8 @@ Every job is one ordinary scan (:func:`headscope.scanner.runner.scan_to_dir`) wr
 ``OUT/runs/<job>/``; the sweep then gathers every job's ``scores.csv`` into one tidy atlas
 (``atlas.csv``, ``atlas.parquet``) with ``job, model, source, checkpoint, step, seed, setting``
 columns, and draws each labelled head's score against the training step (``steps.png``) and the
-models side by side (``models.png``), one pair per probe setting (``steps-s1.png``, ... after the first).
+models side by side (``models.png``), one pair per probe setting (``steps-s1.png``, ... after the
+first).
 
 * Rerunning resumes: a job whose run directory exists is finished (it appears only complete) and
   is skipped, but only when the spec still asks for the scan it ran (same source, same settings,
@@ -89,11 +90,19 @@ def _fail(spec: Path, msg: str):
 def _keys(spec: Path, table: dict, allowed, where: str) -> None:
     for key in table:
         if key not in allowed:
-            _fail(spec, f"unknown key '{key}' in {where}.{did_you_mean(key, allowed)} Allowed: {', '.join(allowed)}.")
+            _fail(
+                spec,
+                f"unknown key '{key}' in {where}.{did_you_mean(key, allowed)} Allowed: "
+                f"{', '.join(allowed)}.",
+            )
 
 
 def _list_of(spec: Path, value, kind, what: str) -> list:
-    if not isinstance(value, list) or not value or not all(isinstance(v, kind) and not isinstance(v, bool) for v in value):
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(v, kind) and not isinstance(v, bool) for v in value)
+    ):
         _fail(spec, f"{what} must be a non-empty list of {kind.__name__}s, got {value!r}.")
     return value
 
@@ -114,10 +123,14 @@ def read_spec(path: str | Path) -> list[Job]:
         try:
             import tomli as tomllib
         except ImportError:
-            raise HeadscopeError("Reading a sweep spec needs Python 3.11+ (tomllib) or pip install tomli.") from None
+            raise HeadscopeError(
+                "Reading a sweep spec needs Python 3.11+ (tomllib) or pip install tomli."
+            ) from None
     spec = Path(path)
     if not spec.is_file():
-        raise HeadscopeError(f"Sweep spec '{spec}' does not exist; give a TOML file (see `headscope sweep --help`).")
+        raise HeadscopeError(
+            f"Sweep spec '{spec}' does not exist; give a TOML file (see `headscope sweep --help`)."
+        )
     try:
         data = tomllib.loads(spec.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
@@ -131,7 +144,11 @@ def read_spec(path: str | Path) -> list[Job]:
     config_keys = [f.name for f in fields(ScanConfig) if f.name != "seed"]
     _keys(spec, scan, config_keys, "[scan]")
     settings = data.get("settings", [{}])
-    if not isinstance(settings, list) or not settings or not all(isinstance(s, dict) for s in settings):
+    if (
+        not isinstance(settings, list)
+        or not settings
+        or not all(isinstance(s, dict) for s in settings)
+    ):
         _fail(spec, "[[settings]] must be tables of probe settings.")
     for s in settings:
         _keys(spec, s, PROBE_KEYS, "[[settings]]")
@@ -149,10 +166,12 @@ def read_spec(path: str | Path) -> list[Job]:
         _keys(spec, run, CHECKPOINT_KEYS, "[[checkpoints]]")
         model = run.get("model")
         if not isinstance(model, str) or not model:
-            _fail(spec, "every [[checkpoints]] table needs model = \"NAME\".")
+            _fail(spec, 'every [[checkpoints]] table needs model = "NAME".')
         given = [k for k in ("folders", "glob", "revisions") if k in run]
         if len(given) != 1:
-            _fail(spec, f"[[checkpoints]] of {model} needs exactly one of folders, glob or revisions.")
+            _fail(
+                spec, f"[[checkpoints]] of {model} needs exactly one of folders, glob or revisions."
+            )
         if "revisions" in run:
             revs = _list_of(spec, run["revisions"], str, "revisions")
             found = [(r, f"{model}@{r}") for r in revs]
@@ -186,7 +205,10 @@ def read_spec(path: str | Path) -> list[Job]:
     ids = [j.id for j in jobs]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
-        _fail(spec, f"two jobs would share the run directory '{dupes[0]}'; give the models distinct names.")
+        _fail(
+            spec,
+            f"two jobs would share the run directory '{dupes[0]}'; give the models distinct names.",
+        )
     return jobs
 
 
@@ -197,7 +219,8 @@ def _record(job: Job) -> dict:
 
 def _check_resume(out: Path, jobs: list[Job]) -> list[dict]:
     """A finished job is reused only when this spec asks for the very scan it ran (same source, same
-    settings); otherwise one line, before anything is written, and nothing of the old sweep is touched.
+    settings); otherwise one line, before anything is written, and nothing of the old sweep is
+    touched.
 
     Returns the records of finished jobs this spec no longer names, kept in ``sweep.json`` so that a
     later spec naming them again can still reuse them."""
@@ -208,8 +231,11 @@ def _check_resume(out: Path, jobs: list[Job]) -> list[dict]:
         record = json.loads(marker.read_text())
         before = {j["id"]: j for j in record["jobs"] + record.get("earlier_jobs", [])}
     except (OSError, ValueError, KeyError, TypeError):
-        raise HeadscopeError(f"'{marker}' is unreadable, so the finished jobs in '{out}' cannot be matched to this "
-                             "spec; sweep into a new --out.") from None
+        raise HeadscopeError(
+            f"'{marker}' is unreadable, so the finished jobs in '{out}' cannot be "
+            "matched to this "
+            "spec; sweep into a new --out."
+        ) from None
     finished = [j for j in jobs if (out / "runs" / j.id / "scores.csv").is_file()]
     for job in finished:
         now, old = _record(job), before.get(job.id)
@@ -217,17 +243,27 @@ def _check_resume(out: Path, jobs: list[Job]) -> list[dict]:
             what = "a run this sweep's record does not list"
         else:
             keys = sorted({*now["config"], *old.get("config", {})})
-            changed = [f"{k} {old.get('config', {}).get(k)!r} -> {now['config'].get(k)!r}"
-                       for k in keys if old.get("config", {}).get(k) != now["config"].get(k)]
+            changed = [
+                f"{k} {old.get('config', {}).get(k)!r} -> {now['config'].get(k)!r}"
+                for k in keys
+                if old.get("config", {}).get(k) != now["config"].get(k)
+            ]
             if old.get("source") != now["source"]:
                 changed.insert(0, f"source {old.get('source')!r} -> {now['source']!r}")
             if not changed:
                 continue
             what = "other settings (" + ", ".join(changed) + ")"
-        raise HeadscopeError(f"Job {job.id} in '{out}' was run with {what}; sweep into a new --out, or delete "
-                             f"'{out / 'runs' / job.id}' to run it again.")
+        raise HeadscopeError(
+            f"Job {job.id} in '{out}' was run with {what}; sweep into a new "
+            "--out, or delete "
+            f"'{out / 'runs' / job.id}' to run it again."
+        )
     named = {j.id for j in jobs}
-    return [r for i, r in before.items() if i not in named and (out / "runs" / i / "scores.csv").is_file()]
+    return [
+        r
+        for i, r in before.items()
+        if i not in named and (out / "runs" / i / "scores.csv").is_file()
+    ]
 
 
 def run_job(job: Job, out_dir: str) -> str:
@@ -240,15 +276,24 @@ def run_job(job: Job, out_dir: str) -> str:
 
 def _check_out(out: Path) -> None:
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MARKER).is_file())):
-        raise HeadscopeError(f"'{out}' exists and is not a headscope sweep; choose another --out (a sweep's own "
-                             "folder is resumed).")
+        raise HeadscopeError(
+            f"'{out}' exists and is not a headscope sweep; choose another --out "
+            "(a sweep's own "
+            "folder is resumed)."
+        )
 
 
-def run_sweep(spec: str | Path, out: str | Path, address: str | None = None, workers: int | None = None,
-              retries: int = 1, say: Callable[[str], None] | None = None,
-              figure_formats: Sequence[str] = ("png",)) -> dict:
-    """Run (or resume) the sweep ``spec`` into ``out``; returns ``{"atlas", "failures", "skipped", "files"}``.
-    ``figure_formats``: the atlas figures as png, svg and/or pdf (``--figure-format``).
+def run_sweep(
+    spec: str | Path,
+    out: str | Path,
+    address: str | None = None,
+    workers: int | None = None,
+    retries: int = 1,
+    say: Callable[[str], None] | None = None,
+    figure_formats: Sequence[str] = ("png",),
+) -> dict:
+    """Run (or resume) the sweep ``spec`` into ``out``; returns ``{"atlas", "failures", "skipped",
+    "files"}``. ``figure_formats``: the atlas figures as png, svg and/or pdf (``--figure-format``).
 
     ``address``: None (this process), ``"local"`` (a local Ray instance) or a cluster address."""
     from headscope.scale.options import check_address, check_options
@@ -274,11 +319,21 @@ def run_sweep(spec: str | Path, out: str | Path, address: str | None = None, wor
     made = not out.exists()
     (out / "runs").mkdir(parents=True, exist_ok=True)
     try:
-        (out / MARKER).write_text(json.dumps({"spec": str(Path(spec).resolve()),
-                                              "jobs": [_record(j) for j in jobs], "earlier_jobs": earlier},
-                                             indent=1))
-        failures = (_run_on_ray(todo, out, address, workers, retries, say) if address is not None
-                    else _run_here(todo, out, retries, say))
+        (out / MARKER).write_text(
+            json.dumps(
+                {
+                    "spec": str(Path(spec).resolve()),
+                    "jobs": [_record(j) for j in jobs],
+                    "earlier_jobs": earlier,
+                },
+                indent=1,
+            )
+        )
+        failures = (
+            _run_on_ray(todo, out, address, workers, retries, say)
+            if address is not None
+            else _run_here(todo, out, retries, say)
+        )
     except BaseException:
         if made and not any((out / "runs").iterdir()):
             shutil.rmtree(out, ignore_errors=True)  # an interrupted first run leaves nothing
@@ -300,11 +355,16 @@ def _run_here(todo: list[Job], out: Path, retries: int, say) -> dict[str, dict]:
             except Exception as exc:  # KeyboardInterrupt passes: Ctrl-C stops the sweep
                 failures[job.id] = {"attempts": attempt, "error": f"{type(exc).__name__}: {exc}"}
         if job.id in failures:
-            say(f"job {job.id} failed {failures[job.id]['attempts']} time(s): {failures[job.id]['error']}")
+            say(
+                f"job {job.id} failed {failures[job.id]['attempts']} time(s): "
+                f"{failures[job.id]['error']}"
+            )
     return failures
 
 
-def _run_on_ray(todo: list[Job], out: Path, address: str, workers: int | None, retries: int, say) -> dict[str, dict]:
+def _run_on_ray(
+    todo: list[Job], out: Path, address: str, workers: int | None, retries: int, say
+) -> dict[str, dict]:
     from headscope.scale.ray_scan import LOCAL, connect
 
     failures = {}
@@ -323,18 +383,31 @@ def _run_on_ray(todo: list[Job], out: Path, address: str, workers: int | None, r
                 say(f"job done: {job.id}")
             except Exception as exc:
                 cause = getattr(exc, "cause", None) or exc
-                failures[job.id] = {"attempts": retries + 1, "error": f"{type(cause).__name__}: {cause}".splitlines()[0]}
+                failures[job.id] = {
+                    "attempts": retries + 1,
+                    "error": f"{type(cause).__name__}: {cause}".splitlines()[0],
+                }
                 say(f"job {job.id} failed {retries + 1} time(s): {failures[job.id]['error']}")
     return failures
 
 
-def atlas_table(out: str | Path, jobs: list[Job], failures: dict[str, dict] | None = None) -> pd.DataFrame:
-    """Every job's ``scores.csv`` rows with the job's columns; a failed job is one ``failed`` row."""
+def atlas_table(
+    out: str | Path, jobs: list[Job], failures: dict[str, dict] | None = None
+) -> pd.DataFrame:
+    """Every job's ``scores.csv`` rows with the job's columns; a failed job is one ``failed``
+    row."""
     failures = failures or {}
     frames = []
     for job in jobs:
-        cols = {"job": job.id, "model": job.model, "source": job.source, "checkpoint": job.checkpoint,
-                "step": job.step, "seed": job.seed, "setting": job.setting}
+        cols = {
+            "job": job.id,
+            "model": job.model,
+            "source": job.source,
+            "checkpoint": job.checkpoint,
+            "step": job.step,
+            "seed": job.seed,
+            "setting": job.setting,
+        }
         path = Path(out) / "runs" / job.id / "scores.csv"
         if path.is_file():
             scores = pd.read_csv(path).drop(columns=["model"])
@@ -348,8 +421,13 @@ def atlas_table(out: str | Path, jobs: list[Job], failures: dict[str, dict] | No
     return atlas[first + [c for c in atlas.columns if c not in first]]
 
 
-def _write_outputs(out: Path, atlas: pd.DataFrame, failures: dict, say=None,
-                   figure_formats: Sequence[str] = ("png",)) -> list[Path]:
+def _write_outputs(
+    out: Path,
+    atlas: pd.DataFrame,
+    failures: dict,
+    say=None,
+    figure_formats: Sequence[str] = ("png",),
+) -> list[Path]:
     """The atlas tables first, then its figures (a figure that fails is noted in failures.json's
     ``figures_skipped`` and costs nothing else)."""
     from headscope.apps.sweep_figures import models_figure, steps_figure
@@ -368,7 +446,10 @@ def _write_outputs(out: Path, atlas: pd.DataFrame, failures: dict, say=None,
     for setting in settings:  # the first setting's figures keep the plain names; others get -s<k>
         tag = "" if setting == settings[0] else f"-s{setting}"
         for name, draw in ((f"steps{tag}.png", steps_figure), (f"models{tag}.png", models_figure)):
-            fig = optional(name, lambda draw=draw: draw(atlas, setting=setting), notes, "figures_skipped", say)
+            fig = optional(
+                name, lambda draw=draw: draw(atlas, setting=setting), notes, "figures_skipped", say
+            )
+
             def save(fig=fig, name=name):
                 return save_figure(fig, out / name, formats=figure_formats)
 

@@ -54,17 +54,38 @@ def steps_figure(atlas: pd.DataFrame, top: int = 3, setting: int | None = None) 
         lines = []
         for k, name in enumerate(names):
             g = part[part["head_name"] == name].groupby("step")["score"]
-            line = {"x": list(g.mean().index.astype(int)), "y": list(g.mean()), "style": "o-", "size": 3,
-                    "colour": f"C{k % 10}", "label": name}
+            line = {
+                "x": list(g.mean().index.astype(int)),
+                "y": list(g.mean()),
+                "style": "o-",
+                "size": 3,
+                "colour": f"C{k % 10}",
+                "label": name,
+            }
             if n_seeds > 1:
                 line.update(low=list(g.min()), high=list(g.max()), band=True)
             lines.append(line)
         chance = part.groupby("step")["chance"].mean()
-        lines.append({"x": list(chance.index.astype(int)), "y": list(chance), "style": "k:", "label": "chance"})
-        panels.append({"lines": lines, "xlabel": "training step", "ylabel": f"{metric} score",
-                       "title": f"{model}: {metric}, {note}{_suffix(atlas, setting)}"})
+        lines.append(
+            {
+                "x": list(chance.index.astype(int)),
+                "y": list(chance),
+                "style": "k:",
+                "label": "chance",
+            }
+        )
+        panels.append(
+            {
+                "lines": lines,
+                "xlabel": "training step",
+                "ylabel": f"{metric} score",
+                "title": f"{model}: {metric}, {note}{_suffix(atlas, setting)}",
+            }
+        )
     seeds = f"mean of {n_seeds} seeds, band: lowest to highest seed" if n_seeds > 1 else "one seed"
-    return curve_panels(panels, title=f"scores against the training step ({seeds})", panel_size=(4.6, 3.4))
+    return curve_panels(
+        panels, title=f"scores against the training step ({seeds})", panel_size=(4.6, 3.4)
+    )
 
 
 def models_figure(atlas: pd.DataFrame, setting: int | None = None) -> Figure | None:
@@ -77,10 +98,16 @@ def models_figure(atlas: pd.DataFrame, setting: int | None = None) -> Figure | N
     parts = []
     for _, part in done.groupby("model", sort=False):
         steps = part["step"].dropna()
-        parts.append(part[part["step"] == steps.max()] if len(steps) else part)  # its last checkpoint
+        # its last checkpoint
+        parts.append(part[part["step"] == steps.max()] if len(steps) else part)
     done = pd.concat(parts)
-    top = (done.groupby(["model", "metric", "seed"])["score"].max().groupby(["model", "metric"]).mean()
-           .unstack("model"))
+    top = (
+        done.groupby(["model", "metric", "seed"])["score"]
+        .max()
+        .groupby(["model", "metric"])
+        .mean()
+        .unstack("model")
+    )
     chance = done.groupby(["model", "metric"])["chance"].mean().unstack("model")
     fig = Figure(figsize=(max(6, 0.9 * len(top) * top.shape[1] ** 0.5), 3.8), layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
@@ -88,8 +115,15 @@ def models_figure(atlas: pd.DataFrame, setting: int | None = None) -> Figure | N
     for j, model in enumerate(top.columns):
         x = [i + j * width for i in range(len(top))]
         ax.bar(x, top[model].values, width, label=model)
-        ax.scatter(x, chance[model].reindex(top.index).values, color="k", marker="_", s=80, zorder=3)
-    ax.set_xticks([i + width * (top.shape[1] - 1) / 2 for i in range(len(top))], top.index, rotation=30, ha="right")
+        ax.scatter(
+            x, chance[model].reindex(top.index).values, color="k", marker="_", s=80, zorder=3
+        )
+    ax.set_xticks(
+        [i + width * (top.shape[1] - 1) / 2 for i in range(len(top))],
+        top.index,
+        rotation=30,
+        ha="right",
+    )
     ax.set_ylabel("top head score (— chance)")
     ax.set_title(f"models side by side: top head per metric{_suffix(atlas, setting)}")
     ax.legend(fontsize=8)

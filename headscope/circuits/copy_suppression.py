@@ -109,7 +109,8 @@ def copy_suppression_scores(
     resamples: int = 1000,
     seed: int = 0,
 ) -> CopySuppressionScores:
-    """copy_suppression@k of every head on the first ``max_sequences`` sequences of a repeat probe."""
+    """copy_suppression@k of every head on the first ``max_sequences`` sequences of a repeat
+    probe."""
     ranks, vocab = copy_suppression_ranks(model, probe, readout_kind, max_sequences)
     hits = (ranks < k).double()  # [sequence, L, layer, head, 2]
     seq_total = hits[..., 0].sum(1)  # [sequence, layer, head]

@@ -1,4 +1,5 @@
-"""Copying: how much a head's OV circuit raises the logit of the token it attends to (on real inputs).
+"""Copying: how much a head's OV circuit raises the logit of the token it attends to (on real
+inputs).
 
 An induction head does two things. Its QK circuit finds the token after the earlier copy of the
 current token (prefix matching: the ``induction`` metric), and its OV circuit copies the token it
@@ -49,7 +50,8 @@ from headscope.catalog import CIRCUIT, COPYING_K
 from headscope.errors import HeadscopeError
 from headscope.result import Probe, ScoreInfo, head_name
 
-COPYING_THRESHOLD = CIRCUIT["copying"].threshold  # a head copies when half of the attended tokens pass copying@k
+# a head copies when half of the attended tokens pass copying@k
+COPYING_THRESHOLD = CIRCUIT["copying"].threshold
 
 
 # ------------------------------------------------------------------------------ weights
@@ -85,12 +87,15 @@ class HeadWeights:
         ids = torch.as_tensor(ids)
         col = torch.searchsorted(self.token_ids, ids).clamp(max=len(self.token_ids) - 1)
         if not torch.equal(self.token_ids[col], ids):
-            raise HeadscopeError("Some token ids are not ordinary tokens of this model (special or added tokens).")
+            raise HeadscopeError(
+                "Some token ids are not ordinary tokens of this model (special or added tokens)."
+            )
         return col
 
 
 def expand_kv_heads(w: Tensor, n_heads: int) -> Tensor:
-    """``[layer, n_kv, ...]`` -> ``[layer, n_heads, ...]``: query head ``h`` gets KV head ``h // g``.
+    """``[layer, n_kv, ...]`` -> ``[layer, n_heads, ...]``: query head ``h`` gets KV head ``h //
+    g``.
 
     >>> expand_kv_heads(torch.arange(3.0).view(1, 3), 9)
     tensor([[0., 0., 0., 1., 1., 1., 2., 2., 2.]])
@@ -102,8 +107,9 @@ def expand_kv_heads(w: Tensor, n_heads: int) -> Tensor:
 
 
 def head_weights(model) -> HeadWeights:
-    """``W_E``, ``W_V``, ``W_O``, ``W_U`` and the norm weights of a decoder (:meth:`Model.circuit_weights`),
-    restricted to its ordinary tokens, with the final norm's weight folded into the unembedding.
+    """``W_E``, ``W_V``, ``W_O``, ``W_U`` and the norm weights of a decoder
+    (:meth:`Model.circuit_weights`), restricted to its ordinary tokens, with the final norm's weight
+    folded into the unembedding.
 
     Needs a pre-norm decoder (a norm before each attention layer, one before the unembedding).
     """
@@ -111,16 +117,27 @@ def head_weights(model) -> HeadWeights:
     ids = model.ordinary_vocab()
     ids = ids[(ids < cw.W_E.shape[0]) & (ids < cw.W_U.shape[1])].sort().values
     # Gemma 2/3 normalise the attention output before the residual add: its gain joins W_O
-    W_O = cw.W_O if cw.post_attn is None else cw.W_O * cw.post_attn[:, None, None, :]  # [layer, head, d_head, d_model]
-    return HeadWeights(model=model.name, token_ids=ids, embed=cw.W_E[ids],
-                       W_V=expand_kv_heads(cw.W_V, model.n_heads), W_O=W_O, ln1=cw.ln1,
-                       unembed=cw.ln_final[:, None] * cw.W_U[:, ids], centre=not cw.rms, eps=cw.eps)
+    # [layer, head, d_head, d_model]
+    W_O = cw.W_O if cw.post_attn is None else cw.W_O * cw.post_attn[:, None, None, :]
+    return HeadWeights(
+        model=model.name,
+        token_ids=ids,
+        embed=cw.W_E[ids],
+        W_V=expand_kv_heads(cw.W_V, model.n_heads),
+        W_O=W_O,
+        ln1=cw.ln1,
+        unembed=cw.ln_final[:, None] * cw.W_U[:, ids],
+        centre=not cw.rms,
+        eps=cw.eps,
+    )
 
 
 # ------------------------------------------------------------------------------ on real inputs
 
 
-def attention_inputs(model, tokens: Int[Tensor, "batch pos"], layers: Sequence[int]) -> dict[int, Tensor]:
+def attention_inputs(
+    model, tokens: Int[Tensor, "batch pos"], layers: Sequence[int]
+) -> dict[int, Tensor]:
     """The post-norm input of each wanted layer's attention, ``{layer: [batch, pos, d_model]}``
     (what ``W_V`` multiplies; :meth:`headscope.models.model.Model.attention_inputs`)."""
     return model.attention_inputs(tokens, layers)
@@ -148,10 +165,11 @@ def own_token_ranks(
     ov_u = W_O @ unembed if fold else None  # [d_head, vocab]
     ranks = []
     for start in range(0, len(x), chunk):
-        z = x[start:start + chunk] @ W_V  # [n_chunk, d_head]
+        z = x[start : start + chunk] @ W_V  # [n_chunk, d_head]
         logits = z @ ov_u if fold else (z @ W_O) @ unembed  # [n_chunk, vocab]
-        own = logits.gather(1, columns[start:start + chunk])  # [n_chunk, c]
-        ranks.append((logits[:, None, :] > own[:, :, None]).sum(2))  # [n_chunk, c]: tokens beating each
+        own = logits.gather(1, columns[start : start + chunk])  # [n_chunk, c]
+        # [n_chunk, c]: tokens beating each
+        ranks.append((logits[:, None, :] > own[:, :, None]).sum(2))
     out = torch.cat(ranks)
     return out[:, 0] if flat else out
 
@@ -183,20 +201,27 @@ def copying_ranks(
     if probe.repeat_len is None:
         raise HeadscopeError("ov_copying needs a repeat probe (headscope.repeat_probe).")
     w = head_weights(model) if weights is None else weights
-    heads = [(la, h) for la in range(w.n_layers) for h in range(w.n_heads)] if heads is None else list(heads)
+    heads = (
+        [(la, h) for la in range(w.n_layers) for h in range(w.n_heads)]
+        if heads is None
+        else list(heads)
+    )
     L = probe.repeat_len
     layers = sorted({layer for layer, _ in heads})
     xs: dict[int, list[Tensor]] = {layer: [] for layer in layers}
     cols = []
     for start in range(0, len(probe), batch_size):
-        tokens = torch.tensor(probe.sequences[start:start + batch_size], dtype=torch.long)  # [batch, pos]
+        # [batch, pos]
+        tokens = torch.tensor(probe.sequences[start : start + batch_size], dtype=torch.long)
         got = attention_inputs(model, tokens, layers)
         for layer in layers:
-            xs[layer].append(got[layer][:, 1:L + 1].reshape(-1, got[layer].shape[-1]))  # [batch*L, d_model]
-        cols.append(w.columns(tokens[:, 1:L + 1].reshape(-1)))
+            # [batch*L, d_model]
+            xs[layer].append(got[layer][:, 1 : L + 1].reshape(-1, got[layer].shape[-1]))
+        cols.append(w.columns(tokens[:, 1 : L + 1].reshape(-1)))
     columns = torch.cat(cols)  # [sequence * L]
     if null:
-        columns = torch.stack([columns, null_columns(columns.view(-1, L)).reshape(-1)], 1)  # [sequence * L, 2]
+        # [sequence * L, 2]
+        columns = torch.stack([columns, null_columns(columns.view(-1, L)).reshape(-1)], 1)
     ranks = {}
     bar = progress(total=len(heads), desc="copying (OV circuit)") if progress is not None else None
     for layer, head in heads:
@@ -224,15 +249,27 @@ def ov_copying(
     head: ``copying`` = copying@k (share of positions whose own-token logit is among the ``k``
     highest of the ordinary vocabulary), ``median_rank`` (0 = highest), ``null`` = copying@k of
     another token of ``R`` read from the same output (the control, :func:`null_columns`), ``n``
-    positions and ``chance`` = ``k / vocab``. Cost: about ``2 * n * d_model * vocab`` flops per head.
+    positions and ``chance`` = ``k / vocab``. Cost: about ``2 * n * d_model * vocab`` flops per
+    head.
     """
     ranks, vocab = copying_ranks(model, probe, heads, weights, batch_size, null=True)
     rows = []
     for (layer, head), r in ranks.items():
         own, other = r[..., 0].flatten(), r[..., 1].flatten()
-        rows.append({"model": model.name, "layer": layer, "head": head, "head_name": head_name(layer, head),
-                     "copying": float((own < k).float().mean()), "median_rank": float(own.float().median()),
-                     "null": float((other < k).float().mean()), "n": len(own), "k": k, "chance": k / vocab})
+        rows.append(
+            {
+                "model": model.name,
+                "layer": layer,
+                "head": head,
+                "head_name": head_name(layer, head),
+                "copying": float((own < k).float().mean()),
+                "median_rank": float(own.float().median()),
+                "null": float((other < k).float().mean()),
+                "n": len(own),
+                "k": k,
+                "chance": k / vocab,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -254,16 +291,26 @@ class CopyingScores:
     seq_count: Float[Tensor, " sequence"] | None = None  # positions per sequence
 
 
-def copying_scores(model, probe: Probe, k: int = COPYING_K, max_sequences: int = 16, progress=None) -> CopyingScores:
+def copying_scores(
+    model, probe: Probe, k: int = COPYING_K, max_sequences: int = 16, progress=None
+) -> CopyingScores:
     """copying@k for every head on the first ``max_sequences`` sequences of a repeat ``probe``."""
     small = Probe(probe.name, probe.sequences[:max_sequences], probe.repeat_len, probe.settings)
     ranks, vocab = copying_ranks(model, small, null=True, progress=progress)
     n, L = len(small), small.repeat_len
-    hits = torch.zeros(n, model.n_layers, model.n_heads, dtype=torch.float64)  # [sequence, layer, head]
+    # [sequence, layer, head]
+    hits = torch.zeros(n, model.n_layers, model.n_heads, dtype=torch.float64)
     null_hits = torch.zeros(model.n_layers, model.n_heads, dtype=torch.float64)
     for (layer, head), r in ranks.items():
         hits[:, layer, head] = (r[..., 0] < k).double().sum(1)
         null_hits[layer, head] = (r[..., 1] < k).double().sum()
     counts = torch.full((n,), float(L), dtype=torch.float64)
-    return CopyingScores(COPYING, hits.sum(0) / counts.sum(), float(counts.sum()), k / vocab,
-                         null=null_hits / counts.sum(), seq_total=hits, seq_count=counts)
+    return CopyingScores(
+        COPYING,
+        hits.sum(0) / counts.sum(),
+        float(counts.sum()),
+        k / vocab,
+        null=null_hits / counts.sum(),
+        seq_total=hits,
+        seq_count=counts,
+    )

@@ -7,10 +7,11 @@ model's own (Gemma's ``x (1 + w)`` RMSNorm included) and nothing is re-derived f
 * **values** ``v_h(x)``: the ``value`` tensor of the layer's :class:`AttentionCall` (after the
   layer's own input norm and projection, value bias included where the model has one); with a
   single key, a head's output is exactly its value there;
-* **head output** in the residual stream: ``v_h W_O[h]`` (``W_O``: :meth:`~headscope.models.model.Model.output_weights`),
-  times the gain of a post-attention norm where the block has one before the residual add (Gemma
-  2/3's sandwich norms, found by their ``pre_feedforward_layernorm``); that norm's division by the
-  RMS is one positive factor per position and changes no rank, so it is dropped;
+* **head output** in the residual stream: ``v_h W_O[h]`` (``W_O``:
+  :meth:`~headscope.models.model.Model.output_weights`), times the gain of a post-attention norm
+  where the block has one before the residual add (Gemma 2/3's sandwich norms, found by their
+  ``pre_feedforward_layernorm``); that norm's division by the RMS is one positive factor per
+  position and changes no rank, so it is dropped;
 * **readout** ``U``: the unembedding with the final norm's gain folded in (``diag(g) W_U``; for a
   LayerNorm the head output is centred first); biases dropped (they do not depend on the input),
   the final norm's division dropped (a positive factor). ``readout="embeddings"`` reads through
@@ -52,7 +53,8 @@ def output_gains(model) -> Float[Tensor, "layer d_model"] | None:
 
 
 def readout(model, kind: str = "unembedding") -> tuple[Float[Tensor, "d_model vocab"], bool]:
-    """``(U, centre)``: the readout matrix (float32, CPU) and whether head outputs are centred first."""
+    """``(U, centre)``: the readout matrix (float32, CPU) and whether head outputs are centred
+    first."""
     if kind not in READOUTS:
         raise HeadscopeError(f"Unknown readout '{kind}'; use one of {', '.join(READOUTS)}.")
     hf = model.hf
@@ -60,7 +62,8 @@ def readout(model, kind: str = "unembedding") -> tuple[Float[Tensor, "d_model vo
         return hf.get_input_embeddings().weight.detach().float().cpu().T.contiguous(), False
     if not model.causal or hf.get_output_embeddings() is None:
         raise HeadscopeError(
-            f"{model.name} has no trained unembedding to read a head's output through (an encoder's "
+            f"{model.name} has no trained unembedding to read a head's output through (an "
+            "encoder's "
             "masked-LM head is missing or random); use readout='embeddings' to read through its "
             "input embeddings instead (not an unembedding)."
         )

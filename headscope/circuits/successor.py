@@ -157,14 +157,16 @@ def ordinal_sets(model, names=None) -> list[OrdinalSet]:
             if names is not None:
                 raise HeadscopeError(
                     f"The ordinal set '{name}' has no (t, successor) pair of single tokens in "
-                    f"{model.name}'s tokenizer ({len(keep)} of {len(words)} elements are one token); "
+                    f"{model.name}'s tokenizer ({len(keep)} of {len(words)} elements are one "
+                    "token); "
                     "choose other sets."
                 )
             continue
         out.append(s)
     if not out:
         raise HeadscopeError(
-            f"No ordinal set has a (t, successor) pair of single tokens in {model.name}'s tokenizer."
+            f"No ordinal set has a (t, successor) pair of single tokens in {model.name}'s "
+            "tokenizer."
         )
     return out
 

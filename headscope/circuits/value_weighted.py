@@ -1,4 +1,5 @@
-"""Attention is not only a weight (Kobayashi et al. 2020): how much of a head's output comes from position 0.
+"""Attention is not only a weight (Kobayashi et al. 2020): how much of a head's output comes from
+position 0.
 
 A head's output at query ``q`` is ``sum_k A[q, k] f(x_k)``, with ``f(x_k) = v_k W_O^h`` the vector
 key ``k`` sends through the head. A key with a large weight but a tiny ``f`` contributes little, so
@@ -51,8 +52,9 @@ class ValueSinkScores:
     seq_count: Float[Tensor, " sequence"] | None = None
 
 
-def value_norms(value: Float[Tensor, "batch kv_head key dim"], W_O: Float[Tensor, "head dim d_model"]
-                ) -> Float[Tensor, "batch head key"]:
+def value_norms(
+    value: Float[Tensor, "batch kv_head key dim"], W_O: Float[Tensor, "head dim d_model"]
+) -> Float[Tensor, "batch head key"]:
     """``||v_k W_O^h||`` for every query head ``h`` (query head ``h`` reads KV head ``h // g``)."""
     h, kvh = W_O.shape[0], value.shape[1]
     gram = W_O.double() @ W_O.double().transpose(-1, -2)  # [head, dim, dim]: W W^T
@@ -61,8 +63,9 @@ def value_norms(value: Float[Tensor, "batch kv_head key dim"], W_O: Float[Tensor
     return sq.clamp(min=0).sqrt()
 
 
-def value_weighted_share(block: Float[Tensor, "batch head query key"], norms: Float[Tensor, "batch head key"]
-                         ) -> Float[Tensor, "batch head query"]:
+def value_weighted_share(
+    block: Float[Tensor, "batch head query key"], norms: Float[Tensor, "batch head key"]
+) -> Float[Tensor, "batch head query"]:
     """Position 0's share of each row's norm-weighted attention (0 where a row weighs nothing)."""
     w = block.double() * norms[:, :, None, : block.shape[-1]]  # [batch, head, query, key]
     den = w.sum(-1)  # [batch, head, query]
@@ -70,7 +73,8 @@ def value_weighted_share(block: Float[Tensor, "batch head query key"], norms: Fl
 
 
 def value_sink_scores(model, probe: Probe, batch_size: int = 8) -> ValueSinkScores:
-    """The value-weighted sink share of every head on the text ``probe`` (see the module docstring)."""
+    """The value-weighted sink share of every head on the text ``probe`` (see the module
+    docstring)."""
     W_O = model.output_weights()  # [layer, head, dim, d_model]
     seq_total = torch.zeros(len(probe), model.n_layers, model.n_heads, dtype=torch.float64)
     seq_count = torch.zeros(len(probe), dtype=torch.float64)
@@ -79,14 +83,22 @@ def value_sink_scores(model, probe: Probe, batch_size: int = 8) -> ValueSinkScor
 
         def share(call: AttentionCall, lengths=lengths, n=n, index=index) -> Tensor:
             if call.extras:
-                raise HeadscopeError(f"This model's attention uses {', '.join(call.extras)}; value_sink recomputes "
-                                     "softmax(q k^T) and does not model it.")
-            norms = value_norms(call.value, W_O[call.layer].to(call.value.device))  # [batch, head, key]
+                raise HeadscopeError(
+                    f"This model's attention uses {', '.join(call.extras)}; "
+                    "value_sink recomputes "
+                    "softmax(q k^T) and does not model it."
+                )
+            # [batch, head, key]
+            norms = value_norms(call.value, W_O[call.layer].to(call.value.device))
             b, h, _, n_k = call.shape
-            for qs, block in pattern_blocks(call.query, call.key, call.mask, call.scale, call.causal,
-                                            block_rows(b, h, n_k)):
+            for qs, block in pattern_blocks(
+                call.query, call.key, call.mask, call.scale, call.causal, block_rows(b, h, n_k)
+            ):
                 q = torch.arange(qs, qs + block.shape[-2], device=block.device)  # [query]
-                keep = ((q[None, :] >= 1) & (q[None, :] < lengths.to(block.device)[:, None])).double()  # [b, query]
+                # [b, query]
+                keep = (
+                    (q[None, :] >= 1) & (q[None, :] < lengths.to(block.device)[:, None])
+                ).double()
                 s = value_weighted_share(block, norms)  # [batch, head, query]
                 seq_total[index, call.layer] += (s * keep[:, None, :]).sum(2).cpu()  # [batch, head]
             return call.output()
@@ -94,5 +106,10 @@ def value_sink_scores(model, probe: Probe, batch_size: int = 8) -> ValueSinkScor
         model.run(tokens, mask, handler=share, token_types=segment_ids(probe, index))
         seq_count[index] = (lengths - 1).clamp(min=0).double()
     total, count = seq_total.sum(0), float(seq_count.sum())
-    return ValueSinkScores(VALUE_SINK, total / count if count else torch.full_like(total, torch.nan), count,
-                           seq_total=seq_total, seq_count=seq_count)
+    return ValueSinkScores(
+        VALUE_SINK,
+        total / count if count else torch.full_like(total, torch.nan),
+        count,
+        seq_total=seq_total,
+        seq_count=seq_count,
+    )

@@ -1,6 +1,7 @@
-"""The ``headscope`` command: one file per subcommand, wiring only (no maths, no defaults of its own).
+"""The ``headscope`` command: one file per subcommand, wiring only (no maths, no defaults of its
+own).
 
-=========  ==========================================================================================
+=========  =========================================================================================
 main       the group: subcommands loaded on first use, errors and interrupts as exit codes
 options    click options made from a settings dataclass's fields (``scan``'s are ScanConfig's)
 scan       ``headscope scan``
@@ -15,7 +16,7 @@ patch      ``headscope patch``
 models     ``headscope models``
 metrics    ``headscope metrics``
 engines    ``headscope engines``
-=========  ==========================================================================================
+=========  =========================================================================================
 
 A new subcommand: one file here, one line in :data:`headscope.cli.main.COMMANDS`.
 """

@@ -33,9 +33,9 @@ from headscope.cli.options import config_from, config_options, figure_format_opt
 @figure_format_option
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
 def census(model_name, out, threads, force, no_figures, figure_format, quiet, **settings) -> None:
-    """Score MODEL's heads for the literature's head types: syntax heads (Clark et al. 2019, on silver
-    parses), the [SEP] / BOS no-op test, successor heads (Gould et al. 2023), copy suppression
-    (McDougall et al. 2023) and rare-word heads (Voita et al. 2019).
+    """Score MODEL's heads for the literature's head types: syntax heads (Clark et al. 2019, on
+    silver parses), the [SEP] / BOS no-op test, successor heads (Gould et al. 2023), copy
+    suppression (McDougall et al. 2023) and rare-word heads (Voita et al. 2019).
 
     Writes scores.csv, syntax_table.csv, syntax_heads.csv, syntax_sentences.jsonl, tokens.jsonl,
     summary.md, heatmaps, report.html and metadata.json to --out, and prints summary.md.

@@ -9,10 +9,18 @@ from headscope.cli.options import figure_format_option
 
 @click.command()
 @click.argument("run_dirs", nargs=-1, required=True, metavar="RUN_A RUN_B [RUN ...]")
-@click.option("--out", type=click.Path(), default=None,
-              help="Directory for compare.csv and the figures. [default: ./compare-<A>-vs-<B>]")
-@click.option("--top", type=int, default=None,
-              help="Heads per metric to print from the per-head differences. [default: 3]")
+@click.option(
+    "--out",
+    type=click.Path(),
+    default=None,
+    help="Directory for compare.csv and the figures. [default: ./compare-<A>-vs-<B>]",
+)
+@click.option(
+    "--top",
+    type=int,
+    default=None,
+    help="Heads per metric to print from the per-head differences. [default: 3]",
+)
 @figure_format_option
 def compare(run_dirs, out, top, figure_format) -> None:
     """Put saved runs (different models, or seeds) side by side.
@@ -24,8 +32,12 @@ def compare(run_dirs, out, top, figure_format) -> None:
     """
     from headscope.apps.compare import compare_dirs
 
-    text, paths = compare_dirs(run_dirs, out, **({} if top is None else {"top": top}),
-                               figure_formats=figure_format or ("png",))
+    text, paths = compare_dirs(
+        run_dirs,
+        out,
+        **({} if top is None else {"top": top}),
+        figure_formats=figure_format or ("png",),
+    )
     click.echo(text)
     for path in paths:
         click.echo(str(path))

@@ -10,19 +10,36 @@ from headscope.apps.plan_settings import PlanSettings
 from headscope.cli.options import config_from, config_options, figure_format_option
 
 
-@click.command(epilog="Quick look (SmolLM2-135M on 2 CPU cores, about 15 minutes): headscope kvplan "
-               "smollm2-135m --seq-len 512 --seeds 1 --out runs/kv512. The default (2,048 tokens, 3 seeds) "
-               "runs 15 verified conditions and takes about an hour on the same machine.")
+@click.command(
+    epilog="Quick look (SmolLM2-135M on 2 CPU cores, about 15 minutes): headscope "
+    "kvplan "
+    "smollm2-135m --seq-len 512 --seeds 1 --out runs/kv512. The default (2,048 tokens, "
+    "3 seeds) "
+    "runs 15 verified conditions and takes about an hour on the same machine."
+)
 @click.argument("source")
-@click.option("--out", default=None, type=click.Path(), help="With a MODEL: the run directory to scan into "
-              "[default: runs/<model>-long]. The plan goes to <run>/kvplan/.")
+@click.option(
+    "--out",
+    default=None,
+    type=click.Path(),
+    help="With a MODEL: the run directory to "
+    "scan into "
+    "[default: runs/<model>-long]. The plan goes to <run>/kvplan/.",
+)
 @config_options(PlanSettings)
-@click.option("--threads", type=int, default=None, help="torch CPU threads. [default: torch's choice]")
-@click.option("--force", is_flag=True, help="Replace an earlier plan (and, with a MODEL, an earlier run at --out).")
+@click.option(
+    "--threads", type=int, default=None, help="torch CPU threads. [default: torch's choice]"
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace an earlier plan (and, with a MODEL, an earlier run at --out).",
+)
 @figure_format_option
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
 def kvplan(source, out, threads, force, figure_format, quiet, **settings) -> None:
-    """Choose heads to restrict to a sink + window KV cache, and check each plan by running the model.
+    """Choose heads to restrict to a sink + window KV cache, and check each plan by running the
+    model.
 
     SOURCE is a run directory scanned with --long-context (its streaming and retrieval scores choose
     the heads), or a model: a name or a checkpoint folder (scanned first, with --long-context at
@@ -42,7 +59,8 @@ def kvplan(source, out, threads, force, figure_format, quiet, **settings) -> Non
         import torch
 
         torch.set_num_threads(threads)
-    df, target = kv.plan_to_dir(source, out, config, force=force, say=say,
-                                figure_formats=figure_format or ("png",))
+    df, target = kv.plan_to_dir(
+        source, out, config, force=force, say=say, figure_formats=figure_format or ("png",)
+    )
     click.echo(kv.summary(df).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     click.echo(f"wrote {target}/ ({', '.join(n for n in kv.ALL_FILES if (target / n).is_file())})")

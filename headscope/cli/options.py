@@ -30,7 +30,8 @@ import click
 def _base_type(tp):
     """``int | None`` -> int; ``str`` -> str (annotations are strings under ``from __future__``)."""
     if isinstance(tp, str):
-        tp = eval(tp, {"Mapping": typing.Mapping, "Sequence": typing.Sequence}, {})  # noqa: S307 - our own annotations
+        # noqa: S307 - our own annotations
+        tp = eval(tp, {"Mapping": typing.Mapping, "Sequence": typing.Sequence}, {})
     if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         tp = args[0] if args else str
@@ -50,7 +51,9 @@ def _choices_text(choices) -> str:
 
 
 def config_options(cls, skip: tuple[str, ...] = ()):
-    """A decorator adding one click option per field of ``cls`` (in field order), except ``skip``."""
+    """A decorator adding one click option per field of ``cls`` (in field order), except
+    ``skip``."""
+
     def decorate(command):
         for f in reversed(dataclasses.fields(cls)):
             if f.name in skip or "help" not in f.metadata:
@@ -58,29 +61,64 @@ def config_options(cls, skip: tuple[str, ...] = ()):
             meta = f.metadata
             default = f.default if f.default is not dataclasses.MISSING else None
             tp = _base_type(f.type)
-            help_text = meta["help"] + ("" if "One of" in meta["help"] else _choices_text(meta.get("choices")))
+            help_text = meta["help"] + (
+                "" if "One of" in meta["help"] else _choices_text(meta.get("choices"))
+            )
             kind = meta.get("kind")
             name = option_name(f)
             if tp is bool:
                 decl = [name] if not default else [f"{name}/--no-{name[2:]}"]
-                command = click.option(*decl, f.name, is_flag=True, default=bool(default), show_default=bool(default),
-                                       help=help_text)(command)
+                command = click.option(
+                    *decl,
+                    f.name,
+                    is_flag=True,
+                    default=bool(default),
+                    show_default=bool(default),
+                    help=help_text,
+                )(command)
             elif kind == "thresholds":
-                command = click.option(name, f.name, multiple=True, metavar=meta.get("metavar"), help=help_text)(command)
+                command = click.option(
+                    name, f.name, multiple=True, metavar=meta.get("metavar"), help=help_text
+                )(command)
             elif "flag_value" in meta:
-                command = click.option(name, f.name, is_flag=False, flag_value=meta["flag_value"], default=default,
-                                       metavar=meta.get("metavar"), help=help_text)(command)
+                command = click.option(
+                    name,
+                    f.name,
+                    is_flag=False,
+                    flag_value=meta["flag_value"],
+                    default=default,
+                    metavar=meta.get("metavar"),
+                    help=help_text,
+                )(command)
             elif kind == "floats":
-                command = click.option(name, f.name, type=str, default=",".join(f"{v:g}" for v in default),
-                                       show_default=True, help=help_text)(command)
+                command = click.option(
+                    name,
+                    f.name,
+                    type=str,
+                    default=",".join(f"{v:g}" for v in default),
+                    show_default=True,
+                    help=help_text,
+                )(command)
             else:
-                ctype = click.Path(dir_okay=False) if kind == "path" else (str if kind in ("csv", "memory") else tp)
+                ctype = (
+                    click.Path(dir_okay=False)
+                    if kind == "path"
+                    else (str if kind in ("csv", "memory") else tp)
+                )
                 if kind == "csv" and isinstance(default, (tuple, list)):
                     default = ",".join(map(str, default))  # the option's text: a,b,c
                 show = default is not None and kind != "memory"
-                command = click.option(name, f.name, type=ctype, default=default, show_default=show,
-                                       metavar=meta.get("metavar"), help=help_text)(command)
+                command = click.option(
+                    name,
+                    f.name,
+                    type=ctype,
+                    default=default,
+                    show_default=show,
+                    metavar=meta.get("metavar"),
+                    help=help_text,
+                )(command)
         return command
+
     return decorate
 
 
@@ -90,9 +128,13 @@ def _floats(text: str, what: str) -> tuple[float, ...]:
     try:
         values = tuple(float(x) for x in str(text).split(",") if x.strip())
     except ValueError:
-        raise HeadscopeError(f"{what} must be numbers separated by commas, e.g. 0.25,0.5,0.75; got '{text}'.") from None
+        raise HeadscopeError(
+            f"{what} must be numbers separated by commas, e.g. 0.25,0.5,0.75; got '{text}'."
+        ) from None
     if not values:
-        raise HeadscopeError(f"{what} is empty; give numbers separated by commas, e.g. 0.25,0.5,0.75.")
+        raise HeadscopeError(
+            f"{what} is empty; give numbers separated by commas, e.g. 0.25,0.5,0.75."
+        )
     return values
 
 

@@ -1,4 +1,5 @@
-"""``headscope plot``: a saved run's figures drawn again (wiring only: :mod:`headscope.apps.redraw`)."""
+"""``headscope plot``: a saved run's figures drawn again (wiring only:
+:mod:`headscope.apps.redraw`)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from headscope.cli.options import figure_format_option
 
 @click.command()
 @click.argument("run_dir", type=click.Path())
-@click.option("--out", type=click.Path(), default=None,
-              help="Directory for the figures. [default: RUN_DIR]")
+@click.option(
+    "--out", type=click.Path(), default=None, help="Directory for the figures. [default: RUN_DIR]"
+)
 @figure_format_option
 def plot(run_dir, out, figure_format) -> None:
     """Redraw every figure of a saved run from its scores.csv (no model is loaded), in the formats

@@ -14,10 +14,17 @@ from headscope.scanner.config import ScanConfig
 
 @click.command()
 @click.argument("model_name", metavar="MODEL")
-@click.option("--out", "out", type=click.Path(file_okay=True, dir_okay=True), default=None,
-              help="Run directory to write. [default: runs/<model>]")
+@click.option(
+    "--out",
+    "out",
+    type=click.Path(file_okay=True, dir_okay=True),
+    default=None,
+    help="Run directory to write. [default: runs/<model>]",
+)
 @config_options(ScanConfig)
-@click.option("--force", is_flag=True, help="Replace an existing run directory (never any other folder).")
+@click.option(
+    "--force", is_flag=True, help="Replace an existing run directory (never any other folder)."
+)
 @click.option("--no-figures", is_flag=True, help="Skip the heatmaps.")
 @figure_format_option
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
@@ -44,9 +51,22 @@ def scan(model_name, out, force, no_figures, figure_format, quiet, **settings) -
         from tqdm.auto import tqdm
 
         def progress(total, desc):
-            return tqdm(total=total, desc=desc, unit="seq" if "probe" in desc or "null" in desc else "it",
-                        file=sys.stderr, leave=False)
+            return tqdm(
+                total=total,
+                desc=desc,
+                unit="seq" if "probe" in desc or "null" in desc else "it",
+                file=sys.stderr,
+                leave=False,
+            )
 
-    result = scan_to_dir(model_name, out, config, force=force, figures=not no_figures, say=say,
-                         progress=progress, figure_formats=figure_format or ("png",))
+    result = scan_to_dir(
+        model_name,
+        out,
+        config,
+        force=force,
+        figures=not no_figures,
+        say=say,
+        progress=progress,
+        figure_formats=figure_format or ("png",),
+    )
     click.echo(console_summary(result, out, figures=not no_figures))

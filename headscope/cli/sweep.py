@@ -15,11 +15,26 @@ from headscope.cli.options import figure_format_option
 
 @click.command()
 @click.argument("spec", type=click.Path())
-@click.option("--out", type=click.Path(), required=True, help="The sweep's folder (rerun with the same --out to resume).")
-@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
-              help="Run the jobs as Ray tasks: a local instance, or the cluster at ADDRESS (HOST:PORT from "
-                   "`ray start --head`, auto, ray://HOST:10001). [default: one after another, here]")
-@click.option("--workers", type=int, default=None, help="Jobs at once on Ray. [default: the cluster's CPUs]")
+@click.option(
+    "--out",
+    type=click.Path(),
+    required=True,
+    help="The sweep's folder (rerun with the same --out to resume).",
+)
+@click.option(
+    "--ray",
+    "ray_address",
+    is_flag=False,
+    flag_value="local",
+    default=None,
+    metavar="[ADDRESS]",
+    help="Run the jobs as Ray tasks: a local instance, or the cluster at ADDRESS "
+    "(HOST:PORT from "
+    "`ray start --head`, auto, ray://HOST:10001). [default: one after another, here]",
+)
+@click.option(
+    "--workers", type=int, default=None, help="Jobs at once on Ray. [default: the cluster's CPUs]"
+)
 @click.option("--retries", type=int, default=1, show_default=True, help="Retries of a failed job.")
 @figure_format_option
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
@@ -49,14 +64,21 @@ def sweep(spec, out, ray_address, workers, retries, figure_format, quiet) -> Non
         if not quiet:
             click.echo(f"headscope: {msg}", err=True)
 
-    done = run_sweep(spec, out, ray_address, workers, retries, say,
-                     figure_formats=figure_format or ("png",))
+    done = run_sweep(
+        spec, out, ray_address, workers, retries, say, figure_formats=figure_format or ("png",)
+    )
     atlas, failures = done["atlas"], done["failures"]
     jobs = atlas["job"].nunique()
-    click.echo(f"{jobs} job(s): {jobs - len(failures)} done ({done['skipped']} already), {len(failures)} failed")
+    click.echo(
+        f"{jobs} job(s): {jobs - len(failures)} done ({done['skipped']} already), "
+        f"{len(failures)} failed"
+    )
     for path in done["files"]:
         click.echo(str(path))
     if failures:
         for job, why in failures.items():
-            click.echo(f"headscope: job {job} failed after {why['attempts']} attempt(s): {why['error']}", err=True)
+            click.echo(
+                f"headscope: job {job} failed after {why['attempts']} attempt(s): {why['error']}",
+                err=True,
+            )
         sys.exit(1)

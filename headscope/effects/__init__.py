@@ -1,7 +1,7 @@
 """Causal effects: what happens to the model without each head, and
 counterfactual patching on the user's own prompt pairs.
 
-============  =======================================================================================
+============  ======================================================================================
 settings      how effects are estimated: mode and ablation (light: checked before anything loads)
 targets       what an effect is measured on: a probe's loss, an encoder's embedding
 ablation      exact ablation: one forward per head, the clean prefix reused, a layer's heads batched
@@ -14,5 +14,5 @@ patching      exact patching of every head's z, q, k, v, pattern: cached runs, r
 patch_attribution  attribution patching: every head and activation from one forward + backward
 logit_attribution  direct logit attribution of every head through frozen norms
 patch_table   effects as ratios of means, bootstrap intervals over pairs, the tidy tables
-============  =======================================================================================
+============  ======================================================================================
 """

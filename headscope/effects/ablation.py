@@ -36,7 +36,7 @@ def batches(model, probe: Probe, batch_size: int, with_index: bool = False):
     ``with_index``, also each row's place in the probe (``[batch]``)."""
     order = sorted(range(len(probe)), key=lambda i: (len(probe.sequences[i]), i))
     for start in range(0, len(order), batch_size):
-        index = order[start:start + batch_size]
+        index = order[start : start + batch_size]
         padded = pad_batch([probe.sequences[i] for i in index], model.pad_id)
         yield (*padded, torch.tensor(index)) if with_index else padded
 
@@ -65,7 +65,8 @@ def head_means(model, probe: Probe, batch_size: int) -> Float[Tensor, "layer hea
 
         model.run(tokens, mask, handler=record, token_types=segment_ids(probe, index))
         count += float(mask.sum())
-    return torch.stack([sums[layer] for layer in range(model.n_layers)]) / count  # [layer, head, dim]
+    # [layer, head, dim]
+    return torch.stack([sums[layer] for layer in range(model.n_layers)]) / count
 
 
 def exact_effects(
@@ -78,8 +79,9 @@ def exact_effects(
     rows_per_forward: int | None = None,
     on_progress: Callable[[int], None] | None = None,
 ) -> dict[tuple[int, int], tuple[Tensor, Tensor]]:
-    """``{(layer, head): (effect sums, counts)}`` for ``heads``, ablated one at a time (exactly), per
-    sequence of ``probe`` (``[sequence]`` each, float64): the pooled effect is ``sums.sum() / counts.sum()``.
+    """``{(layer, head): (effect sums, counts)}`` for ``heads``, ablated one at a time (exactly),
+    per sequence of ``probe`` (``[sequence]`` each, float64): the pooled effect is ``sums.sum() /
+    counts.sum()``.
 
     ``values`` is the ablation value of every head (``head_means`` for mean ablation) or 0.0.
     ``rows_per_forward`` caps sequences per ablated forward (the batch repeated once per head;
@@ -89,31 +91,60 @@ def exact_effects(
     for layer, head in heads:
         by_layer.setdefault(layer, []).append(head)
     n = len(probe)
-    sums = {(layer, h): (torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64))
-            for layer, hs in by_layer.items() for h in hs}
+    sums = {
+        (layer, h): (torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64))
+        for layer, hs in by_layer.items()
+        for h in hs
+    }
     for tokens, mask, lengths, index in batches(model, probe, batch_size, with_index=True):
         b = len(tokens)
         kept: dict[int, Tensor] = {}
         first = logits_from(target, tokens, probe.repeat_len) if target.output == "logits" else 0
         types = segment_ids(probe, index)
-        clean = measure(target, model.run(tokens, mask, output=target.output, keep_blocks=kept, logits_from=first,
-                                          token_types=types), tokens, lengths, probe.repeat_len)
+        clean = measure(
+            target,
+            model.run(
+                tokens,
+                mask,
+                output=target.output,
+                keep_blocks=kept,
+                logits_from=first,
+                token_types=types,
+            ),
+            tokens,
+            lengths,
+            probe.repeat_len,
+        )
         rows = rows_per_forward or max(b, 8192 // tokens.shape[1])
         per_forward = max(1, rows // b)  # heads per ablated forward
         for layer, layer_heads in sorted(by_layer.items()):
             for start in range(0, len(layer_heads), per_forward):
-                chunk = layer_heads[start:start + per_forward]
+                chunk = layer_heads[start : start + per_forward]
                 k = len(chunk)
-                rep = torch.tensor(chunk).repeat_interleave(b)  # [k * batch]: copy j ablates head chunk[j]
-                resume = (layer, kept[layer - 1].repeat(k, 1, 1)) if layer > 0 else None  # [k*b, pos, d_model]
+                # [k * batch]: copy j ablates head chunk[j]
+                rep = torch.tensor(chunk).repeat_interleave(b)
+                # [k*b, pos, d_model]
+                resume = (layer, kept[layer - 1].repeat(k, 1, 1)) if layer > 0 else None
                 val = values[layer] if isinstance(values, Tensor) else values
-                out = model.run(tokens.repeat(k, 1), mask.repeat(k, 1), interventions=[AblateHeads(layer, rep, val)],
-                                output=target.output, resume=resume, logits_from=first,
-                                token_types=None if types is None else types.repeat(k, 1))
-                ablated = measure(target, out, tokens.repeat(k, 1), lengths.repeat(k), probe.repeat_len)
+                out = model.run(
+                    tokens.repeat(k, 1),
+                    mask.repeat(k, 1),
+                    interventions=[AblateHeads(layer, rep, val)],
+                    output=target.output,
+                    resume=resume,
+                    logits_from=first,
+                    token_types=None if types is None else types.repeat(k, 1),
+                )
+                ablated = measure(
+                    target, out, tokens.repeat(k, 1), lengths.repeat(k), probe.repeat_len
+                )
                 for j, h in enumerate(chunk):
                     part = slice(j * b, (j + 1) * b)
-                    abl = (ablated[0][part], ablated[1][part]) if isinstance(ablated, tuple) else ablated[part]
+                    abl = (
+                        (ablated[0][part], ablated[1][part])
+                        if isinstance(ablated, tuple)
+                        else ablated[part]
+                    )
                     s, c = effect_sums(target, clean, abl)  # [batch] each
                     sums[(layer, h)][0][index] += s.double().cpu()
                     sums[(layer, h)][1][index] += c.double().cpu()

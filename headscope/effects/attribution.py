@@ -1,4 +1,5 @@
-"""Attribution patching: every head's effect, estimated to first order from one forward and one backward.
+"""Attribution patching: every head's effect, estimated to first order from one forward and one
+backward.
 
 Ablating head ``h`` of layer ``l`` moves its output ``z`` (``[batch, query, dim]``) to the ablation
 value ``m`` at every position. To first order the target changes by
@@ -35,7 +36,11 @@ def attribution_effects(
     target: Target,
     values: Float[Tensor, "layer head dim"] | float | None,
     batch_size: int,
-) -> tuple[Float[Tensor, "sequence layer head"], Float[Tensor, " sequence"], Float[Tensor, "layer head dim"]]:
+) -> tuple[
+    Float[Tensor, "sequence layer head"],
+    Float[Tensor, " sequence"],
+    Float[Tensor, "layer head dim"],
+]:
     """First-order estimate of every head's effect on ``target``, per sequence of ``probe`` (its
     part of the pooled effect, times the probe's target count: ``est.sum(0) / counts.sum()`` is the
     pooled estimate, in the exact effect's units), the target count of each sequence, and every
@@ -46,15 +51,22 @@ def attribution_effects(
     forward that gives the gradients also gives the means, and no separate pass is needed.
     """
     if target.output != "logits":
-        raise HeadscopeError(f"Attribution estimates of '{target.name}' are zero to first order (1 - cos is flat at "
-                             "the clean embedding); use exact ablation (--effects exact).")
+        raise HeadscopeError(
+            f"Attribution estimates of '{target.name}' are zero to first order (1 "
+            "- cos is flat at "
+            "the clean embedding); use exact ablation (--effects exact)."
+        )
     total_count = 0.0
     for tokens, _, lengths in batches(model, probe, batch_size):
-        total_count += float(target_positions(lengths, tokens.shape[1], target.probe, probe.repeat_len).sum())
+        total_count += float(
+            target_positions(lengths, tokens.shape[1], target.probe, probe.repeat_len).sum()
+        )
     n = len(probe)
     shape = (model.n_layers, model.n_heads, model.d_head)
-    grad_sum = torch.zeros(n, *shape, dtype=torch.float64)  # per sequence: sum over real positions of d/dz
-    zg = torch.zeros(n, *shape[:2], dtype=torch.float64)  # per sequence: sum over real positions of z . d/dz
+    # per sequence: sum over real positions of d/dz
+    grad_sum = torch.zeros(n, *shape, dtype=torch.float64)
+    # per sequence: sum over real positions of z . d/dz
+    zg = torch.zeros(n, *shape[:2], dtype=torch.float64)
     z_sum = torch.zeros(shape, dtype=torch.float64)  # for the means
     counts = torch.zeros(n, dtype=torch.float64)
     n_real = 0.0
@@ -69,8 +81,15 @@ def attribution_effects(
             return out + delta
 
         first = logits_from(target, tokens, probe.repeat_len)
-        logits = model.run(tokens, mask, handler=seam, output="logits", grad=True, logits_from=first,
-                           token_types=segment_ids(probe, index))
+        logits = model.run(
+            tokens,
+            mask,
+            handler=seam,
+            output="logits",
+            grad=True,
+            logits_from=first,
+            token_types=segment_ids(probe, index),
+        )
         targets = target_positions(lengths, tokens.shape[1], target.probe, probe.repeat_len)
         loss_sum, count = token_losses(logits, tokens, targets, first=first)
         counts[index] = count.double().cpu()
@@ -78,15 +97,23 @@ def attribution_effects(
         grads = torch.autograd.grad(loss_sum.sum() / total_count, [deltas[la] for la in layers])
         real = mask.to(logits.device)[:, :, None, None].to(torch.float64)  # [batch, pos, 1, 1]
         for layer, g in zip(layers, grads, strict=True):
-            z, g = outs[layer].double() * real, g.double() * real  # [batch, pos, head, dim], padding zeroed
+            # [batch, pos, head, dim], padding zeroed
+            z, g = outs[layer].double() * real, g.double() * real
             grad_sum[index, layer] = g.sum(1).cpu()  # [batch, head, dim]
             zg[index, layer] = (z * g).sum((1, 3)).cpu()  # [batch, head]
             z_sum[layer] += z.sum((0, 1)).cpu()  # [head, dim]
         n_real += float(mask.sum())
         del logits, loss_sum, grads
     means = z_sum / n_real
-    m = means if values is None else values.double() if isinstance(values, Tensor) else float(values)
+    m = (
+        means
+        if values is None
+        else values.double()
+        if isinstance(values, Tensor)
+        else float(values)
+    )
     # sum over positions of (m - z) . g = m . sum g - sum z . g, per sequence; times total_count:
     # each sequence's share of the pooled estimate, in the units of an effect sum
-    est = ((m * grad_sum).sum(-1) if isinstance(m, Tensor) else m * grad_sum.sum(-1)) - zg  # [sequence, layer, head]
+    # [sequence, layer, head]
+    est = ((m * grad_sum).sum(-1) if isinstance(m, Tensor) else m * grad_sum.sum(-1)) - zg
     return est * total_count, counts, means

@@ -37,16 +37,19 @@ from headscope.errors import HeadscopeError
 from headscope.metrics import REGISTRY
 from headscope.result import Probe, ScoreInfo
 
-TOP_BY_ATTRIBUTION = 0.1  # auto: exact ablation for this share of heads, by |attribution| (at least 10)
+# auto: exact ablation for this share of heads, by |attribution| (at least 10)
+TOP_BY_ATTRIBUTION = 0.1
 TOP_BY_PATTERN = 3  # auto: ... and for the top heads of each pattern score of the same probe
 
 
 @dataclass
 class EffectScores:
-    """One target's effects for every head: ``[layer, head]`` scores and which estimator gave each."""
+    """One target's effects for every head: ``[layer, head]`` scores and which estimator gave
+    each."""
 
     metric: ScoreInfo
-    total: Float[Tensor, "layer head"]  # effect sums (pooled effect x count); NaN where not computed
+    # effect sums (pooled effect x count); NaN where not computed
+    total: Float[Tensor, "layer head"]
     count: float
     estimator: np.ndarray = field(repr=False)  # [layer, head] of "exact" / "attribution" / ""
     chance_total: float = 0.0  # no effect
@@ -64,18 +67,30 @@ class EffectScores:
 
 
 def check_model(model, mode: str) -> list[Target]:
-    """The targets ``model``'s effects are measured on, or one line saying why it cannot have them."""
+    """The targets ``model``'s effects are measured on, or one line saying why it cannot have
+    them."""
     if not model.attention_interface:
-        raise HeadscopeError(f"{model.name}: effects ablate heads at the attention seam, which this model's attention "
-                             "does not go through (a transformer-lens bridge, or a class transformers will not "
-                             "switch); load it by name or folder.")
+        raise HeadscopeError(
+            f"{model.name}: effects ablate heads at the attention seam, which "
+            "this model's attention "
+            "does not go through (a transformer-lens bridge, or a class "
+            "transformers will not "
+            "switch); load it by name or folder."
+        )
     targets = targets_for(model)
     if model.causal and model.hf.get_output_embeddings() is None:
-        raise HeadscopeError(f"{model.name} has no unembedding (LM head), and its effects are changes in next-token "
-                             "loss; load it with its LM head (a *ForCausalLM / *LMHeadModel).")
+        raise HeadscopeError(
+            f"{model.name} has no unembedding (LM head), and its effects are "
+            "changes in next-token "
+            "loss; load it with its LM head (a *ForCausalLM / *LMHeadModel)."
+        )
     if mode == "attribution" and all(t.output != "logits" for t in targets):
-        raise HeadscopeError(f"{model.name} is an encoder: its effect is the change of its sentence embedding, which "
-                             "attribution cannot estimate (zero to first order); use --effects exact.")
+        raise HeadscopeError(
+            f"{model.name} is an encoder: its effect is the change of its "
+            "sentence embedding, which "
+            "attribution cannot estimate (zero to first order); use --effects "
+            "exact."
+        )
     return targets
 
 
@@ -110,7 +125,9 @@ def head_effects(
         if settings.mode in ("auto", "attribution", "both") and target.output == "logits":
             say(f"effects: attribution for {len(all_heads)} heads on {target.name}")
             t0 = time.perf_counter()
-            attribution, counts, means = attribution_effects(model, probe, target, values, batch_size)
+            attribution, counts, means = attribution_effects(
+                model, probe, target, values, batch_size
+            )
             values = means if values is None else values  # the same pass gave the means
             timings[f"attribution_{target.name}_s"] = round(time.perf_counter() - t0, 3)
         if values is None:
@@ -125,7 +142,10 @@ def head_effects(
             exact_heads = []
         exact = {}
         if exact_heads:
-            say(f"effects: exact {settings.ablation}-ablation of {len(exact_heads)} heads on {target.name}")
+            say(
+                f"effects: exact {settings.ablation}-ablation of {len(exact_heads)} heads on "
+                f"{target.name}"
+            )
             t0 = time.perf_counter()
             exact = exact_effects(model, probe, target, exact_heads, values, batch_size)
             timings[f"exact_{target.name}_s"] = round(time.perf_counter() - t0, 3)
@@ -139,9 +159,12 @@ def batch_size_for(model, probe: Probe) -> int:
     return max(1, min(8, auto_batch_size(model, max(len(s) for s in probe.sequences))))
 
 
-def choose_heads(attribution: Tensor, pattern_scores: pd.DataFrame | None, probe: str) -> list[tuple[int, int]]:
+def choose_heads(
+    attribution: Tensor, pattern_scores: pd.DataFrame | None, probe: str
+) -> list[tuple[int, int]]:
     """``auto``: the heads that get exact ablation: the top by |attribution| and by each pattern
-    score measured on ``probe`` (lowest first for ``below`` metrics, e.g. entropy), in layer order."""
+    score measured on ``probe`` (lowest first for ``below`` metrics, e.g. entropy), in layer
+    order."""
     n_layers, n_heads = attribution.shape
     k = max(10, math.ceil(TOP_BY_ATTRIBUTION * n_layers * n_heads))
     flat = attribution.abs().flatten().argsort(descending=True)[:k]
@@ -150,13 +173,18 @@ def choose_heads(attribution: Tensor, pattern_scores: pd.DataFrame | None, probe
         for metric, sub in pattern_scores[pattern_scores["probe"] == probe].groupby("metric"):
             sub = sub[sub["score"].notna()]
             below = metric in REGISTRY and REGISTRY[metric].below
-            top = sub.nsmallest(TOP_BY_PATTERN, "score") if below else sub.nlargest(TOP_BY_PATTERN, "score")
+            top = (
+                sub.nsmallest(TOP_BY_PATTERN, "score")
+                if below
+                else sub.nlargest(TOP_BY_PATTERN, "score")
+            )
             chosen |= {(int(r.layer), int(r.head)) for r in top.itertuples()}
     return sorted(chosen)
 
 
-def _tables(model, target: Target, attribution: Tensor | None, counts: Tensor | None, exact: dict
-            ) -> list[EffectScores]:
+def _tables(
+    model, target: Target, attribution: Tensor | None, counts: Tensor | None, exact: dict
+) -> list[EffectScores]:
     """``effect_<target>`` (exact where computed, else the attribution estimate) and, when both
     estimators ran, ``attribution_<target>`` for every head; per sequence and pooled."""
     shape = (model.n_layers, model.n_heads)
@@ -172,11 +200,29 @@ def _tables(model, target: Target, attribution: Tensor | None, counts: Tensor | 
         seq[:, layer, head] = s
         estimator[layer, head] = "exact"
     count = float(counts.sum())
-    out = [EffectScores(target.info(), seq.sum(0), count, estimator, seq_total=seq, seq_count=counts)]
+    out = [
+        EffectScores(target.info(), seq.sum(0), count, estimator, seq_total=seq, seq_count=counts)
+    ]
     if attribution is not None and exact:
-        out.append(EffectScores(target.attribution_info(), attribution.sum(0), count,
-                                np.full(shape, "attribution", dtype=object), seq_total=attribution, seq_count=counts))
+        out.append(
+            EffectScores(
+                target.attribution_info(),
+                attribution.sum(0),
+                count,
+                np.full(shape, "attribution", dtype=object),
+                seq_total=attribution,
+                seq_count=counts,
+            )
+        )
     return out
 
 
-__all__ = ["MODES", "ABLATIONS", "TARGETS", "EffectScores", "EffectSettings", "head_effects", "choose_heads"]
+__all__ = [
+    "MODES",
+    "ABLATIONS",
+    "TARGETS",
+    "EffectScores",
+    "EffectSettings",
+    "head_effects",
+    "choose_heads",
+]

@@ -93,7 +93,8 @@ def noop_effects(
     on_progress: Callable[[int], None] | None = None,
 ) -> dict[tuple[int, int], tuple[Tensor, Tensor]]:
     """``{(layer, head): (effect sums [sequence], counts [sequence])}`` (float64) of removing each
-    head's attention to [SEP] / position 0 on the text ``probe``; pooled = ``sums.sum() / counts.sum()``."""
+    head's attention to [SEP] / position 0 on the text ``probe``; pooled = ``sums.sum() /
+    counts.sum()``."""
     target = target_for(model)
     heads = (
         [(la, h) for la in range(model.n_layers) for h in range(model.n_heads)]

@@ -35,19 +35,31 @@ class EffectSettings:
 
     def validate(self) -> EffectSettings:
         if self.mode not in MODES:
-            raise HeadscopeError(f"Unknown effects mode '{self.mode}'.{did_you_mean(self.mode, MODES)} "
-                                 f"Use one of {', '.join(MODES)}.")
+            raise HeadscopeError(
+                "Unknown effects mode "
+                f"'{self.mode}'.{did_you_mean(self.mode, MODES)} "
+                f"Use one of {', '.join(MODES)}."
+            )
         if self.ablation not in ABLATIONS:
-            raise HeadscopeError(f"Unknown ablation '{self.ablation}'.{did_you_mean(self.ablation, ABLATIONS)} "
-                                 f"Use one of {', '.join(ABLATIONS)}.")
+            raise HeadscopeError(
+                "Unknown ablation "
+                f"'{self.ablation}'.{did_you_mean(self.ablation, ABLATIONS)} "
+                f"Use one of {', '.join(ABLATIONS)}."
+            )
         if self.batch_size is not None and self.batch_size < 1:
-            raise HeadscopeError(f"{setting('effects_batch_size')} must be at least 1, got {self.batch_size}.")
+            raise HeadscopeError(
+                f"{setting('effects_batch_size')} must be at least 1, got {self.batch_size}."
+            )
         if self.n_sequences is not None and self.n_sequences < 1:
-            raise HeadscopeError(f"{setting('effects_sequences')} must be at least 1, got {self.n_sequences}.")
+            raise HeadscopeError(
+                f"{setting('effects_sequences')} must be at least 1, got {self.n_sequences}."
+            )
         return self
 
     def subset(self, probe: Probe) -> Probe:
         """The sequences of ``probe`` effects are measured on."""
         if self.n_sequences is None or self.n_sequences >= len(probe):
             return probe
-        return Probe(probe.name, probe.sequences[: self.n_sequences], probe.repeat_len, probe.settings)
+        return Probe(
+            probe.name, probe.sequences[: self.n_sequences], probe.repeat_len, probe.settings
+        )

@@ -31,7 +31,8 @@ from headscope.result import ScoreInfo
 
 @dataclass(frozen=True)
 class Target:
-    """One measured quantity: how it is computed, and how the report describes a head's effect on it."""
+    """One measured quantity: how it is computed, and how the report describes a head's effect on
+    it."""
 
     name: str  # "repeat_loss", "text_loss", "embedding"
     probe: str  # the probe it is measured on
@@ -50,7 +51,8 @@ class Target:
         return f"effect_{self.name}"
 
     def info(self) -> ScoreInfo:
-        """How ``effect_<name>`` rows are described (exact where the run says so, else estimates)."""
+        """How ``effect_<name>`` rows are described (exact where the run says so, else
+        estimates)."""
         return EFFECTS[self.metric]
 
     def attribution_info(self) -> ScoreInfo:
@@ -60,22 +62,32 @@ class Target:
 
 def _target(name: str, output: str, causal: bool) -> Target:
     info = EFFECTS[f"effect_{name}"]  # what it means lives in the catalog
-    return Target(name, info.probe, output, causal, info.definition, info.label, info.threshold, info.unit)
+    return Target(
+        name, info.probe, output, causal, info.definition, info.label, info.threshold, info.unit
+    )
 
 
-TARGETS: dict[str, Target] = {t.name: t for t in [_target("repeat_loss", "logits", True),
-                                                  _target("text_loss", "logits", True),
-                                                  _target("embedding", "hidden", False)]}
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in [
+        _target("repeat_loss", "logits", True),
+        _target("text_loss", "logits", True),
+        _target("embedding", "hidden", False),
+    ]
+}
 
 
 def targets_for(model) -> list[Target]:
-    """The targets a model's effects are measured on: losses for decoders, the embedding for encoders."""
+    """The targets a model's effects are measured on: losses for decoders, the embedding for
+    encoders."""
     return [t for t in TARGETS.values() if t.causal == model.causal]
 
 
-def target_positions(lengths: Int[Tensor, " batch"], n: int, probe: str, repeat_len: int | None
-                     ) -> Bool[Tensor, "batch pos"]:
-    """``[batch, pos]``: True at the target tokens ``t`` of each sequence (predicted from ``t - 1``)."""
+def target_positions(
+    lengths: Int[Tensor, " batch"], n: int, probe: str, repeat_len: int | None
+) -> Bool[Tensor, "batch pos"]:
+    """``[batch, pos]``: True at the target tokens ``t`` of each sequence (predicted from ``t -
+    1``)."""
     t = torch.arange(n)[None, :]  # [1, pos]
     real = t < lengths[:, None]  # [batch, pos]
     if probe == "repeat":
@@ -85,12 +97,17 @@ def target_positions(lengths: Int[Tensor, " batch"], n: int, probe: str, repeat_
 
 
 def logits_from(target: Target, tokens: Tensor, repeat_len: int | None) -> int:
-    """The first position whose logits a loss target reads (the unembedding of earlier ones is skipped)."""
+    """The first position whose logits a loss target reads (the unembedding of earlier ones is
+    skipped)."""
     return int(repeat_len) + 1 if target.probe == "repeat" else 0
 
 
-def token_losses(logits: Float[Tensor, "batch pos vocab"], tokens: Int[Tensor, "batch pos"],
-                 targets: Bool[Tensor, "batch pos"], first: int = 0) -> tuple[Tensor, Tensor]:
+def token_losses(
+    logits: Float[Tensor, "batch pos vocab"],
+    tokens: Int[Tensor, "batch pos"],
+    targets: Bool[Tensor, "batch pos"],
+    first: int = 0,
+) -> tuple[Tensor, Tensor]:
     """Per sequence: the summed next-token cross-entropy over its target tokens, and their count.
 
     ``logits`` hold positions ``first ..`` (``[batch, pos - first, vocab]``); only the rows that
@@ -106,10 +123,15 @@ def token_losses(logits: Float[Tensor, "batch pos vocab"], tokens: Int[Tensor, "
     return total, targets.sum(-1).double().to(logits.device)
 
 
-def sentence_embedding(hidden: Float[Tensor, "batch pos d_model"], lengths: Int[Tensor, " batch"]
-                       ) -> Float[Tensor, "batch d_model"]:
-    """Mean of the last hidden state over each sequence's real tokens (sentence-transformers pooling)."""
-    real = (torch.arange(hidden.shape[1], device=hidden.device)[None, :] < lengths.to(hidden.device)[:, None])
+def sentence_embedding(
+    hidden: Float[Tensor, "batch pos d_model"], lengths: Int[Tensor, " batch"]
+) -> Float[Tensor, "batch d_model"]:
+    """Mean of the last hidden state over each sequence's real tokens (sentence-transformers
+    pooling)."""
+    real = (
+        torch.arange(hidden.shape[1], device=hidden.device)[None, :]
+        < lengths.to(hidden.device)[:, None]
+    )
     w = real.to(hidden.dtype)[..., None]  # [batch, pos, 1]
     return (hidden * w).sum(1) / w.sum(1)  # [batch, d_model]
 

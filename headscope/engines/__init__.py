@@ -1,6 +1,6 @@
 """Engines: the ways headscope reads attention during a forward pass, behind one registry.
 
-=========  ==========================================================================================
+=========  =========================================================================================
 base       what an engine is (:class:`~headscope.engines.base.Engine`)
 registry   the engines by name, in the order ``--engine auto`` tries them; one line registers one
 kernel     the C++ fused kernel (``csrc/head_stats.cpp``), built on first use
@@ -12,7 +12,7 @@ triton_stats  a Triton kernel mirroring csrc/head_stats.cpp (a prototype, not re
 hooks      transformer-lens ``hook_pattern`` (eager attention), the reference
 extract    streaming per-head sums over a probe's batches, on any engine
 support    which model families each engine scores exactly (the conformance table)
-=========  ==========================================================================================
+=========  =========================================================================================
 
 Nothing is imported here: ``headscope.engines.registry`` lists the engines without loading torch.
 """

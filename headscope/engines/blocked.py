@@ -44,8 +44,8 @@ def pattern_blocks(
     """Yield ``(q_start, softmax pattern block)``; causal blocks stop at key ``q_start + block``.
 
     With ``with_log``, yield ``(q_start, block, log_block)``: the block is computed as
-    ``exp(log_softmax(s))`` (same cost as ``softmax``) and ``log_block`` lets the entropy metric skip
-    a logarithm per element. Masked scores are set to the most negative finite float, as eager
+    ``exp(log_softmax(s))`` (same cost as ``softmax``) and ``log_block`` lets the entropy metric
+    skip a logarithm per element. Masked scores are set to the most negative finite float, as eager
     attention does, so ``log_block`` is finite and ``block * log_block`` is 0 where masked.
 
     ``attention_mask``: None, boolean (True = may attend) or additive float, broadcastable to
@@ -56,7 +56,8 @@ def pattern_blocks(
     kvh, n_k = key.shape[1], key.shape[2]
     g = h // kvh
     offset = n_k - n_q  # keys before the first query (0 without a KV cache)
-    q32 = (query.float() * scaling).view(b, kvh, g, n_q, d)  # [b, kv_head, group, q, dim], pre-scaled
+    # [b, kv_head, group, q, dim], pre-scaled
+    q32 = (query.float() * scaling).view(b, kvh, g, n_q, d)
     kT = key.float().transpose(-1, -2).unsqueeze(2)  # [b, kv_head, 1, dim, k]
     for qs in range(0, n_q, rows):
         qe = min(n_q, qs + rows)
@@ -67,7 +68,8 @@ def pattern_blocks(
             m = attention_mask[..., qs:qe, :kmax]
             if m.dtype == torch.bool:
                 s.masked_fill_(~m, NEG)
-                empty_rows = ~m.any(-1, keepdim=True)  # [b or 1, 1, qb, 1]: rows with no visible key
+                # [b or 1, 1, qb, 1]: rows with no visible key
+                empty_rows = ~m.any(-1, keepdim=True)
             else:
                 s += m.float()
         elif causal:
@@ -86,21 +88,33 @@ def pattern_blocks(
 
 
 def refuse_unmodelled(call: AttentionCall, engine: str) -> None:
-    """One line instead of a silently wrong score when the softmax has more than ``q k^T + mask``."""
+    """One line instead of a silently wrong score when the softmax has more than ``q k^T +
+    mask``."""
     if call.extras:
-        raise HeadscopeError(f"This model's attention uses {', '.join(call.extras)}, which the {engine} engine "
-                             f"does not model; use --engine {' or '.join(model_attention_engines())}.")
+        raise HeadscopeError(
+            f"This model's attention uses {', '.join(call.extras)}, which the "
+            f"{engine} engine "
+            "does not model; use --engine "
+            f"{' or '.join(model_attention_engines())}."
+        )
 
 
 class BlockHandler:
-    """The attention handler of one blocked forward: score the wanted layers, stop after the last."""
+    """The attention handler of one blocked forward: score the wanted layers, stop after the
+    last."""
 
     engine = "blocked"
 
-    def __init__(self, on_rows: OnRows, layers: Sequence[int], block_bytes: int | None = None,
-                 device: torch.device | None = None):
+    def __init__(
+        self,
+        on_rows: OnRows,
+        layers: Sequence[int],
+        block_bytes: int | None = None,
+        device: torch.device | None = None,
+    ):
         self.on_rows = on_rows
-        self.device = device  # where the metrics accumulate; a layer placed elsewhere (device_map) is moved here
+        # where the metrics accumulate; a layer placed elsewhere (device_map) is moved here
+        self.device = device
         self.layers = frozenset(layers)
         self.last = max(layers)
         self.block_bytes = BLOCK_BYTES if block_bytes is None else block_bytes
@@ -111,10 +125,13 @@ class BlockHandler:
         b, h, _, n_k = call.shape
         rows = block_rows(b, h, n_k, self.block_bytes)
         query, key, mask = call.query, call.key, call.mask
-        if self.device is not None and query.device != self.device:  # a layer on another device of a device map
+        # a layer on another device of a device map
+        if self.device is not None and query.device != self.device:
             query, key = query.to(self.device), key.to(self.device)
             mask = None if mask is None else mask.to(self.device)
-        for qs, block, log_block in pattern_blocks(query, key, mask, call.scale, call.causal, rows, with_log=True):
+        for qs, block, log_block in pattern_blocks(
+            query, key, mask, call.scale, call.causal, rows, with_log=True
+        ):
             self.on_rows(call.layer, DenseRows(block, log_block), qs)
 
     def __call__(self, call: AttentionCall) -> Tensor:
@@ -127,17 +144,26 @@ class BlockHandler:
 
 class BlockedEngine(Engine):
     name = "blocked"
-    summary = "the model's sdpa for outputs, exact softmax pattern blocks a few query rows at a time"
+    summary = (
+        "the model's sdpa for outputs, exact softmax pattern blocks a few query rows at a time"
+    )
 
     def unavailable(self, model, metrics):
         if not model.attention_interface:
             return "its attention does not run through transformers' attention interface"
         return None
 
-    def run(self, model, tokens, mask, batch, on_rows, layers=None, interventions=(), token_types=None) -> None:
+    def run(
+        self, model, tokens, mask, batch, on_rows, layers=None, interventions=(), token_types=None
+    ) -> None:
         layers = range(model.n_layers) if layers is None else layers
-        model.run(tokens, mask, handler=BlockHandler(on_rows, layers, device=model.device), interventions=interventions,
-                  token_types=token_types)
+        model.run(
+            tokens,
+            mask,
+            handler=BlockHandler(on_rows, layers, device=model.device),
+            interventions=interventions,
+            token_types=token_types,
+        )
 
 
 ENGINE = BlockedEngine()

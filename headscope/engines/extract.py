@@ -50,7 +50,11 @@ class MetricScores:
     def chance(self) -> float | Float[Tensor, " layer"]:
         """The score of a uniform head: a float, or ``[layer]`` when it differs by layer."""
         if isinstance(self.chance_total, Tensor):
-            return self.chance_total / self.count if self.count else torch.full_like(self.chance_total, torch.nan)
+            return (
+                self.chance_total / self.count
+                if self.count
+                else torch.full_like(self.chance_total, torch.nan)
+            )
         return self.chance_total / self.count if self.count else float("nan")
 
     def chance_at(self, layer: int) -> float:
@@ -61,13 +65,19 @@ class MetricScores:
     def __add__(self, other: MetricScores) -> MetricScores:
         """The scores of two disjoint sets of sequences, pooled (sums and counts add)."""
         if other.metric.name != self.metric.name or other.total.shape != self.total.shape:
-            raise ValueError(f"Cannot pool {self.metric.name} {tuple(self.total.shape)} with "
-                             f"{other.metric.name} {tuple(other.total.shape)}.")
+            raise ValueError(
+                f"Cannot pool {self.metric.name} {tuple(self.total.shape)} with "
+                f"{other.metric.name} {tuple(other.total.shape)}."
+            )
         both = self.seq_total is not None and other.seq_total is not None
-        return MetricScores(self.metric, self.total + other.total, self.count + other.count,
-                            self.chance_total + other.chance_total,
-                            torch.cat([self.seq_total, other.seq_total]) if both else None,
-                            torch.cat([self.seq_count, other.seq_count]) if both else None)
+        return MetricScores(
+            self.metric,
+            self.total + other.total,
+            self.count + other.count,
+            self.chance_total + other.chance_total,
+            torch.cat([self.seq_total, other.seq_total]) if both else None,
+            torch.cat([self.seq_count, other.seq_count]) if both else None,
+        )
 
     def __radd__(self, other) -> MetricScores:
         """``sum(shards)`` starts from 0."""
@@ -77,7 +87,8 @@ class MetricScores:
 
 
 def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Right-pad to the longest: (tokens ``[batch, pos]``, mask ``[batch, pos]``, lengths ``[batch]``)."""
+    """Right-pad to the longest: (tokens ``[batch, pos]``, mask ``[batch, pos]``, lengths
+    ``[batch]``)."""
     lengths = torch.tensor([len(s) for s in seqs])
     n = int(lengths.max())
     tokens = torch.full((len(seqs), n), pad_id, dtype=torch.long)
@@ -87,9 +98,16 @@ def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tenso
     return tokens, mask, lengths
 
 
-def pattern_batch(model, probe: Probe, tokens: Tensor, mask: Tensor, lengths: Tensor,
-                  punct: PunctuationTable | None = None, index: Sequence[int] | None = None,
-                  metrics: Sequence[Metric] = ()) -> PatternBatch:
+def pattern_batch(
+    model,
+    probe: Probe,
+    tokens: Tensor,
+    mask: Tensor,
+    lengths: Tensor,
+    punct: PunctuationTable | None = None,
+    index: Sequence[int] | None = None,
+    metrics: Sequence[Metric] = (),
+) -> PatternBatch:
     """The metric context of one padded batch: lengths, causality and special-key flags; the
     needle probe's answer targets (``index``: each row's place in the probe), and the sink +
     window band when a metric reads it."""
@@ -99,7 +117,8 @@ def pattern_batch(model, probe: Probe, tokens: Tensor, mask: Tensor, lengths: Te
         targets = torch.full(tokens.shape, -1, dtype=torch.long)  # [batch, query]
         for row, i in enumerate(range(len(tokens)) if index is None else index):
             for q, k in probe.targets(int(i)).items():
-                if q < tokens.shape[1]:  # a sequence cut short (the report's example views) keeps its early answers
+                # a sequence cut short (the report's example views) keeps its early answers
+                if q < tokens.shape[1]:
                     targets[row, q] = k
     band = None
     if any("band" in m.needs for m in metrics):
@@ -132,10 +151,11 @@ def score_probe(
 ) -> dict[str, MetricScores]:
     """Score every head of ``model`` on ``probe`` for each metric, streaming layer by layer.
 
-    ``engine`` names a registered engine (:mod:`headscope.engines.registry`) or ``"auto"``, the first that
-    the model, device and metrics allow; all give the same scores. ``batch_size=None`` picks one
-    from the sequence length and free memory. ``interventions`` (:mod:`headscope.models.attention`) are
-    applied in every forward: the scores of a model with some heads ablated or restricted.
+    ``engine`` names a registered engine (:mod:`headscope.engines.registry`) or ``"auto"``, the
+    first that the model, device and metrics allow; all give the same scores. ``batch_size=None``
+    picks one from the sequence length and free memory. ``interventions``
+    (:mod:`headscope.models.attention`) are applied in every forward: the scores of a model with
+    some heads ablated or restricted.
 
     The work is :func:`plan_batches`, then :func:`score_batch` on each batch, added up in batch
     order by :class:`Sums`: a sharded scan (:mod:`headscope.scale`) scores the same batches
@@ -184,15 +204,29 @@ class BatchScores:
     seq_count: dict[str, Tensor]  # per metric: [b]
 
 
-def score_batch(model, probe: Probe, metrics: Sequence[Metric], index: Sequence[int], eng,
-                interventions: Sequence = (), punct: PunctuationTable | None = None) -> BatchScores:
-    """One forward over the probe's sequences ``index`` with engine ``eng``: a :class:`BatchScores`."""
+def score_batch(
+    model,
+    probe: Probe,
+    metrics: Sequence[Metric],
+    index: Sequence[int],
+    eng,
+    interventions: Sequence = (),
+    punct: PunctuationTable | None = None,
+) -> BatchScores:
+    """One forward over the probe's sequences ``index`` with engine ``eng``: a
+    :class:`BatchScores`."""
     index = list(index)
-    part = BatchScores(index, {m.name: [] for m in metrics}, {m.name: [] for m in metrics},
-                       {m.name: [] for m in metrics},
-                       {m.name: torch.zeros(len(index), model.n_layers, model.n_heads, dtype=torch.float64)
-                        for m in metrics},
-                       {m.name: torch.zeros(len(index), dtype=torch.float64) for m in metrics})
+    part = BatchScores(
+        index,
+        {m.name: [] for m in metrics},
+        {m.name: [] for m in metrics},
+        {m.name: [] for m in metrics},
+        {
+            m.name: torch.zeros(len(index), model.n_layers, model.n_heads, dtype=torch.float64)
+            for m in metrics
+        },
+        {m.name: torch.zeros(len(index), dtype=torch.float64) for m in metrics},
+    )
     chunk = [probe.sequences[i] for i in index]
     tokens, mask, lengths = pad_batch(chunk, model.pad_id)  # [b, n], [b, n], [b]
     batch = pattern_batch(model, probe, tokens, mask, lengths, punct, index, metrics)
@@ -202,23 +236,33 @@ def score_batch(model, probe: Probe, metrics: Sequence[Metric], index: Sequence[
 
     def on_rows(layer: int, rows: Rows, q_start: int = 0) -> None:
         # a block of query rows whose key axis may stop early (causal blocks)
-        block = on_device if q_start == 0 and rows.shape[-1] == n else _block(on_device, q_start, rows.shape[-1])
+        block = (
+            on_device
+            if q_start == 0 and rows.shape[-1] == n
+            else _block(on_device, q_start, rows.shape[-1])
+        )
         seen.add(layer)
         for m in metrics:
             per_seq = m(rows, block).total.cpu()  # [b, head]
             part.total_steps[m.name].append((layer, per_seq.sum(0)))  # [head]
             part.seq_total[m.name][:, layer] += per_seq
 
-    extra = {"interventions": interventions} if interventions else {}  # engines written before them still run
+    # engines written before them still run
+    extra = {"interventions": interventions} if interventions else {}
     if probe.token_types is not None:
         extra["token_types"] = pad_batch([probe.token_types[i] for i in index], 0)[0]  # [b, n]
     eng.run(model, tokens, mask, on_device, on_rows, **extra)
     if len(seen) != model.n_layers:  # a layer the engine never reached would score 0, silently
         missed = sorted(set(range(model.n_layers)) - seen)
-        raise HeadscopeError(f"The {eng.name} engine never saw layer(s) {', '.join(map(str, missed))} of "
-                             f"{model.name}: its attention did not reach headscope; use --engine hooks.")
+        raise HeadscopeError(
+            f"The {eng.name} engine never saw layer(s) "
+            f"{', '.join(map(str, missed))} of "
+            f"{model.name}: its attention did not reach headscope; use --engine "
+            "hooks."
+        )
     reach = tuple(getattr(model, "reach", ()) or ()) or (None,) * model.n_layers
-    _add_chance(metrics, on_device, part, reach)  # where the model is: O(n^2) per batch, a GPU's job there
+    # where the model is: O(n^2) per batch, a GPU's job there
+    _add_chance(metrics, on_device, part, reach)
     return part
 
 
@@ -227,12 +271,16 @@ class Sums:
 
     def __init__(self, model, probe: Probe, metrics: Sequence[Metric]):
         self.metrics = list(metrics)
-        self.totals = {m.name: torch.zeros(model.n_layers, model.n_heads, dtype=torch.float64) for m in metrics}
+        self.totals = {
+            m.name: torch.zeros(model.n_layers, model.n_heads, dtype=torch.float64) for m in metrics
+        }
         self.counts = dict.fromkeys(self.totals, 0.0)
         self.chance = {m.name: torch.zeros(model.n_layers, dtype=torch.float64) for m in metrics}
         # per sequence, in the probe's order (kept beside the pooled sums)
-        self.seq_totals = {m.name: torch.zeros(len(probe), model.n_layers, model.n_heads, dtype=torch.float64)
-                           for m in metrics}
+        self.seq_totals = {
+            m.name: torch.zeros(len(probe), model.n_layers, model.n_heads, dtype=torch.float64)
+            for m in metrics
+        }
         self.seq_counts = {m.name: torch.zeros(len(probe), dtype=torch.float64) for m in metrics}
 
     def add(self, part: BatchScores) -> None:
@@ -248,12 +296,25 @@ class Sums:
             self.seq_counts[name][index] += part.seq_count[name]
 
     def result(self) -> dict[str, MetricScores]:
-        return {m.name: MetricScores(m, self.totals[m.name], self.counts[m.name], self.chance[m.name],
-                                     self.seq_totals[m.name], self.seq_counts[m.name]) for m in self.metrics}
+        return {
+            m.name: MetricScores(
+                m,
+                self.totals[m.name],
+                self.counts[m.name],
+                self.chance[m.name],
+                self.seq_totals[m.name],
+                self.seq_counts[m.name],
+            )
+            for m in self.metrics
+        }
 
 
-def _add_chance(metrics: Sequence[Metric], batch: PatternBatch, part: BatchScores,
-                reach: Sequence[int | None] = (None,)) -> None:
+def _add_chance(
+    metrics: Sequence[Metric],
+    batch: PatternBatch,
+    part: BatchScores,
+    reach: Sequence[int | None] = (None,),
+) -> None:
     """Counts and per-layer chance sums of one batch: each metric on a uniform head over the keys
     each layer can see (``reach``, one entry per layer), in query blocks (O(n) memory). Counts do
     not depend on the layer; chance is computed once per distinct reach."""
@@ -261,13 +322,15 @@ def _add_chance(metrics: Sequence[Metric], batch: PatternBatch, part: BatchScore
     rows = max(16, (16 * 2**20) // (4 * b * n))
     layers_of: dict[int | None, list[int]] = {}
     for layer, r in enumerate(reach):
-        layers_of.setdefault(r if r is None or r < n - 1 else None, []).append(layer)  # a reach >= n sees all
+        # a reach >= n sees all
+        layers_of.setdefault(r if r is None or r < n - 1 else None, []).append(layer)
     for r, layers in layers_of.items():
         first = r == next(iter(layers_of))
         for q_start in range(0, n, rows):
             block = replace(batch, q_start=q_start, reach=r)
-            uniform = uniform_pattern((b, 1, min(rows, n - q_start), n), block,
-                                      device=batch.lengths.device)  # [b, 1, rows, n]
+            uniform = uniform_pattern(
+                (b, 1, min(rows, n - q_start), n), block, device=batch.lengths.device
+            )  # [b, 1, rows, n]
             for m in metrics:
                 pooled = (m.chance_fn or m.fn)(uniform, block)
                 part.chance_steps[m.name].append((layers, float(pooled.total.sum())))
@@ -280,7 +343,8 @@ def auto_batch_size(model, seq_len: int, budget_bytes: int | None = None) -> int
     """Sequences per forward from the context length and the memory there is.
 
     Aims at ~4k tokens a batch (enough to keep matrix kernels busy) and keeps the activations
-    (~24 fp32 vectors of ``d_model`` per token, a generous bound) within a quarter of the free memory.
+    (~24 fp32 vectors of ``d_model`` per token, a generous bound) within a quarter of the free
+    memory.
     """
     d_model = model.d_model or 768
     per_seq = seq_len * d_model * 4 * 24 + model.n_heads * seq_len * 4 * 64
@@ -305,8 +369,14 @@ def _free_memory(device) -> int:
 
 def _block(batch: PatternBatch, q_start: int, n_keys: int) -> PatternBatch:
     """The context of a query block whose key axis stops at ``n_keys`` (causal blocks)."""
+
     def cut(t):
         return None if t is None else t[:, :n_keys]
 
-    return replace(batch, q_start=q_start, separator=cut(batch.separator), punctuation=cut(batch.punctuation),
-                   key_counts=cut(batch.key_counts))
+    return replace(
+        batch,
+        q_start=q_start,
+        separator=cut(batch.separator),
+        punctuation=cut(batch.punctuation),
+        key_counts=cut(batch.key_counts),
+    )

@@ -11,8 +11,8 @@ the full ``n x n`` scores in memory, so ``auto`` leaves the CPU to the fused and
 ``--engine flex`` (``engine="flex"``) still runs it there, which is how its statistics are tested
 against the blocked engine without a GPU. Calls it cannot take (an additive mask, a per-head mask
 from an intervention) are scored from exact pattern blocks instead, as the fused engine does, and
-the scan hears about it once (:func:`headscope.errors.notice`). Softmax changes it does not model (soft-capping,
-learned sinks, position biases) are refused in one line naming the engine that can.
+the scan hears about it once (:func:`headscope.errors.notice`). Softmax changes it does not model
+(soft-capping, learned sinks, position biases) are refused in one line naming the engine that can.
 """
 
 from __future__ import annotations
@@ -35,11 +35,17 @@ FLAG_SETS = ("separator", "punctuation")  # PatternBatch key sets whose mass the
 def flex_request(batch: PatternBatch, n_keys: int) -> StatsRequest:
     """What the scan's metrics read, as the flex pass computes it (key sets exactly as
     :func:`~headscope.metrics.base.key_set_mass` counts them)."""
-    flags = {name: key_set_flags(batch, name, n_keys, batch.lengths.device)
-             for name in FLAG_SETS if getattr(batch, name) is not None}
+    flags = {
+        name: key_set_flags(batch, name, n_keys, batch.lengths.device)
+        for name in FLAG_SETS
+        if getattr(batch, name) is not None
+    }
     targets = batch.targets
-    if batch.key_counts is not None:  # rare_word reads every row's arg-max: every row is a target row
-        targets = torch.zeros(len(batch.lengths), n_keys, dtype=torch.long, device=batch.lengths.device)
+    # rare_word reads every row's arg-max: every row is a target row
+    if batch.key_counts is not None:
+        targets = torch.zeros(
+            len(batch.lengths), n_keys, dtype=torch.long, device=batch.lengths.device
+        )
     return StatsRequest(flags=flags, band=batch.band, targets=targets)
 
 
@@ -49,29 +55,41 @@ def takes_mask(mask: Tensor | None) -> bool:
 
 
 class FlexHandler(BlockHandler):
-    """FlexAttention output + statistics for the wanted layers; pattern blocks where it cannot go."""
+    """FlexAttention output + statistics for the wanted layers; pattern blocks where it cannot
+    go."""
 
     engine = "flex"
 
-    def __init__(self, on_rows, layers, request: StatsRequest, device: torch.device | None = None,
-                 stats: Callable = layer_stats):
+    def __init__(
+        self,
+        on_rows,
+        layers,
+        request: StatsRequest,
+        device: torch.device | None = None,
+        stats: Callable = layer_stats,
+    ):
         super().__init__(on_rows, layers, device=device)
         self.request = request
-        self.stats = stats  # (query, key, value, vis, scale, request, block, window) -> (output, HeadStats)
+        # (query, key, value, vis, scale, request, block, window) -> (output, HeadStats)
+        self.stats = stats
         self.fell_back = False
         # Block masks per distinct call mask: the model passes one mask object to every layer of a
-        # kind (full / sliding), so each is classified once per forward. Holding the mask keeps its id.
+        # kind (full / sliding), so each is classified once per forward. Holding the mask keeps its
+        # id.
         self._blocks: dict[tuple, tuple] = {}
 
     def _visibility(self, call: AttentionCall):
         b, h, n_q, n_k = call.shape
         dense = None if call.mask is None else call.mask[:, 0]  # [1 or batch, q or 1, k], a view
         if dense is not None and dense.shape[1] != n_q:
-            dense = dense.expand(dense.shape[0], n_q, n_k)  # a key-only (padding) mask, per row: still a view
+            # a key-only (padding) mask, per row: still a view
+            dense = dense.expand(dense.shape[0], n_q, n_k)
         key = (id(call.mask), call.causal, n_q, n_k, call.query.device)
         if key not in self._blocks:
             vis = Visibility(n_q, n_k, call.causal, dense, call.query.device)
-            window = vis.block_mask(window=self.request.band) if self.request.band is not None else None
+            window = (
+                vis.block_mask(window=self.request.band) if self.request.band is not None else None
+            )
             self._blocks[key] = (call.mask, vis, vis.block_mask(), window)
         return self._blocks[key][1:]
 
@@ -82,8 +100,12 @@ class FlexHandler(BlockHandler):
             if not self.fell_back:
                 self.fell_back = True
                 kind = "an additive" if call.mask.dtype != torch.bool else "a per-head"
-                notice(f"layer {call.layer}'s attention has {kind} mask, which the flex engine does not take: "
-                       "scored from exact pattern blocks (same scores, slower).", once=True)
+                notice(
+                    f"layer {call.layer}'s attention has {kind} mask, which the flex engine "
+                    "does not take: "
+                    "scored from exact pattern blocks (same scores, slower).",
+                    once=True,
+                )
             return super().__call__(call)
         refuse_unmodelled(call, self.engine)
         vis, block, window = self._visibility(call)
@@ -91,16 +113,24 @@ class FlexHandler(BlockHandler):
         request = self.request
         if request.targets is not None or request.flags:
             dev = call.query.device
-            request = StatsRequest({n: f.to(dev) for n, f in request.flags.items()}, request.band,
-                                   None if request.targets is None else request.targets.to(dev))
-        # the last layer's output is not needed, but computing it keeps one compiled kernel per shape
-        out, stats = self.stats(call.query, call.key, call.value, vis, call.scale, request, block, window)
-        if self.device is not None and call.query.device != self.device:  # a layer elsewhere in a device map
+            request = StatsRequest(
+                {n: f.to(dev) for n, f in request.flags.items()},
+                request.band,
+                None if request.targets is None else request.targets.to(dev),
+            )
+        # the last layer's output is not needed, but computing it keeps one compiled kernel per
+        # shape
+        out, stats = self.stats(
+            call.query, call.key, call.value, vis, call.scale, request, block, window
+        )
+        # a layer elsewhere in a device map
+        if self.device is not None and call.query.device != self.device:
             stats = _moved(stats, self.device)
         self.on_rows(call.layer, stats, 0)
         if last:  # nothing runs after it: statistics only
             raise StopForward
-        return out.transpose(1, 2).contiguous()  # [batch, head, query, dim] -> [batch, query, head, dim]
+        # [batch, head, query, dim] -> [batch, query, head, dim]
+        return out.transpose(1, 2).contiguous()
 
 
 def _moved(stats, device):
@@ -116,7 +146,9 @@ def _moved(stats, device):
             return tuple(mv(v) for v in x)
         return x
 
-    return replace(stats, **{f.name: mv(getattr(stats, f.name)) for f in fields(stats) if f.name != "shape"})
+    return replace(
+        stats, **{f.name: mv(getattr(stats, f.name)) for f in fields(stats) if f.name != "shape"}
+    )
 
 
 class FlexEngine(Engine):
@@ -124,7 +156,8 @@ class FlexEngine(Engine):
     summary = "FlexAttention (compiled, CUDA) replaces each layer's attention: output plus per-row statistics"
 
     def __init__(self, stats: Callable | None = None):
-        self.stats = stats  # None: FlexAttention (flex_stats.layer_stats); the Triton prototype plugs in here
+        # None: FlexAttention (flex_stats.layer_stats); the Triton prototype plugs in here
+        self.stats = stats
 
     def unavailable(self, model, metrics):
         if not model.attention_interface:
@@ -132,9 +165,16 @@ class FlexEngine(Engine):
         need_pattern = [m.name for m in metrics if not m.fused]
         if need_pattern:
             return f"metric(s) {', '.join(need_pattern)} need the pattern itself (Metric.fused is False)"
-        devices = {model.device.type} | {str(d).split(":")[0] for d in (getattr(model, "device_map", None) or {}).values()
-                                         if not isinstance(d, int)}
-        devices |= {"cuda" for d in (getattr(model, "device_map", None) or {}).values() if isinstance(d, int)}
+        devices = {model.device.type} | {
+            str(d).split(":")[0]
+            for d in (getattr(model, "device_map", None) or {}).values()
+            if not isinstance(d, int)
+        }
+        devices |= {
+            "cuda"
+            for d in (getattr(model, "device_map", None) or {}).values()
+            if isinstance(d, int)
+        }
         other = sorted(devices - {"cuda", "cpu", "disk", "meta"})  # offloaded layers run on the CPU
         if other:
             return f"FlexAttention runs here on CUDA (compiled) or the CPU (eager), not {', '.join(other)}"
@@ -146,17 +186,30 @@ class FlexEngine(Engine):
             return "on the CPU FlexAttention runs uncompiled, n x n scores in memory (ask for it with --engine flex)"
         return reason
 
-    def run(self, model, tokens, mask, batch, on_rows, layers=None, interventions=(), token_types=None) -> None:
+    def run(
+        self, model, tokens, mask, batch, on_rows, layers=None, interventions=(), token_types=None
+    ) -> None:
         layers = range(model.n_layers) if layers is None else layers
-        handler = FlexHandler(on_rows, layers, flex_request(batch, tokens.shape[1]), device=model.device,
-                              stats=self.stats or layer_stats)
-        model.run(tokens, mask, handler=handler, interventions=interventions, token_types=token_types)
+        handler = FlexHandler(
+            on_rows,
+            layers,
+            flex_request(batch, tokens.shape[1]),
+            device=model.device,
+            stats=self.stats or layer_stats,
+        )
+        model.run(
+            tokens, mask, handler=handler, interventions=interventions, token_types=token_types
+        )
 
 
 def _on_cpu(model) -> bool:
     """Whether any of the model's layers computes on the CPU (a device map may offload some)."""
     placed = (getattr(model, "device_map", None) or {}).values()
-    return model.device.type == "cpu" and not placed or any(str(d).startswith(("cpu", "disk")) for d in placed)
+    return (
+        model.device.type == "cpu"
+        and not placed
+        or any(str(d).startswith(("cpu", "disk")) for d in placed)
+    )
 
 
 ENGINE = FlexEngine()

@@ -20,9 +20,9 @@ row's log-sum-exp ``lse`` in one fused pass, and its values may be any per-key v
   ``lse_w`` from a second pass masked to the window keys ``k >= s`` (a diagonal strip of tiles);
 * the arg-max key (retrieval): only the needle's answer rows need it; they are computed explicitly.
 
-So one pass with values ``[V | K | 1 | flags | sinks]`` gives the output and every statistic. It runs
-in float32 whatever the model's dtype (bf16/fp16 activations are exact in float32, and on CUDA the
-kernel's float32 matmuls use TF32 for them, which holds bf16 and fp16 inputs exactly).
+So one pass with values ``[V | K | 1 | flags | sinks]`` gives the output and every statistic. It
+runs in float32 whatever the model's dtype (bf16/fp16 activations are exact in float32, and on CUDA
+the kernel's float32 matmuls use TF32 for them, which holds bf16 and fp16 inputs exactly).
 
 Masks: the call's boolean mask (padding, causality, sliding windows, as the model built it) is read
 by the ``mask_mod``; the tiles it hides entirely are skipped and those it shows entirely are read
@@ -45,7 +45,8 @@ from torch import Tensor
 from headscope.metrics.stats import HeadStats
 
 BLOCK = 128  # FlexAttention's default sparse block (tile) size
-NEG = torch.finfo(torch.float32).min  # a masked score in the explicit arg-max rows (as the blocked engine)
+# a masked score in the explicit arg-max rows (as the blocked engine)
+NEG = torch.finfo(torch.float32).min
 #: Output channels (heads x rows x channels x 4 bytes) one FlexAttention call may hold; a layer is
 #: processed in chunks of KV heads that stay under it (on CUDA one chunk of 4 heads x 32k rows x
 #: 132 channels is ~70 MB and still fills an H200 with 1,024 tiles of queries).
@@ -78,7 +79,8 @@ def flex_reason() -> str | None:
 
 
 def _flex_fn(device: torch.device) -> Callable:
-    """Compiled FlexAttention on CUDA (one compiled function per process); the eager one elsewhere."""
+    """Compiled FlexAttention on CUDA (one compiled function per process); the eager one
+    elsewhere."""
     global _compiled
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -87,14 +89,21 @@ def _flex_fn(device: torch.device) -> Callable:
     if _compiled is None:
         import torch._dynamo
 
-        for name in ("recompile_limit", "cache_size_limit"):  # the newer name, and the one before it
+        # the newer name, and the one before it
+        for name in ("recompile_limit", "cache_size_limit"):
             if hasattr(torch._dynamo.config, name):
-                setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), RECOMPILE_LIMIT))
+                setattr(
+                    torch._dynamo.config,
+                    name,
+                    max(getattr(torch._dynamo.config, name), RECOMPILE_LIMIT),
+                )
         _compiled = torch.compile(flex_attention)
     return _compiled
 
 
-def _flex(query: Tensor, key: Tensor, value: Tensor, block: object, tf32: bool) -> tuple[Tensor, Tensor]:
+def _flex(
+    query: Tensor, key: Tensor, value: Tensor, block: object, tf32: bool
+) -> tuple[Tensor, Tensor]:
     """``(A value, lse)`` of ``softmax(query key^T)`` (scores pre-scaled: scale 1) under ``block``.
 
     ``lse`` is the natural log-sum-exp ``[batch, head, q]`` (-inf for a row that sees no key).
@@ -103,7 +112,12 @@ def _flex(query: Tensor, key: Tensor, value: Tensor, block: object, tf32: bool) 
 
     fn = _flex_fn(query.device)
     options = {"FLOAT32_PRECISION": "'tf32'"} if tf32 and query.device.type == "cuda" else None
-    kwargs = dict(block_mask=block, scale=1.0, enable_gqa=query.shape[1] != key.shape[1], kernel_options=options)
+    kwargs = dict(
+        block_mask=block,
+        scale=1.0,
+        enable_gqa=query.shape[1] != key.shape[1],
+        kernel_options=options,
+    )
     with warnings.catch_warnings():
         # the eager path warns once that it is not compiled: on the CPU that is the point
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
@@ -113,7 +127,8 @@ def _flex(query: Tensor, key: Tensor, value: Tensor, block: object, tf32: bool) 
         return fn(query, key, value, return_lse=True, **kwargs)
 
 
-# ------------------------------------------------------------------------------ which keys a row sees
+# ------------------------------------------------------------------------------ which keys a row
+# sees
 
 
 @dataclass(frozen=True)
@@ -153,9 +168,11 @@ class Visibility:
 
     def tiles(self, window: tuple[int, int] | None = None) -> tuple[Tensor, Tensor]:
         """``(any, all)``: per ``BLOCK x BLOCK`` tile ``[mbatch, q tile, k tile]``, whether
-        ``mask_mod(window)`` is true somewhere / everywhere in it (over the tile's real rows and keys).
-        Constraints on ``d = q + offset - k`` are exact per tile; the AND of several constraints is
-        'any' only where each has some visible key (a superset: such tiles are read with the mask)."""
+        ``mask_mod(window)`` is true somewhere / everywhere in it (over the tile's real rows and
+        keys). Constraints on ``d = q + offset - k`` are exact per tile; the AND of several
+        constraints is
+        'any' only where each has some visible key (a superset: such tiles are read with the
+        mask)."""
         device = self.device
         nqb, nkb = -(-self.n_q // BLOCK), -(-self.n_k // BLOCK)
         qb, kb = torch.arange(nqb, device=device), torch.arange(nkb, device=device)
@@ -184,7 +201,8 @@ class Visibility:
         return any_, all_
 
     def block_mask(self, window: tuple[int, int] | None = None):
-        """A FlexAttention ``BlockMask``: tiles with no visible key skipped, tiles whose keys are all
+        """A FlexAttention ``BlockMask``: tiles with no visible key skipped, tiles whose keys are
+        all
         visible read without ``mask_mod``, the rest read with it."""
         from torch.nn.attention.flex_attention import BlockMask
 
@@ -193,14 +211,22 @@ class Visibility:
 
         def ordered(sel: Tensor) -> tuple[Tensor, Tensor]:
             num = sel.sum(-1, dtype=torch.int32)[:, None]  # [mbatch, 1, q tile]
-            idx = torch.argsort(sel.to(torch.int8), dim=-1, descending=True, stable=True)  # chosen tiles first
-            return num.contiguous(), idx.to(torch.int32)[:, None].contiguous()  # [mbatch, 1, q tile, k tile]
+            # chosen tiles first
+            idx = torch.argsort(sel.to(torch.int8), dim=-1, descending=True, stable=True)
+            # [mbatch, 1, q tile, k tile]
+            return num.contiguous(), idx.to(torch.int32)[:, None].contiguous()
 
         kv_num, kv_idx = ordered(partial)
         full_num, full_idx = ordered(all_)
-        return BlockMask.from_kv_blocks(kv_num_blocks=kv_num, kv_indices=kv_idx, full_kv_num_blocks=full_num,
-                                        full_kv_indices=full_idx, BLOCK_SIZE=BLOCK, mask_mod=self.mask_mod(window),
-                                        seq_lengths=(self.n_q, self.n_k))
+        return BlockMask.from_kv_blocks(
+            kv_num_blocks=kv_num,
+            kv_indices=kv_idx,
+            full_kv_num_blocks=full_num,
+            full_kv_indices=full_idx,
+            BLOCK_SIZE=BLOCK,
+            mask_mod=self.mask_mod(window),
+            seq_lengths=(self.n_q, self.n_k),
+        )
 
     def rows(self, b: int, q: Tensor) -> Bool[Tensor, "row key"]:
         """The visible keys of query rows ``q`` of sequence ``b`` (the explicit arg-max rows)."""
@@ -213,8 +239,11 @@ class Visibility:
         return vis
 
 
-def dense_tiles(mask: Bool[Tensor, "mbatch query key"], chunk_bytes: int = 64 * 2**20) -> tuple[Tensor, Tensor]:
-    """``(any, all)`` of a boolean mask per ``BLOCK x BLOCK`` tile ``[mbatch, q tile, k tile]``, over
+def dense_tiles(
+    mask: Bool[Tensor, "mbatch query key"], chunk_bytes: int = 64 * 2**20
+) -> tuple[Tensor, Tensor]:
+    """``(any, all)`` of a boolean mask per ``BLOCK x BLOCK`` tile ``[mbatch, q tile, k tile]``,
+    over
     the tile's real rows and keys; read a few query tiles at a time."""
     mb, n_q, n_k = mask.shape
     nqb, nkb = -(-n_q // BLOCK), -(-n_k // BLOCK)
@@ -239,9 +268,11 @@ def dense_tiles(mask: Bool[Tensor, "mbatch query key"], chunk_bytes: int = 64 * 
 class StatsRequest:
     """What the metrics of a scan read besides entries and entropy."""
 
-    flags: dict[str, Tensor]  # name -> [batch, key] key set (real keys k >= 1 in it) whose mass is wanted
+    # name -> [batch, key] key set (real keys k >= 1 in it) whose mass is wanted
+    flags: dict[str, Tensor]
     band: tuple[int, int] | None = None  # (sinks, window): each row's mass on that band (streaming)
-    targets: Int[Tensor, "batch query"] | None = None  # needle answer rows (>= 0): their arg-max key
+    # needle answer rows (>= 0): their arg-max key
+    targets: Int[Tensor, "batch query"] | None = None
 
 
 def layer_stats(
@@ -264,22 +295,31 @@ def layer_stats(
     kvh, n_k = key.shape[1], key.shape[2]
     g = h // kvh
     device = query.device
-    tf32 = query.dtype in (torch.float16, torch.bfloat16)  # inputs exact in TF32: only weights get rounded
+    # inputs exact in TF32: only weights get rounded
+    tf32 = query.dtype in (torch.float16, torch.bfloat16)
     q_s = query.float() * scale  # [b, head, q, dim], pre-scaled as the other engines do
     k32 = key.float()  # [b, kv_head, key, dim]
     names = list(request.flags)
     extra = [torch.ones(b, n_k, device=device)]  # the ones channel: c = sum_k A[q, k]
-    extra += [request.flags[n].to(device=device, dtype=torch.float32) for n in names]  # [b, key] each
+    # [b, key] each
+    extra += [request.flags[n].to(device=device, dtype=torch.float32) for n in names]
     if request.band is not None:
-        extra.append((torch.arange(n_k, device=device) < request.band[0]).float().expand(b, n_k))  # sinks
-    ex = torch.stack(extra, -1)[:, None].expand(b, kvh, n_k, len(extra))  # [b, kv_head, key, 1 + flags]
+        # sinks
+        extra.append((torch.arange(n_k, device=device) < request.band[0]).float().expand(b, n_k))
+    # [b, kv_head, key, 1 + flags]
+    ex = torch.stack(extra, -1)[:, None].expand(b, kvh, n_k, len(extra))
     dv = 0 if value is None else value.shape[-1]
     # The pass reads centred keys kc = K - kbar, as keys and as value channels: scores move by the
     # row constant q . kbar, A does not, and H = (lse - q.kbar) c - q . A kc rounds at the size of
-    # the centred scores. Half-precision keys stay as they are (exact in TF32; centred, they would not be).
-    kbar = k32.new_zeros(b, kvh, 1, d) if tf32 else k32.mean(2, keepdim=True)  # [b, kv_head, 1, dim]
+    # the centred scores. Half-precision keys stay as they are (exact in TF32; centred, they would
+    # not be).
+    # [b, kv_head, 1, dim]
+    kbar = k32.new_zeros(b, kvh, 1, d) if tf32 else k32.mean(2, keepdim=True)
     kc = k32 - kbar if not tf32 else k32  # [b, kv_head, key, dim]
-    c_q = (q_s.view(b, kvh, g, n_q, d) @ kbar[:, :, None].transpose(-1, -2)).view(b, h, n_q).double()  # q . kbar
+    # q . kbar
+    c_q = (
+        (q_s.view(b, kvh, g, n_q, d) @ kbar[:, :, None].transpose(-1, -2)).view(b, h, n_q).double()
+    )
     parts = ([value.float()] if value is not None else []) + [kc, ex]
     values = torch.cat(parts, -1)  # [b, kv_head, key, dv + dim + 1 + flags (+1)]
     if block is None:
@@ -287,11 +327,17 @@ def layer_stats(
     if request.band is not None and window_block is None:
         window_block = vis.block_mask(window=request.band)
 
-    out = torch.empty(b, h, n_q, dv, dtype=query.dtype, device=device) if value is not None else None
+    out = (
+        torch.empty(b, h, n_q, dv, dtype=query.dtype, device=device) if value is not None else None
+    )
     ent = torch.empty(b, h, n_q, dtype=torch.float64, device=device)
     lse = torch.empty(b, h, n_q, dtype=torch.float64, device=device)
     masses = {n: torch.empty(b, h, n_q, dtype=torch.float64, device=device) for n in names}
-    band_mass = torch.empty(b, h, n_q, dtype=torch.float64, device=device) if request.band is not None else None
+    band_mass = (
+        torch.empty(b, h, n_q, dtype=torch.float64, device=device)
+        if request.band is not None
+        else None
+    )
     per_kv_head = b * g * n_q * values.shape[-1] * 4  # output channels of one KV head's query heads
     if device.type == "cpu":
         per_kv_head = max(per_kv_head, b * g * n_q * n_k * 4 * 4)
@@ -306,7 +352,8 @@ def layer_stats(
         for c0, c1 in passes:  # one pass unless the channels are wider than a compiled pass takes
             o_i, lz_i = _flex(qch, kch, values[:, j0:j1, :, c0:c1].contiguous(), block, tf32)
             o.append(o_i)  # [b, hc, q, c1 - c0]
-            lz = lz_i if lz is None else lz  # [b, hc, q]: the same rows' lse (of centred scores) in every pass
+            # [b, hc, q]: the same rows' lse (of centred scores) in every pass
+            lz = lz_i if lz is None else lz
         o = o[0] if len(o) == 1 else torch.cat(o, -1)  # [b, hc, q, C]
         finite = torch.isfinite(lz)  # rows that see at least one key
         l64 = lz.double() + c_q[:, hs]  # the lse of the scores themselves
@@ -315,7 +362,8 @@ def layer_stats(
         ak = o[..., dv : dv + d].double()  # [b, hc, q, dim]: A K
         c = o[..., dv + d].double()  # [b, hc, q]: A 1
         qh = q_s[:, hs].double()  # [b, hc, q, dim]
-        h_rows = lz.double() * c - (qh * ak).sum(-1)  # H = sum_k A (lse - s) = (lse - q.kbar) c - q . A kc
+        # H = sum_k A (lse - s) = (lse - q.kbar) c - q . A kc
+        h_rows = lz.double() * c - (qh * ak).sum(-1)
         ent[:, hs] = torch.where(finite, h_rows, 0.0)
         lse[:, hs] = torch.where(finite, l64, float("-inf"))
         cs = torch.where(finite, c, 1.0)
@@ -325,15 +373,24 @@ def layer_stats(
             sink = torch.where(finite, o[..., dv + d + 1 + len(names)].double() / cs, 0.0)
             zeros = k32.new_zeros(b, j1 - j0, n_k, WINDOW_VALUE_DIM)
             _, lw = _flex(qch, kch, zeros, window_block, tf32)  # lse over the window keys (centred)
-            win = torch.where(finite & torch.isfinite(lw), torch.exp(lw.double() - lz.double()), 0.0)
+            win = torch.where(
+                finite & torch.isfinite(lw), torch.exp(lw.double() - lz.double()), 0.0
+            )
             band_mass[:, hs] = sink + win
     argmax = None
     if request.targets is not None:
         argmax = _argmax_rows(q_s, k32, vis, request.targets.to(device))
     stats = HeadStats(
-        shape=(b, h, n_q, n_k), entropy=ent, masses=masses, lse=lse, query=q_s, key=k32, causal=vis.causal,
+        shape=(b, h, n_q, n_k),
+        entropy=ent,
+        masses=masses,
+        lse=lse,
+        query=q_s,
+        key=k32,
+        causal=vis.causal,
         mask=None if vis.dense is None else vis.dense.expand(b, n_q, n_k),
-        band=None if request.band is None else (tuple(request.band), band_mass), argmax=argmax,
+        band=None if request.band is None else (tuple(request.band), band_mass),
+        argmax=argmax,
     )
     return out, stats
 
@@ -341,7 +398,8 @@ def layer_stats(
 def value_passes(width: int, qk_dim: int, max_dim: int | None) -> list[tuple[int, int]]:
     """Channel ranges ``[(c0, c1), ...]`` of the passes over ``width`` value channels: each at most
     ``max_dim`` wide (None: one pass), cut so that the estimated cost is least: per pass, the scores
-    and their exponentials (~2 x ``qk_dim``) plus the value product at the kernel's power-of-two width.
+    and their exponentials (~2 x ``qk_dim``) plus the value product at the kernel's power-of-two
+    width.
 
     >>> value_passes(132, 64, 256), value_passes(516, 256, 256)
     ([(0, 132)], [(0, 256), (256, 512), (512, 516)])
@@ -363,7 +421,9 @@ def value_passes(width: int, qk_dim: int, max_dim: int | None) -> list[tuple[int
     return best[1]
 
 
-def _argmax_rows(q_s: Tensor, k32: Tensor, vis: Visibility, targets: Tensor) -> Int[Tensor, "batch head query"]:
+def _argmax_rows(
+    q_s: Tensor, k32: Tensor, vis: Visibility, targets: Tensor
+) -> Int[Tensor, "batch head query"]:
     """Each answer row's arg-max key (the first key holding the row's largest weight), computed as
     the blocked engine does: the row's softmax over its visible keys; -1 on every other row."""
     b, h, n_q, d = q_s.shape
@@ -377,6 +437,7 @@ def _argmax_rows(q_s: Tensor, k32: Tensor, vis: Visibility, targets: Tensor) -> 
         s = (qs @ k32[bi].transpose(-1, -2)[:, None]).view(h, len(rows), -1)  # [head, m, key]
         seen = vis.rows(bi, rows)  # [m, key]
         p = torch.softmax(s.masked_fill(~seen, NEG), dim=-1)
-        p = p.masked_fill(~seen.any(-1, keepdim=True), 0.0)  # a row that sees nothing attends nowhere
+        # a row that sees nothing attends nowhere
+        p = p.masked_fill(~seen.any(-1, keepdim=True), 0.0)
         amax[bi][:, rows] = p.argmax(-1)
     return amax

@@ -1,4 +1,5 @@
-"""The fused engine: a C++ kernel computes each layer's output and its per-row statistics in one pass.
+"""The fused engine: a C++ kernel computes each layer's output and its per-row statistics in one
+pass.
 
 It replaces the scanned layers' attention: per (batch, head, tile of queries) the kernel walks
 cache-sized tiles of ``q k^T`` with a running maximum, as flash attention does, and from the same
@@ -11,7 +12,8 @@ CPU only, boolean (or no) masks shared by all heads, and metrics that read patte
 the selectors (``Metric.fused``). Sliding-window layers (``Model.reach``) go through the kernel with
 their mask, and the key tiles outside the window are skipped. A call the kernel cannot take (an
 additive mask, a per-head mask from an intervention) is scored from exact pattern blocks instead,
-as the blocked engine does, and the scan hears about it once, in one line (:func:`headscope.errors.notice`).
+as the blocked engine does, and the scan hears about it once, in one line
+(:func:`headscope.errors.notice`).
 """
 
 from __future__ import annotations
@@ -31,17 +33,28 @@ FLAG_SETS = ("separator", "punctuation")  # PatternBatch key sets whose mass the
 
 def fused_flags(batch: PatternBatch, n_keys: int) -> dict[str, Tensor]:
     """The key sets of ``batch`` for the kernel, exactly as :func:`key_set_mass` counts them."""
-    return {name: key_set_flags(batch, name, n_keys, batch.lengths.device)
-            for name in FLAG_SETS if getattr(batch, name) is not None}
+    return {
+        name: key_set_flags(batch, name, n_keys, batch.lengths.device)
+        for name in FLAG_SETS
+        if getattr(batch, name) is not None
+    }
 
 
 class FusedHandler(BlockHandler):
-    """Kernel output + statistics for the wanted layers; pattern blocks where the kernel cannot go."""
+    """Kernel output + statistics for the wanted layers; pattern blocks where the kernel cannot
+    go."""
 
     engine = "fused"
 
-    def __init__(self, on_rows, layers, flags: dict[str, Tensor], reach: tuple = (),
-                 band: tuple[int, int] | None = None, argmax: bool = False):
+    def __init__(
+        self,
+        on_rows,
+        layers,
+        flags: dict[str, Tensor],
+        reach: tuple = (),
+        band: tuple[int, int] | None = None,
+        argmax: bool = False,
+    ):
         super().__init__(on_rows, layers)
         self.flags = flags
         self.reach = reach
@@ -55,22 +68,50 @@ class FusedHandler(BlockHandler):
         if not kernel.supports(call.query, call.mask):
             if not self.fell_back:
                 self.fell_back = True
-                kind = "an additive" if call.mask is not None and call.mask.dtype != torch.bool else "a per-head"
-                notice(f"layer {call.layer}'s attention has {kind} mask, which the fused kernel does not take: "
-                       "scored from exact pattern blocks (same scores, slower).", once=True)
+                kind = (
+                    "an additive"
+                    if call.mask is not None and call.mask.dtype != torch.bool
+                    else "a per-head"
+                )
+                notice(
+                    f"layer {call.layer}'s attention has {kind} mask, which the fused kernel "
+                    "does not take: "
+                    "scored from exact pattern blocks (same scores, slower).",
+                    once=True,
+                )
             return super().__call__(call)
         refuse_unmodelled(call, self.engine)
         reach = self.reach[call.layer] if call.layer < len(self.reach) else None
         if call.layer == self.last:  # nothing runs after it: statistics only, no output
-            stats = kernel.head_stats(call.query, call.key, call.mask, call.scale, call.causal, self.flags, reach,
-                                       self.band, self.argmax)
+            stats = kernel.head_stats(
+                call.query,
+                call.key,
+                call.mask,
+                call.scale,
+                call.causal,
+                self.flags,
+                reach,
+                self.band,
+                self.argmax,
+            )
             self.on_rows(call.layer, stats, 0)
             raise StopForward
         # the kernel's own output replaces sdpa's: one pass over the scores, not two
-        out, stats = kernel.attention(call.query, call.key, call.value, call.mask, call.scale, call.causal,
-                                       self.flags, reach, self.band, self.argmax)
+        out, stats = kernel.attention(
+            call.query,
+            call.key,
+            call.value,
+            call.mask,
+            call.scale,
+            call.causal,
+            self.flags,
+            reach,
+            self.band,
+            self.argmax,
+        )
         self.on_rows(call.layer, stats, 0)
-        return out.transpose(1, 2).contiguous()  # [batch, head, query, dim] -> [batch, query, head, dim]
+        # [batch, head, query, dim] -> [batch, query, head, dim]
+        return out.transpose(1, 2).contiguous()
 
 
 class FusedEngine(Engine):
@@ -82,7 +123,13 @@ class FusedEngine(Engine):
             return "its attention does not run through transformers' attention interface"
         if model.device.type != "cpu":
             return f"the kernel runs on the CPU only, not {model.device}"
-        elsewhere = sorted({d for d in (getattr(model, "device_map", None) or {}).values() if d not in ("cpu", "disk")})
+        elsewhere = sorted(
+            {
+                d
+                for d in (getattr(model, "device_map", None) or {}).values()
+                if d not in ("cpu", "disk")
+            }
+        )
         if elsewhere:
             return f"the kernel runs on the CPU only, and the device map puts layers on {', '.join(elsewhere)}"
         need_pattern = [m.name for m in metrics if not m.fused]
@@ -92,11 +139,21 @@ class FusedEngine(Engine):
             return kernel.unavailable_reason()
         return None
 
-    def run(self, model, tokens, mask, batch, on_rows, layers=None, interventions=(), token_types=None) -> None:
+    def run(
+        self, model, tokens, mask, batch, on_rows, layers=None, interventions=(), token_types=None
+    ) -> None:
         layers = range(model.n_layers) if layers is None else layers
-        handler = FusedHandler(on_rows, layers, fused_flags(batch, tokens.shape[1]), tuple(model.reach),
-                               batch.band, batch.targets is not None or batch.key_counts is not None)
-        model.run(tokens, mask, handler=handler, interventions=interventions, token_types=token_types)
+        handler = FusedHandler(
+            on_rows,
+            layers,
+            fused_flags(batch, tokens.shape[1]),
+            tuple(model.reach),
+            batch.band,
+            batch.targets is not None or batch.key_counts is not None,
+        )
+        model.run(
+            tokens, mask, handler=handler, interventions=interventions, token_types=token_types
+        )
 
 
 ENGINE = FusedEngine()

@@ -63,14 +63,23 @@ def _load():
         _ninja_on_path()
         name = "headscope_head_stats"
         flags = ["-O3", "-fopenmp"] + (["-mavx2", "-mfma"] if _has_avx2() else [])
-        build_dir, source = _build_place(name, flags, Path(cpp_extension._get_build_directory(name, verbose=False)))
+        build_dir, source = _build_place(
+            name, flags, Path(cpp_extension._get_build_directory(name, verbose=False))
+        )
         _module = _built(name, build_dir, source)
         if _module is None:  # not built yet (or its source changed): build, under torch's lock
             _clear_stale_lock(build_dir)
             notice("compiling the fused attention-statistics kernel (once, about a minute)...")
-            _module = cpp_extension.load(name=name, sources=[str(source)], extra_cflags=flags,
-                                         extra_ldflags=["-fopenmp"], build_directory=str(build_dir), verbose=False)
-    except Exception as exc:  # no compiler, no ninja, unsupported platform: the blocked engine works
+            _module = cpp_extension.load(
+                name=name,
+                sources=[str(source)],
+                extra_cflags=flags,
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(build_dir),
+                verbose=False,
+            )
+    # no compiler, no ninja, unsupported platform: the blocked engine works
+    except Exception as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         _reason = f"the C++ kernel could not be built ({first[:200]})"
         print(f"headscope: {_reason}; using the blocked engine.", file=sys.stderr)
@@ -166,15 +175,24 @@ def supports(query: Tensor, attention_mask: Tensor | None) -> bool:
     """Whether this attention call can go through the kernel (CPU, boolean or no mask)."""
     if query.device.type != "cpu":
         return False
-    if attention_mask is not None and (attention_mask.dtype != torch.bool or attention_mask.dim() != 4
-                                       or attention_mask.shape[1] != 1):
+    if attention_mask is not None and (
+        attention_mask.dtype != torch.bool
+        or attention_mask.dim() != 4
+        or attention_mask.shape[1] != 1
+    ):
         return False  # additive biases (ALiBi, ...) or per-head masks: exact pattern blocks instead
     return available()
 
 
 def head_stats(
-    query: Tensor, key: Tensor, attention_mask: Tensor | None, scaling: float, causal: bool,
-    flags: dict[str, Tensor], reach: int | None = None, band: tuple[int, int] | None = None,
+    query: Tensor,
+    key: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float,
+    causal: bool,
+    flags: dict[str, Tensor],
+    reach: int | None = None,
+    band: tuple[int, int] | None = None,
     argmax: bool = False,
 ) -> HeadStats:
     """Per-row statistics of ``softmax(q kᵀ * scaling + mask)`` for one layer.
@@ -193,18 +211,28 @@ def head_stats(
 
 
 def attention(
-    query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, scaling: float,
-    causal: bool, flags: dict[str, Tensor], reach: int | None = None, band: tuple[int, int] | None = None,
-    argmax: bool = False, restrict: Tensor | None = None,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float,
+    causal: bool,
+    flags: dict[str, Tensor],
+    reach: int | None = None,
+    band: tuple[int, int] | None = None,
+    argmax: bool = False,
+    restrict: Tensor | None = None,
 ) -> tuple[Tensor, HeadStats]:
     """The attention output ``softmax(q kᵀ * scaling + mask) v`` ``[batch, head, q, dim_v]`` (in
     ``query``'s dtype) and the per-row statistics of :func:`head_stats`, from one pass: the same
     tiles of exp-scores feed both, so the scan costs about what the fused attention alone does.
 
-    ``restrict`` (booleans ``[head]``, with ``band``): those heads see only the band's keys (a sink +
-    window KV cache), and the kernel skips their key tiles outside it, so a restricted head costs
+    ``restrict`` (booleans ``[head]``, with ``band``): those heads see only the band's keys (a sink
+    + window KV cache), and the kernel skips their key tiles outside it, so a restricted head costs
     ``O(sinks + window)`` per query instead of ``O(n)``."""
-    return _run(query, key, value, attention_mask, scaling, causal, flags, reach, band, argmax, restrict)
+    return _run(
+        query, key, value, attention_mask, scaling, causal, flags, reach, band, argmax, restrict
+    )
 
 
 def window_hidden(mask: Tensor | None, reach: int | None, n_q: int, n_k: int) -> bool:
@@ -215,14 +243,26 @@ def window_hidden(mask: Tensor | None, reach: int | None, n_q: int, n_k: int) ->
         return False
     offset = n_k - n_q
     last, first = n_q - 1 + offset, offset
-    lo, hi = last - reach, first + reach + 1  # keys k < lo hidden from the last row, k >= hi from the first
+    # keys k < lo hidden from the last row, k >= hi from the first
+    lo, hi = last - reach, first + reach + 1
     before = mask[:, :, -1, : max(lo, 0)]
-    after = mask[:, :, 0, min(hi, n_k):]
+    after = mask[:, :, 0, min(hi, n_k) :]
     return not bool(before.any()) and not bool(after.any())
 
 
-def _run(query, key, value, attention_mask, scaling, causal, flags, reach=None, band=None, argmax=False,
-         restrict=None):
+def _run(
+    query,
+    key,
+    value,
+    attention_mask,
+    scaling,
+    causal,
+    flags,
+    reach=None,
+    band=None,
+    argmax=False,
+    restrict=None,
+):
     module = _load()
     if module is None:
         raise RuntimeError(f"The fused kernel is not available: {_reason}")
@@ -236,22 +276,48 @@ def _run(query, key, value, attention_mask, scaling, causal, flags, reach=None, 
     names = list(flags)
     if len(names) > MAX_FLAGS:
         raise ValueError(f"At most {MAX_FLAGS} flag channels, got {len(names)}.")
-    f = (torch.stack([flags[n].float() for n in names], 1).contiguous() if names  # [batch, flag, key]
-         else torch.zeros(b, 0, n_k))
+    # [batch, flag, key]
+    f = (
+        torch.stack([flags[n].float() for n in names], 1).contiguous()
+        if names
+        else torch.zeros(b, 0, n_k)
+    )
     empty = torch.empty(0, dtype=torch.bool)
     v32 = torch.empty(0) if value is None else value.float().contiguous()
     skip = reach if window_hidden(attention_mask, reach, n_q, n_k) else -1
     sinks, window = band if band is not None else (0, -1)
     if restrict is not None and band is None:
         raise ValueError("restrict needs a band (sinks, window).")
-    heads = (torch.as_tensor(restrict, dtype=torch.bool).to(torch.int32).contiguous() if restrict is not None
-             else torch.empty(0, dtype=torch.int32))
+    heads = (
+        torch.as_tensor(restrict, dtype=torch.bool).to(torch.int32).contiguous()
+        if restrict is not None
+        else torch.empty(0, dtype=torch.int32)
+    )
     ent, mass, lse, out, band_mass, amax = module.head_stats(
-        q32, k32, empty if mask is None else mask, f, causal, v32, True, skip, int(sinks), int(window), heads, argmax)
+        q32,
+        k32,
+        empty if mask is None else mask,
+        f,
+        causal,
+        v32,
+        True,
+        skip,
+        int(sinks),
+        int(window),
+        heads,
+        argmax,
+    )
     stats = HeadStats(
-        shape=(b, h, n_q, n_k), entropy=ent, masses={n: mass[..., i] for i, n in enumerate(names)},
-        lse=lse, query=q32, key=k32, causal=causal, mask=mask,
-        band=None if band is None else (tuple(band), band_mass), argmax=amax if argmax else None,
+        shape=(b, h, n_q, n_k),
+        entropy=ent,
+        masses={n: mass[..., i] for i, n in enumerate(names)},
+        lse=lse,
+        query=q32,
+        key=k32,
+        causal=causal,
+        mask=mask,
+        band=None if band is None else (tuple(band), band_mass),
+        argmax=amax if argmax else None,
         restrict=None if restrict is None else (tuple(band), heads.bool()),
     )
     return (out.to(query.dtype) if value is not None else None), stats

@@ -47,14 +47,19 @@ def engine_names() -> list[str]:
 def get_engine(name: str) -> Engine:
     """The engine called ``name`` (imported on first use); an unknown name gets a did-you-mean."""
     if name not in _REGISTRY:
-        raise HeadscopeError(f"Unknown engine '{name}'.{did_you_mean(name, [AUTO, *_REGISTRY])} "
-                             f"Known: {', '.join([AUTO, *_REGISTRY])}.")
+        raise HeadscopeError(
+            f"Unknown engine '{name}'.{did_you_mean(name, [AUTO, *_REGISTRY])} "
+            f"Known: {', '.join([AUTO, *_REGISTRY])}."
+        )
     entry = _REGISTRY[name]
     if isinstance(entry, str):
         try:
             entry = _REGISTRY[name] = import_module(entry).ENGINE
-        except (ImportError, AttributeError) as exc:  # a plug-in that cannot load is one line, not a traceback
-            raise HeadscopeError(f"The {name} engine cannot be loaded from {entry} ({exc}).") from None
+        # a plug-in that cannot load is one line, not a traceback
+        except (ImportError, AttributeError) as exc:
+            raise HeadscopeError(
+                f"The {name} engine cannot be loaded from {entry} ({exc})."
+            ) from None
     return entry
 
 
@@ -70,14 +75,18 @@ def model_attention_engines() -> list[str]:
     return names
 
 
-def resolve_engine(model, name: str = AUTO, metrics: Sequence[Metric] = (), interventions: bool = False) -> Engine:
+def resolve_engine(
+    model, name: str = AUTO, metrics: Sequence[Metric] = (), interventions: bool = False
+) -> Engine:
     """The engine ``name`` (``auto``: the first that can run), or one clear line saying why not.
     ``interventions``: the scan applies some (then only engines that take them can run)."""
 
     def why_not(engine: Engine, auto: bool = True) -> str | None:
         if interventions and not engine.takes_interventions:
             return "it cannot apply interventions"
-        return engine.auto_unavailable(model, metrics) if auto else engine.unavailable(model, metrics)
+        return (
+            engine.auto_unavailable(model, metrics) if auto else engine.unavailable(model, metrics)
+        )
 
     if name != AUTO:
         engine = get_engine(name)
@@ -117,4 +126,12 @@ register("flex", "headscope.engines.flex")
 register("blocked", "headscope.engines.blocked")
 register("hooks", "headscope.engines.hooks")
 
-__all__ = ["AUTO", "Engine", "engine_names", "get_engine", "model_attention_engines", "register", "resolve_engine"]
+__all__ = [
+    "AUTO",
+    "Engine",
+    "engine_names",
+    "get_engine",
+    "model_attention_engines",
+    "register",
+    "resolve_engine",
+]

@@ -2,9 +2,10 @@
 
 ``headscope/data/support.json`` is written by ``python -m scripts.conformance --write``, which scans
 a tiny random model of every family with every engine and compares each score, chance and n with
-the same metrics computed from Hugging Face's own eager attention weights. ``tests/apps/test_conformance.py``
-reruns those checks and fails when this file (or the site's table made from it) says anything else,
-so a family is claimed for an engine only where the test run showed it exact.
+the same metrics computed from Hugging Face's own eager attention weights.
+``tests/apps/test_conformance.py`` reruns those checks and fails when this file (or the site's table
+made from it) says anything else, so a family is claimed for an engine only where the test run
+showed it exact.
 
 >>> table = load_support()
 >>> table["Llama"]["engines"]["blocked"]["status"]
@@ -22,7 +23,8 @@ SUPPORT_JSON = Path(__file__).parent.parent / "data" / "support.json"
 
 
 def load_support(path: Path = SUPPORT_JSON) -> dict:
-    """``{family: {"model_type", "kind", "note", "engines": {engine: {"status", "detail", ...}}}}``."""
+    """``{family: {"model_type", "kind", "note", "engines": {engine: {"status", "detail",
+    ...}}}}``."""
     return json.loads(Path(path).read_text())["families"]
 
 
@@ -38,10 +40,16 @@ def support_text(table: dict | None = None) -> str:
     table = load_support() if table is None else table
     engines = list(next(iter(table.values()))["engines"])
     w = max(len(n) for n in table) + 1
-    lines = [f"{'family':<{w}} {'model_type':<13} {'kind':<8} " + " ".join(f"{e:<8}" for e in engines) + " notes"]
+    lines = [
+        f"{'family':<{w}} {'model_type':<13} {'kind':<8} "
+        + " ".join(f"{e:<8}" for e in engines)
+        + " notes"
+    ]
     for name, row in table.items():
         cells = " ".join(f"{row['engines'][e]['status']:<8}" for e in engines)
-        lines.append(f"{name:<{w}} {row['model_type']:<13} {row['kind']:<8} {cells} {row['note']}".rstrip())
+        lines.append(
+            f"{name:<{w}} {row['model_type']:<13} {row['kind']:<8} {cells} {row['note']}".rstrip()
+        )
     reasons: dict[str, list[str]] = {}
     for name, row in table.items():
         for e, o in row["engines"].items():
@@ -55,7 +63,8 @@ def support_text(table: dict | None = None) -> str:
 
 
 def supported_engines(model_type: str, table: dict | None = None) -> list[str] | None:
-    """The engines shown exact on ``model_type`` (None: the family was not in the conformance run)."""
+    """The engines shown exact on ``model_type`` (None: the family was not in the conformance
+    run)."""
     table = load_support() if table is None else table
     for row in table.values():
         if row["model_type"] == model_type:

@@ -1,4 +1,5 @@
-"""The other CUDA route: a Triton kernel mirroring ``csrc/head_stats.cpp`` (a prototype beside flex).
+"""The other CUDA route: a Triton kernel mirroring ``csrc/head_stats.cpp`` (a prototype beside
+flex).
 
 Where the flex route widens the value product (``[V | K | 1 | flags]``) to read the entropy and the
 masses, this kernel keeps them as per-row accumulators next to flash attention's running maximum,
@@ -56,14 +57,53 @@ if triton is not None:
 
     @triton.jit
     def _stats_fwd(
-        Q, K, V, FLAGS, MASK, CLS, KLO, KHI,
-        OUT, ZS, MASS, BAND,
-        scale, n_q, n_k, offset, sinks, window,
-        sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sfb, smb, smq, smk, scb, skrb,
-        H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-        NKB: tl.constexpr, NQB: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-        NF: tl.constexpr, HAS_BAND: tl.constexpr, IEEE: tl.constexpr,
-        BM: tl.constexpr, BN: tl.constexpr, TILE: tl.constexpr,
+        Q,
+        K,
+        V,
+        FLAGS,
+        MASK,
+        CLS,
+        KLO,
+        KHI,
+        OUT,
+        ZS,
+        MASS,
+        BAND,
+        scale,
+        n_q,
+        n_k,
+        offset,
+        sinks,
+        window,
+        sqb,
+        sqh,
+        sqm,
+        skb,
+        skh,
+        skn,
+        svb,
+        svh,
+        svn,
+        sfb,
+        smb,
+        smq,
+        smk,
+        scb,
+        skrb,
+        H: tl.constexpr,
+        G: tl.constexpr,
+        D: tl.constexpr,
+        DV: tl.constexpr,
+        NKB: tl.constexpr,
+        NQB: tl.constexpr,
+        CAUSAL: tl.constexpr,
+        HAS_MASK: tl.constexpr,
+        NF: tl.constexpr,
+        HAS_BAND: tl.constexpr,
+        IEEE: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        TILE: tl.constexpr,
     ):
         pid_m = tl.program_id(0)
         bh = tl.program_id(1)
@@ -74,7 +114,11 @@ if triton is not None:
         offs_d = tl.arange(0, D)
         offs_dv = tl.arange(0, DV)
         row_ok = offs_m < n_q
-        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        q = tl.load(
+            Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :],
+            mask=row_ok[:, None],
+            other=0.0,
+        )
         m_i = tl.full([BM], MASKED, tl.float32)
         z = tl.zeros([BM], tl.float32)
         zs = tl.zeros([BM], tl.float32)
@@ -89,12 +133,16 @@ if triton is not None:
         k_hi = tl.load(KHI + b * skrb + qc)
         pos = offs_m + offset  # absolute positions of the rows
         for start in range(k_lo, k_hi, BN):  # the key tiles some row of this tile can see
-            cls = tl.load(CLS + b * scb + qc * NKB + start // TILE)  # 0 hidden, 1 partly, 2 all visible
+            # 0 hidden, 1 partly, 2 all visible
+            cls = tl.load(CLS + b * scb + qc * NKB + start // TILE)
             if cls != 0:
                 offs_n = start + tl.arange(0, BN)
                 col_ok = offs_n < n_k
-                k = tl.load(K + b * skb + kvh * skh + offs_n[:, None] * skn + offs_d[None, :],
-                            mask=col_ok[:, None], other=0.0)
+                k = tl.load(
+                    K + b * skb + kvh * skh + offs_n[:, None] * skn + offs_d[None, :],
+                    mask=col_ok[:, None],
+                    other=0.0,
+                )
                 if IEEE:
                     s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
                 else:
@@ -104,8 +152,11 @@ if triton is not None:
                     vis = vis & (offs_n[None, :] <= pos[:, None])
                 if HAS_MASK:
                     if cls == 1:
-                        mk = tl.load(MASK + b * smb + offs_m[:, None] * smq + offs_n[None, :] * smk,
-                                     mask=row_ok[:, None] & col_ok[None, :], other=0)
+                        mk = tl.load(
+                            MASK + b * smb + offs_m[:, None] * smq + offs_n[None, :] * smk,
+                            mask=row_ok[:, None] & col_ok[None, :],
+                            other=0,
+                        )
                         vis = vis & (mk != 0)
                 s = tl.where(vis, s, MASKED)
                 m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -115,7 +166,8 @@ if triton is not None:
                 zs = alpha * (zs + (m_i - m_new) * z) + tl.sum(p * d, 1)
                 z = alpha * z + tl.sum(p, 1)
                 if NF > 0:
-                    fb = tl.load(FLAGS + b * sfb + offs_n, mask=col_ok, other=0).to(tl.int32)  # bit f = set f
+                    # bit f = set f
+                    fb = tl.load(FLAGS + b * sfb + offs_n, mask=col_ok, other=0).to(tl.int32)
                     zf0 = alpha * zf0 + tl.sum(p * ((fb & 1) != 0).to(tl.float32)[None, :], 1)
                     if NF > 1:
                         zf1 = alpha * zf1 + tl.sum(p * ((fb & 2) != 0).to(tl.float32)[None, :], 1)
@@ -124,11 +176,16 @@ if triton is not None:
                     if NF > 3:
                         zf3 = alpha * zf3 + tl.sum(p * ((fb & 8) != 0).to(tl.float32)[None, :], 1)
                 if HAS_BAND:
-                    inb = (offs_n[None, :] < sinks) | ((pos[:, None] - offs_n[None, :] < window)
-                                                       & (offs_n[None, :] <= pos[:, None]))
+                    inb = (offs_n[None, :] < sinks) | (
+                        (pos[:, None] - offs_n[None, :] < window)
+                        & (offs_n[None, :] <= pos[:, None])
+                    )
                     zb = alpha * zb + tl.sum(tl.where(inb, p, 0.0), 1)
-                v = tl.load(V + b * svb + kvh * svh + offs_n[:, None] * svn + offs_dv[None, :],
-                            mask=col_ok[:, None], other=0.0)
+                v = tl.load(
+                    V + b * svb + kvh * svh + offs_n[:, None] * svn + offs_dv[None, :],
+                    mask=col_ok[:, None],
+                    other=0.0,
+                )
                 if IEEE:
                     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
                 else:
@@ -151,7 +208,11 @@ if triton is not None:
         if HAS_BAND:
             tl.store(BAND + base, zb, mask=row_ok)
         out = acc / zz[:, None]
-        tl.store(OUT + base[:, None] * DV + offs_dv[None, :], out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(
+            OUT + base[:, None] * DV + offs_dv[None, :],
+            out.to(OUT.dtype.element_ty),
+            mask=row_ok[:, None],
+        )
 
 
 def _pow2(n: int) -> int:
@@ -159,8 +220,14 @@ def _pow2(n: int) -> int:
 
 
 def triton_layer_stats(
-    query: Tensor, key: Tensor, value: Tensor, vis: Visibility, scale: float, request: StatsRequest,
-    block: object | None = None, window_block: object | None = None,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    vis: Visibility,
+    scale: float,
+    request: StatsRequest,
+    block: object | None = None,
+    window_block: object | None = None,
 ) -> tuple[Tensor, HeadStats]:
     """What :func:`~headscope.engines.flex_stats.layer_stats` returns, from the Triton kernel.
 
@@ -185,17 +252,25 @@ def triton_layer_stats(
         q, k, v = q.float(), k.float(), v.float()
     flags = torch.zeros(b, n_k, dtype=torch.int8, device=device)
     for i, n in enumerate(names):
-        flags |= (request.flags[n].to(device).bool().to(torch.int8) << i)
+        flags |= request.flags[n].to(device).bool().to(torch.int8) << i
     any_, all_ = vis.tiles()  # [mbatch, q tile, k tile] at BLOCK = 128
-    cls = (any_.to(torch.int8) + all_.to(torch.int8)).contiguous()  # 0 hidden, 1 partly, 2 all visible
+    # 0 hidden, 1 partly, 2 all visible
+    cls = (any_.to(torch.int8) + all_.to(torch.int8)).contiguous()
     nkb = cls.shape[-1]
     idx = torch.arange(nkb, device=device)
-    k_lo = torch.where(any_, idx, nkb).amin(-1) * BLOCK  # [mbatch, q tile]: the first tile a row can see
-    k_hi = torch.minimum((torch.where(any_, idx, -1).amax(-1) + 1) * BLOCK, torch.tensor(n_k, device=device))
+    # [mbatch, q tile]: the first tile a row can see
+    k_lo = torch.where(any_, idx, nkb).amin(-1) * BLOCK
+    k_hi = torch.minimum(
+        (torch.where(any_, idx, -1).amax(-1) + 1) * BLOCK, torch.tensor(n_k, device=device)
+    )
     k_lo = torch.minimum(k_lo, k_hi).to(torch.int32).contiguous()
     k_hi = k_hi.to(torch.int32).contiguous()
     dense = vis.dense
-    mask = dense.view(torch.uint8) if dense is not None else torch.zeros(1, 1, 1, dtype=torch.uint8, device=device)
+    mask = (
+        dense.view(torch.uint8)
+        if dense is not None
+        else torch.zeros(1, 1, 1, dtype=torch.uint8, device=device)
+    )
     out = torch.empty(b, h, n_q, dvp, dtype=value.dtype, device=device)
     zsum = torch.empty(b, h, n_q, 3, dtype=torch.float32, device=device)  # m, z, zs per row
     mass = torch.zeros(b, h, n_q, MAX_FLAGS, dtype=torch.float32, device=device)
@@ -205,15 +280,53 @@ def triton_layer_stats(
     grid = (triton.cdiv(n_q, bm), b * h)
     mb = cls.shape[0]
     _stats_fwd[grid](
-        q, k, v, flags, mask, cls, k_lo, k_hi, out, zsum, mass, band,
-        float(scale), n_q, n_k, n_k - n_q, int(sinks), int(window),
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), flags.stride(0),
-        mask.stride(0) if mb > 1 else 0, mask.stride(1), mask.stride(2),
-        cls.stride(0) if mb > 1 else 0, k_lo.stride(0) if mb > 1 else 0,
-        H=h, G=h // kvh, D=dp, DV=dvp, NKB=nkb, NQB=cls.shape[1], CAUSAL=bool(vis.causal),
-        HAS_MASK=dense is not None, NF=len(names), HAS_BAND=request.band is not None,
-        IEEE=query.dtype == torch.float32, BM=bm, BN=bn, TILE=BLOCK,
+        q,
+        k,
+        v,
+        flags,
+        mask,
+        cls,
+        k_lo,
+        k_hi,
+        out,
+        zsum,
+        mass,
+        band,
+        float(scale),
+        n_q,
+        n_k,
+        n_k - n_q,
+        int(sinks),
+        int(window),
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        v.stride(0),
+        v.stride(1),
+        v.stride(2),
+        flags.stride(0),
+        mask.stride(0) if mb > 1 else 0,
+        mask.stride(1),
+        mask.stride(2),
+        cls.stride(0) if mb > 1 else 0,
+        k_lo.stride(0) if mb > 1 else 0,
+        H=h,
+        G=h // kvh,
+        D=dp,
+        DV=dvp,
+        NKB=nkb,
+        NQB=cls.shape[1],
+        CAUSAL=bool(vis.causal),
+        HAS_MASK=dense is not None,
+        NF=len(names),
+        HAS_BAND=request.band is not None,
+        IEEE=query.dtype == torch.float32,
+        BM=bm,
+        BN=bn,
+        TILE=BLOCK,
         num_warps=4 if dp <= 64 else 8,
     )
     m, z, zs = zsum.double().unbind(-1)  # [b, h, q] each
@@ -223,15 +336,23 @@ def triton_layer_stats(
     lse = torch.where(seen, m + torch.log(zz), float("-inf"))
     q_s = query.float() * scale
     stats = HeadStats(
-        shape=(b, h, n_q, n_k), entropy=ent, masses={n: mass[..., i].double() / zz for i, n in enumerate(names)},
-        lse=lse, query=q_s, key=key.float(), causal=vis.causal,
+        shape=(b, h, n_q, n_k),
+        entropy=ent,
+        masses={n: mass[..., i].double() / zz for i, n in enumerate(names)},
+        lse=lse,
+        query=q_s,
+        key=key.float(),
+        causal=vis.causal,
         mask=None if dense is None else dense.expand(b, n_q, n_k),
         band=None if request.band is None else (tuple(request.band), band.double() / zz),
-        argmax=None if request.targets is None else _argmax_rows(q_s, key.float(), vis, request.targets.to(device)),
+        argmax=None
+        if request.targets is None
+        else _argmax_rows(q_s, key.float(), vis, request.targets.to(device)),
     )
     return out[..., :dv], stats
 
 
 def _pad(x: Tensor, width: int) -> Tensor:
-    """``x`` with zero channels up to ``width`` on the last axis (Triton tiles are powers of two)."""
+    """``x`` with zero channels up to ``width`` on the last axis (Triton tiles are powers of
+    two)."""
     return x if x.shape[-1] == width else torch.nn.functional.pad(x, (0, width - x.shape[-1]))

@@ -1,6 +1,7 @@
-"""Head metrics: one module per behaviour; the built-in ones are registered from :mod:`headscope.catalog`.
+"""Head metrics: one module per behaviour; the built-in ones are registered from
+:mod:`headscope.catalog`.
 
-================  ====================================================================================
+================  ==================================================================================
 context           :class:`~headscope.metrics.context.PatternBatch`: what a metric knows about a batch
 rows              one protocol for a full pattern, a block of its query rows, or per-row statistics
 base              :class:`~headscope.metrics.base.Metric`, the selectors every metric reads through,
@@ -18,7 +19,7 @@ streaming         mass on a sink + window band (a StreamingLLM cache)
 retrieval         needle copy-paste: arg-max on the needle token (and the soft version)
 rare_word         arg-max on the least frequent visible token (Voita et al. 2019; the head census)
 syntax            Clark et al.'s syntax-head protocol on word maps: accuracy per relation, offsets
-================  ====================================================================================
+================  ==================================================================================
 
 Adding a behaviour = one module defining ``METRIC = Metric.of("name", fn)``, one entry in
 :data:`headscope.catalog.PATTERN` (what it means, and ``impl`` naming the module: the registration),
@@ -44,5 +45,14 @@ for _info in PATTERN.values():  # the built-in metrics, in the catalog's order
     _module, _attr = _info.impl.split(":")
     register(getattr(import_module(_module), _attr))
 
-__all__ = ["PROBES", "REGISTRY", "Metric", "PatternBatch", "Pooled", "default_metrics", "get_metric", "register",
-           "uniform_pattern"]
+__all__ = [
+    "PROBES",
+    "REGISTRY",
+    "Metric",
+    "PatternBatch",
+    "Pooled",
+    "default_metrics",
+    "get_metric",
+    "register",
+    "uniform_pattern",
+]

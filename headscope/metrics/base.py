@@ -78,13 +78,17 @@ def visible_keys(pattern: Tensor, batch: PatternBatch) -> Bool[Tensor, "batch qu
     return vis.expand(pattern.shape[0], pattern.shape[-2], pattern.shape[-1])
 
 
-def at_offset(pattern: Tensor | Rows, batch: PatternBatch, offset: int) -> Float[Tensor, "batch head query"]:
+def at_offset(
+    pattern: Tensor | Rows, batch: PatternBatch, offset: int
+) -> Float[Tensor, "batch head query"]:
     """``A[q, q + offset]`` for every row (0 where that key is outside the sequence)."""
     rows = as_rows(pattern)
     return rows.at(query_positions(rows, batch) + offset, batch)  # [batch, head, query]
 
 
-def at_key(pattern: Tensor | Rows, batch: PatternBatch, key: int) -> Float[Tensor, "batch head query"]:
+def at_key(
+    pattern: Tensor | Rows, batch: PatternBatch, key: int
+) -> Float[Tensor, "batch head query"]:
     """``A[q, key]`` for every row, for one fixed key position (0 if the sequence is shorter)."""
     rows = as_rows(pattern)
     keys = torch.full((rows.shape[-2],), key, dtype=torch.long, device=rows.device)  # [query]
@@ -96,10 +100,14 @@ def row_entropy(pattern: Tensor | Rows, batch: PatternBatch) -> Float[Tensor, "b
     return as_rows(pattern).row_entropy(batch)
 
 
-def key_set_flags(batch: PatternBatch, name: str | None, nk: int, device=None, from_key: int = 1) -> Bool[Tensor, "batch key"]:
-    """Real keys at ``k >= from_key`` in the flag set ``name`` (a PatternBatch field; None = all)."""
+def key_set_flags(
+    batch: PatternBatch, name: str | None, nk: int, device=None, from_key: int = 1
+) -> Bool[Tensor, "batch key"]:
+    """Real keys at ``k >= from_key`` in the flag set ``name`` (a PatternBatch field; None =
+    all)."""
     k = torch.arange(nk, device=device)
-    keys = (k[None, :] < batch.lengths.to(device)[:, None]) & (k[None, :] >= from_key)  # [batch, key]
+    # [batch, key]
+    keys = (k[None, :] < batch.lengths.to(device)[:, None]) & (k[None, :] >= from_key)
     if name is not None:
         flags = getattr(batch, name)
         if flags is None:
@@ -174,14 +182,25 @@ class Metric:
 
     @classmethod
     def of(cls, name: str, fn: MetricFn, **implementation) -> Metric:
-        """A built-in metric: what it means comes from :mod:`headscope.catalog` (one place), how it is
+        """A built-in metric: what it means comes from :mod:`headscope.catalog` (one place), how it
+        is
         computed from ``fn`` and ``implementation`` (``fused``, ``chance_fn``, ``needs``)."""
         from headscope.catalog import PATTERN
 
         info = PATTERN[name]
-        return cls(name=info.name, probe=info.probe, fn=fn, definition=info.definition, label=info.label,
-                   threshold=info.threshold, below=info.below, nan_reason=info.nan_reason, default=info.default,
-                   unit=info.unit, **implementation)
+        return cls(
+            name=info.name,
+            probe=info.probe,
+            fn=fn,
+            definition=info.definition,
+            label=info.label,
+            threshold=info.threshold,
+            below=info.below,
+            nan_reason=info.nan_reason,
+            default=info.default,
+            unit=info.unit,
+            **implementation,
+        )
 
     def __call__(self, pattern: Tensor | Rows, batch: PatternBatch) -> Pooled:
         return self.fn(pattern, batch)
@@ -207,7 +226,10 @@ def register(metric: Metric) -> Metric:
     if metric.name in REGISTRY:
         raise ValueError(f"A metric named '{metric.name}' is already registered.")
     if metric.probe not in PROBES:
-        raise ValueError(f"Metric '{metric.name}': probe must be one of {', '.join(PROBES)}, not {metric.probe!r}.")
+        raise ValueError(
+            f"Metric '{metric.name}': probe must be one of {', '.join(PROBES)}, not "
+            f"{metric.probe!r}."
+        )
     REGISTRY[metric.name] = metric
     return metric
 

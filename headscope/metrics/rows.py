@@ -38,7 +38,9 @@ class Rows(Protocol):
     @property
     def device(self) -> torch.device: ...
 
-    def at(self, keys: Int[Tensor, " query"], batch: PatternBatch) -> Float[Tensor, "batch head query"]:
+    def at(
+        self, keys: Int[Tensor, " query"], batch: PatternBatch
+    ) -> Float[Tensor, "batch head query"]:
         """``A[q, keys[q]]`` for every row (absolute key positions); 0 outside the key axis."""
         ...
 
@@ -46,12 +48,17 @@ class Rows(Protocol):
         """``-sum_k A[q, k] ln A[q, k]`` over real keys (0 ln 0 = 0)."""
         ...
 
-    def mass(self, batch: PatternBatch, name: str, keys: Bool[Tensor, "batch key"]) -> Float[Tensor, "batch head query"]:
+    def mass(
+        self, batch: PatternBatch, name: str, keys: Bool[Tensor, "batch key"]
+    ) -> Float[Tensor, "batch head query"]:
         """Attention mass on the keys ``keys`` (the flag set ``name``) that each query can see."""
         ...
 
-    def band_mass(self, batch: PatternBatch, sinks: int, window: int) -> Float[Tensor, "batch head query"]:
-        """Attention mass on keys ``k < sinks`` and ``q - window < k <= q`` (a sink + window KV cache)."""
+    def band_mass(
+        self, batch: PatternBatch, sinks: int, window: int
+    ) -> Float[Tensor, "batch head query"]:
+        """Attention mass on keys ``k < sinks`` and ``q - window < k <= q`` (a sink + window KV
+        cache)."""
         ...
 
     def arg_max(self, batch: PatternBatch) -> Int[Tensor, "batch head query"]:
@@ -60,11 +67,13 @@ class Rows(Protocol):
 
 
 class DenseRows:
-    """Rows held as a pattern tensor (possibly a block of query rows starting at ``batch.q_start``)."""
+    """Rows held as a pattern tensor (possibly a block of query rows starting at
+    ``batch.q_start``)."""
 
     def __init__(self, pattern: Float[Tensor, "batch head query key"], log: Tensor | None = None):
         self.pattern = pattern
-        self.log = log  # ln(pattern), when the engine has it (finite where masked): entropy skips a log
+        # ln(pattern), when the engine has it (finite where masked): entropy skips a log
+        self.log = log
         self.shape = tuple(pattern.shape)
 
     @property
@@ -83,7 +92,10 @@ class DenseRows:
         nk = self.shape[-1]
         k = torch.arange(nk, device=self.pattern.device)
         q = torch.arange(batch.q_start, batch.q_start + self.shape[-2], device=self.pattern.device)
-        band = (k[None, :] < sinks) | ((q[:, None] - k[None, :] < window) & (k[None, :] <= q[:, None]))  # [query, key]
+        # [query, key]
+        band = (k[None, :] < sinks) | (
+            (q[:, None] - k[None, :] < window) & (k[None, :] <= q[:, None])
+        )
         real = k[None, :] < batch.lengths.to(self.pattern.device)[:, None]  # [batch, key]
         keep = (band[None] & real[:, None, :]).to(self.pattern.dtype)  # [batch, query, key]
         return (self.pattern * keep[:, None]).sum(-1)
@@ -95,7 +107,8 @@ class DenseRows:
         pattern, nk = self.pattern, self.shape[-1]
         if bool((batch.lengths < nk).any()):  # padding keys in range: they never count
             k = torch.arange(nk, device=pattern.device)
-            real = (k[None, :] < batch.lengths.to(pattern.device)[:, None])[:, None, None, :]  # [batch, 1, 1, key]
+            # [batch, 1, 1, key]
+            real = (k[None, :] < batch.lengths.to(pattern.device)[:, None])[:, None, None, :]
             pattern = pattern * real
         if self.log is not None:  # -(A * ln A): no log per element
             return -(pattern * self.log).sum(-1)
@@ -105,7 +118,8 @@ class DenseRows:
         pattern, nk = self.pattern, self.shape[-1]
         f = keys.to(pattern.dtype)  # [batch, key]
         if not batch.causal:
-            return (pattern @ f[:, None, :, None]).squeeze(-1)  # [batch, head, query]: every key visible
+            # [batch, head, query]: every key visible
+            return (pattern @ f[:, None, :, None]).squeeze(-1)
         # Keys before the block's first query are visible to every row: one matrix-vector product.
         # Only the keys from q_start on need the k <= q test (a small triangle in a query block).
         k = torch.arange(nk, device=pattern.device)
@@ -119,5 +133,6 @@ class DenseRows:
 
 
 def as_rows(pattern: Tensor | Rows) -> Rows:
-    """``pattern`` as :class:`Rows`: a plain tensor becomes :class:`DenseRows`, rows stay as they are."""
+    """``pattern`` as :class:`Rows`: a plain tensor becomes :class:`DenseRows`, rows stay as they
+    are."""
     return DenseRows(pattern) if isinstance(pattern, Tensor) else pattern

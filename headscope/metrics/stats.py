@@ -2,8 +2,8 @@
 
 The built-in metrics read a pattern row in three ways only: single entries, the mass on a flagged
 key set, and the entropy. :class:`HeadStats` holds the last two for every row (computed by the
-fused kernel, :mod:`headscope.engines.kernel`) plus each row's log-sum-exp, from which any single entry is
-``A[q, k] = exp(q·k - lse[q])`` on demand. It implements the
+fused kernel, :mod:`headscope.engines.kernel`) plus each row's log-sum-exp, from which any single
+entry is ``A[q, k] = exp(q·k - lse[q])`` on demand. It implements the
 :class:`~headscope.metrics.rows.Rows` protocol, so a metric written with the selectors of
 :mod:`headscope.metrics.base` runs on it exactly as on a pattern tensor.
 """
@@ -34,7 +34,8 @@ class HeadStats:
     q_start: int = 0
     #: ``((sinks, window), mass [batch, head, query])``: each row's mass on the sink + window band.
     band: tuple | None = None
-    #: Each row's arg-max key ``[batch, head, query]`` (the first holding the largest weight; -1: none).
+    #: Each row's arg-max key ``[batch, head, query]`` (the first holding the largest weight; -1:
+    # none).
     argmax: Int[Tensor, "batch head query"] | None = None
     #: ``((sinks, window), heads [head] bool)``: heads that saw only the band (a KV-plan run).
     restrict: tuple | None = None
@@ -51,12 +52,19 @@ class HeadStats:
         """The kernel's mass on flag set ``name`` (it summed A over exactly the keys
         :func:`~headscope.metrics.base.key_set_flags` gives for that set, where visible)."""
         if name not in self.masses:
-            raise HeadscopeError(f"The fused kernel summed attention only over {', '.join(self.masses) or 'no key sets'}, "
-                                 f"not '{name}'; a metric reading another key set needs Metric.fused = False.")
+            raise HeadscopeError(
+                "The fused kernel summed attention only over "
+                f"{', '.join(self.masses) or 'no key sets'}, "
+                f"not '{name}'; a metric reading another key set needs "
+                "Metric.fused = False."
+            )
         return self.masses[name]
 
-    def at(self, keys: Int[Tensor, "*batch query"], batch=None) -> Float[Tensor, "batch head query"]:
-        """``A[b, h, q, keys[q]]`` for every row (``keys`` ``[query]``, or ``[batch, query]`` for a key
+    def at(
+        self, keys: Int[Tensor, "*batch query"], batch=None
+    ) -> Float[Tensor, "batch head query"]:
+        """``A[b, h, q, keys[q]]`` for every row (``keys`` ``[query]``, or ``[batch, query]`` for a
+        key
         per sequence); 0 where that key is out of range or not visible."""
         b, h, n_q, n_k = self.shape
         kvh = self.key.shape[1]
@@ -64,8 +72,10 @@ class HeadStats:
         inside = (keys >= 0) & (keys < n_k)
         kc = keys.clamp(0, n_k - 1)
         rows = torch.arange(b, device=self.device)[:, None]
-        k_sel = self.key[rows, :, kc].permute(0, 2, 1, 3).unsqueeze(-1)  # [b, kv_head, query, dim, 1]
-        q = self.query.view(b, kvh, h // kvh, n_q, -1).transpose(2, 3)  # [b, kv_head, query, group, dim]
+        # [b, kv_head, query, dim, 1]
+        k_sel = self.key[rows, :, kc].permute(0, 2, 1, 3).unsqueeze(-1)
+        # [b, kv_head, query, group, dim]
+        q = self.query.view(b, kvh, h // kvh, n_q, -1).transpose(2, 3)
         # the score of that key, by the same float32 GEMM arithmetic as the kernel's scores
         s = (q @ k_sel).squeeze(-1).transpose(2, 3).reshape(b, h, n_q).double()
         finite = torch.isfinite(self.lse)
@@ -86,7 +96,9 @@ class HeadStats:
     def band_mass(self, batch, sinks: int, window: int) -> Float[Tensor, "batch head query"]:
         """The kernel's per-row mass on keys ``k < sinks`` and ``q - window < k <= q``."""
         if self.band is None or tuple(self.band[0]) != (sinks, window):
-            raise HeadscopeError(f"The fused kernel was not asked for the ({sinks}, {window}) sink + window band.")
+            raise HeadscopeError(
+                f"The fused kernel was not asked for the ({sinks}, {window}) sink + window band."
+            )
         return self.band[1]
 
     def arg_max(self, batch=None) -> Int[Tensor, "batch head query"]:

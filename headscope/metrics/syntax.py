@@ -5,7 +5,8 @@ Each head is a classifier. For a word ``i`` of a sentence, on the head's word-le
 predicted):
 
 * ``dep->head``: the prediction is the word ``i`` attends to most, ``argmax_j M[i, j]``;
-* ``head->dep`` (Clark's ``transpose`` mode): the word that attends to ``i`` most, ``argmax_j M[j, i]``;
+* ``head->dep`` (Clark's ``transpose`` mode): the word that attends to ``i`` most, ``argmax_j M[j,
+  i]``;
 
 with ``j != i`` (self excluded, as Clark sets the diagonal to 0; ties: the first word). It is
 **correct** when the prediction is ``i``'s syntactic head. Accuracy for relation ``r`` = correct /
@@ -176,7 +177,8 @@ def accuracy_table(
         for d, direction in enumerate(DIRECTIONS):
             sel = (pairs.direction == d) & ((pairs.relation == rel) if rel != "all" else True)
             if not sel.any() or (causal and rel != "all" and sel.sum() < min_count):
-                continue  # a decoder's direction that keeps too few pairs of this relation is left out
+                # a decoder's direction that keeps too few pairs of this relation is left out
+                continue
             acc = pairs.heads[sel].mean(0)  # [layer * head]
             base = pairs.offsets[sel].mean(0)  # [offset]
             found[direction] = (sel, acc, base)
@@ -240,7 +242,8 @@ def accuracy_table(
 def _head_intervals(
     hits: np.ndarray, sentence: np.ndarray, n_sentences: int, resamples: int, seed: int
 ):
-    """Bootstrap (over sentences) intervals of every head's accuracy: ``(low, high)``, ``[layer * head]`` each."""
+    """Bootstrap (over sentences) intervals of every head's accuracy: ``(low, high)``, ``[layer *
+    head]`` each."""
     tot = torch.zeros(n_sentences, hits.shape[1], dtype=torch.float64).index_add_(
         0, torch.from_numpy(sentence), torch.from_numpy(hits.astype(np.float64))
     )  # [sentence, layer * head]
@@ -264,7 +267,8 @@ def _row(
     resamples,
     seed,
 ) -> dict:
-    """One table row, with bootstrap intervals over sentences (head, baseline, paired difference)."""
+    """One table row, with bootstrap intervals over sentences (head, baseline, paired
+    difference)."""
     tot = np.zeros((n_sentences, 3))
     np.add.at(tot, sentence, np.stack([hits, base_hits, hits.astype(float) - base_hits], 1))
     cnt = np.bincount(sentence, minlength=n_sentences).astype(float)

@@ -1,15 +1,15 @@
 """The attention seam: every attention call of a forward pass, as one plain object.
 
 transformers runs each layer's attention through a function with a fixed signature (its
-"attention interface"). :mod:`headscope.models.model` registers one such function; while a handler is
-active it packs the call into an :class:`AttentionCall` and hands it over. Everything headscope
+"attention interface"). :mod:`headscope.models.model` registers one such function; while a handler
+is active it packs the call into an :class:`AttentionCall` and hands it over. Everything headscope
 does inside a forward pass goes through here:
 
 * an **engine** (:mod:`headscope.engines.registry`) reads the call's queries and keys, hands per-row
   statistics to the metrics, and returns the layer's output (``call.output()``, or its own);
 * an **intervention** changes the call before the handler sees it (:meth:`Intervention.before`,
-  e.g. mask some keys of some heads) or changes the per-head output after (:meth:`Intervention.after`,
-  e.g. replace a head's output: mean- or zero-ablation).
+  e.g. mask some keys of some heads) or changes the per-head output after
+  (:meth:`Intervention.after`, e.g. replace a head's output: mean- or zero-ablation).
 
 Output layout: ``[batch, query, head, dim]``, the per-head results ``A v`` that the output
 projection (``o_proj`` / ``c_proj`` / ``dense``) reads after flattening the last two axes, so head
@@ -77,25 +77,34 @@ class AttentionCall:
         return self.query.shape[1] // self.key.shape[1]
 
     def output(self) -> Float[Tensor, "batch query head dim_v"]:
-        """The model's own attention output for this call (its sdpa), before the output projection."""
+        """The model's own attention output for this call (its sdpa), before the output
+        projection."""
         if self.compute is None:
-            raise RuntimeError("This AttentionCall was built without the model's attention function.")
+            raise RuntimeError(
+                "This AttentionCall was built without the model's attention function."
+            )
         return self.compute(self)
 
     def with_mask(self, mask: Tensor | None) -> AttentionCall:
-        """The same call with another mask (boolean, broadcastable to ``[batch, head, query, key]``)."""
+        """The same call with another mask (boolean, broadcastable to ``[batch, head, query,
+        key]``)."""
         return replace(self, mask=mask)
 
     def full_mask(self) -> torch.Tensor:
-        """The call's mask as booleans (True = may attend), broadcastable to ``[batch, head, query, key]``:
-        ``[1, 1, query, key]`` built from ``causal`` when there is no mask, else the mask's own shape.
-        Keys before the first query (a KV cache) are visible to every query (bottom-right alignment)."""
+        """The call's mask as booleans (True = may attend), broadcastable to ``[batch, head, query,
+        key]``: ``[1, 1, query, key]`` built from ``causal`` when there is no mask, else the mask's
+        own shape.
+        Keys before the first query (a KV cache) are visible to every query (bottom-right
+        alignment)."""
         b, _, n_q, n_k = self.shape
         if self.mask is None:
             if not self.causal:
                 return torch.ones(1, 1, n_q, n_k, dtype=torch.bool, device=self.query.device)
-            # keys before the first query (a KV cache) are visible to every row: bottom-right alignment
-            return torch.ones(n_q, n_k, dtype=torch.bool, device=self.query.device).tril(n_k - n_q)[None, None]
+            # keys before the first query (a KV cache) are visible to every row: bottom-right
+            # alignment
+            return torch.ones(n_q, n_k, dtype=torch.bool, device=self.query.device).tril(n_k - n_q)[
+                None, None
+            ]
         if self.mask.dtype == torch.bool:
             return self.mask
         return self.mask > torch.finfo(self.mask.dtype).min / 2  # additive: a masked key is ~-inf
@@ -109,7 +118,9 @@ class Intervention(Protocol):
 
     def before(self, call: AttentionCall) -> AttentionCall: ...
 
-    def after(self, call: AttentionCall, out: Float[Tensor, "batch query head dim_v"]) -> Tensor: ...
+    def after(
+        self, call: AttentionCall, out: Float[Tensor, "batch query head dim_v"]
+    ) -> Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -182,9 +193,15 @@ class AblateHeads:
         out = out.clone()  # [batch, query, head, dim_v]
         h = heads[rows]  # [m]
         if isinstance(self.values, Tensor):
-            value = self.values.to(device=out.device, dtype=out.dtype)[h][:, None, :]  # [m, 1, dim_v]
+            # [m, 1, dim_v]
+            value = self.values.to(device=out.device, dtype=out.dtype)[h][:, None, :]
         else:
-            value = torch.full((len(rows), 1, out.shape[-1]), float(self.values), dtype=out.dtype, device=out.device)
+            value = torch.full(
+                (len(rows), 1, out.shape[-1]),
+                float(self.values),
+                dtype=out.dtype,
+                device=out.device,
+            )
         out[rows, :, h] = value.expand(-1, out.shape[1], -1)  # [m, query, dim_v]
         return out
 
@@ -209,12 +226,16 @@ class RestrictKeys:
         b, h, n_q, n_k = call.shape
         base = call.full_mask().expand(b, h, n_q, n_k)  # [batch, head, query, key]
         mask = base.clone()
-        keep = self.keep(call).to(device=mask.device, dtype=torch.bool).expand(b, n_q, n_k)  # [batch, query, key]
+        # [batch, query, key]
+        keep = self.keep(call).to(device=mask.device, dtype=torch.bool).expand(b, n_q, n_k)
         mask[:, list(self.heads)] &= keep[:, None]  # [batch, 1, query, key] onto the chosen heads
         had = base[:, list(self.heads)].any(-1)  # [batch, heads, query]: rows that saw a key before
         if bool((had & ~mask[:, list(self.heads)].any(-1)).any()):
-            raise HeadscopeError(f"RestrictKeys on layer {self.layer} leaves a query with no key to attend to; "
-                                 "keep at least each query's own position.")
+            raise HeadscopeError(
+                f"RestrictKeys on layer {self.layer} leaves a query with no key "
+                "to attend to; "
+                "keep at least each query's own position."
+            )
         return call.with_mask(mask)
 
     def after(self, call: AttentionCall, out: Tensor) -> Tensor:
@@ -224,7 +245,9 @@ class RestrictKeys:
 # ------------------------------------------------------------------------------ activation
 
 #: The handler of the forward pass in progress (None outside :func:`intercept`).
-_ACTIVE: contextvars.ContextVar[Handler | None] = contextvars.ContextVar("headscope_attention", default=None)
+_ACTIVE: contextvars.ContextVar[Handler | None] = contextvars.ContextVar(
+    "headscope_attention", default=None
+)
 
 
 def _default(call: AttentionCall) -> Tensor:
@@ -232,7 +255,9 @@ def _default(call: AttentionCall) -> Tensor:
 
 
 @contextlib.contextmanager
-def intercept(handler: Handler | None = None, interventions: Sequence[Intervention] = ()) -> Iterator[None]:
+def intercept(
+    handler: Handler | None = None, interventions: Sequence[Intervention] = ()
+) -> Iterator[None]:
     """Route the attention calls of forward passes run inside the ``with`` block through ``handler``
     (default: the model's own attention), with ``interventions`` applied around it.
 
@@ -240,6 +265,7 @@ def intercept(handler: Handler | None = None, interventions: Sequence[Interventi
     order, each ``after`` seeing the call as all the ``before``s left it."""
     inner = handler or _default
     if interventions:
+
         def run(call: AttentionCall) -> Tensor:
             for iv in interventions:
                 call = iv.before(call)

@@ -35,8 +35,19 @@ from headscope.models.sources import (
 )
 
 DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16, torch.float16), strict=True))
-_ENCODER_TYPES = {"bert", "roberta", "distilbert", "albert", "electra", "xlm-roberta", "mpnet",
-                  "deberta", "deberta-v2", "camembert", "modernbert"}
+_ENCODER_TYPES = {
+    "bert",
+    "roberta",
+    "distilbert",
+    "albert",
+    "electra",
+    "xlm-roberta",
+    "mpnet",
+    "deberta",
+    "deberta-v2",
+    "camembert",
+    "modernbert",
+}
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -52,7 +63,9 @@ def resolve_device(device: str = "auto") -> torch.device:
     except RuntimeError:
         raise HeadscopeError(f"Unknown device '{device}'; use auto, cpu, cuda or cuda:N.") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise HeadscopeError(f"Device '{device}' asked for but no CUDA GPU is visible; use --device cpu.")
+        raise HeadscopeError(
+            f"Device '{device}' asked for but no CUDA GPU is visible; use --device cpu."
+        )
     return dev
 
 
@@ -62,7 +75,8 @@ def resolve_dtype(dtype: str) -> torch.dtype:
 
 
 def _map_device(placement) -> torch.device:
-    """The torch device accelerate executes a ``hf_device_map`` entry on (offloaded ones: the CPU)."""
+    """The torch device accelerate executes a ``hf_device_map`` entry on (offloaded ones: the
+    CPU)."""
     if isinstance(placement, int):
         return torch.device("cuda", placement)
     if placement in ("disk", "meta"):
@@ -75,7 +89,8 @@ def _map_device(placement) -> torch.device:
 
 @contextlib.contextmanager
 def _quiet_loading():
-    """Silence transformers' load reports and progress bars (e.g. the random MLM head of a BertModel)."""
+    """Silence transformers' load reports and progress bars (e.g. the random MLM head of a
+    BertModel)."""
     from transformers.utils import logging as tf_logging
 
     old, bars = tf_logging.get_verbosity(), tf_logging.is_progress_bar_enabled()
@@ -136,10 +151,11 @@ def load_model(
     ``device_map`` (a named model too big for one device): ``auto``, ``balanced``,
     ``balanced_low_0``, ``sequential`` or a ``{module name: device}`` dict, placed by accelerate
     (``max_memory``: ``{0: "20GiB", "cpu": "60GiB"}``; what fits nowhere is offloaded to
-    ``offload_folder``; by default a temporary folder, removed when the model is freed). Its layers may then sit on different
-    devices (or be offloaded, their weights brought in for each forward); the blocked and fused
-    engines score every layer where it runs. The hooks engine (a second, one-device copy through
-    transformer-lens) and ``--effects`` (they read weights directly) are refused with one line.
+    ``offload_folder``; by default a temporary folder, removed when the model is freed). Its layers
+    may then sit on different devices (or be offloaded, their weights brought in for each forward);
+    the blocked and fused engines score every layer where it runs. The hooks engine (a second,
+    one-device copy through transformer-lens) and ``--effects`` (they read weights directly) are
+    refused with one line.
 
     >>> model = load_model("all-minilm-l6-v2")          # doctest: +SKIP
     >>> model.n_layers, model.n_heads, model.causal      # doctest: +SKIP
@@ -149,27 +165,43 @@ def load_model(
         return model  # already loaded
     if isinstance(model, (str, os.PathLike)):
         if tokenizer is not None:
-            raise HeadscopeError("tokenizer= goes with an in-memory model; a named model brings its own.")
+            raise HeadscopeError(
+                "tokenizer= goes with an in-memory model; a named model brings its own."
+            )
         check_device_map(device_map, max_memory)
         placement = None if device_map is None else (device_map, max_memory, offload_folder)
-        return _load_named(str(model), device, dtype or "float32", progress or (lambda _msg: None), placement)
+        return _load_named(
+            str(model), device, dtype or "float32", progress or (lambda _msg: None), placement
+        )
     if device_map is not None or max_memory is not None:
-        raise HeadscopeError("device_map= loads a model by name; an in-memory model is used where it is "
-                             "(dispatch it with accelerate first).")
+        raise HeadscopeError(
+            "device_map= loads a model by name; an in-memory model is used where "
+            "it is "
+            "(dispatch it with accelerate first)."
+        )
     if _is_bridge(model):
         return _wrap_bridge(model, name, device)
     if hasattr(model, "config") and hasattr(model, "forward") and hasattr(model, "parameters"):
         if tokenizer is None:
-            raise HeadscopeError("An in-memory model needs its tokenizer: load_model(model, tokenizer).")
+            raise HeadscopeError(
+                "An in-memory model needs its tokenizer: load_model(model, tokenizer)."
+            )
         return _wrap_hf(model, tokenizer, name, device, dtype)
-    raise HeadscopeError(f"Cannot load a {type(model).__name__}; give a model name or folder, a Hugging Face "
-                         "model with its tokenizer, or a transformer-lens TransformerBridge.")
+    raise HeadscopeError(
+        f"Cannot load a {type(model).__name__}; give a model name or folder, a "
+        "Hugging Face "
+        "model with its tokenizer, or a transformer-lens TransformerBridge."
+    )
 
 
-def _load_named(name: str, device: str, dtype: str, progress: Callable[[str], None], placement=None) -> Model:
+def _load_named(
+    name: str, device: str, dtype: str, progress: Callable[[str], None], placement=None
+) -> Model:
     source = resolve(name)
     if placement is not None and device != "auto":
-        raise HeadscopeError(f"--device {device} and --device-map both place the model; give one of them.")
+        raise HeadscopeError(
+            f"--device {device} and --device-map both place the model; give one of them."
+        )
     dev = resolve_device(device) if placement is None else None
     torch_dtype = resolve_dtype(dtype)
     ref, provenance = materialize(source, progress, convert_gguf=_dequantize_gguf)
@@ -188,12 +220,21 @@ def _load_named(name: str, device: str, dtype: str, progress: Callable[[str], No
             config = AutoConfig.from_pretrained(ref_s, local_files_only=local_only, **at)
             tok = AutoTokenizer.from_pretrained(ref_s, local_files_only=local_only, **at)
         except OSError as exc:
-            raise HeadscopeError(f"Could not load '{name}' from {ref_s}: {str(exc).splitlines()[0]}") from None
+            raise HeadscopeError(
+                f"Could not load '{name}' from {ref_s}: {str(exc).splitlines()[0]}"
+            ) from None
         cls, causal = _model_class(config)
         spread, scratch = ({}, None) if placement is None else _placement_kwargs(*placement)
         try:
-            hf = cls.from_pretrained(ref_s, config=config, dtype=torch_dtype, attn_implementation=IMPLEMENTATION,
-                                     local_files_only=local_only, **at, **spread)
+            hf = cls.from_pretrained(
+                ref_s,
+                config=config,
+                dtype=torch_dtype,
+                attn_implementation=IMPLEMENTATION,
+                local_files_only=local_only,
+                **at,
+                **spread,
+            )
         except BaseException:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
@@ -206,18 +247,26 @@ def _load_named(name: str, device: str, dtype: str, progress: Callable[[str], No
     else:  # accelerate placed it: inputs go where the embeddings run, its hooks move them on
         devmap = getattr(hf, "hf_device_map", None) or {"": "cpu"}
         dev = _map_device(next(iter(devmap.values())))
-        progress("placed by device_map: " + ", ".join(f"{k or 'all'} -> {v}" for k, v in devmap.items()))
+        progress(
+            "placed by device_map: " + ", ".join(f"{k or 'all'} -> {v}" for k, v in devmap.items())
+        )
     hf.eval()
 
     def make_bridge():
         with _quiet_loading():
             from transformer_lens.model_bridge import TransformerBridge
 
-            eager = cls.from_pretrained(ref_s, dtype=torch_dtype, attn_implementation="eager",
-                                        local_files_only=local_only, **at)
+            eager = cls.from_pretrained(
+                ref_s,
+                dtype=torch_dtype,
+                attn_implementation="eager",
+                local_files_only=local_only,
+                **at,
+            )
             eager.eval()
-            bridge = TransformerBridge.boot_transformers(ref_s, hf_model=eager, tokenizer=tok,
-                                                         device=str(dev), dtype=torch_dtype)
+            bridge = TransformerBridge.boot_transformers(
+                ref_s, hf_model=eager, tokenizer=tok, device=str(dev), dtype=torch_dtype
+            )
         bridge.eval()
         return bridge
 
@@ -229,23 +278,33 @@ def _load_named(name: str, device: str, dtype: str, progress: Callable[[str], No
             provenance["weights_file"] = weights.name
     model = _model(name, source, provenance, hf, tok, causal, dev, torch_dtype, make_bridge)
     if placement is not None:
-        model.device_map = {k: str(v) for k, v in hf.hf_device_map.items()} if hasattr(hf, "hf_device_map") else {}
+        model.device_map = (
+            {k: str(v) for k, v in hf.hf_device_map.items()} if hasattr(hf, "hf_device_map") else {}
+        )
         # the bridge would be a second full copy on one device, which is what a device map avoids
-        model._bridge_error = ("a --device-map model has no transformer-lens bridge (the hooks engine needs a second "
-                               "full copy on one device)")
+        model._bridge_error = (
+            "a --device-map model has no transformer-lens bridge (the hooks "
+            "engine needs a second "
+            "full copy on one device)"
+        )
     return model
 
 
 def _placement_kwargs(device_map, max_memory, offload_folder) -> tuple[dict, str | None]:
-    """``from_pretrained`` arguments that let accelerate place the model (and offload what fits nowhere),
-    and the temporary offload folder headscope made for it (None when the caller gave one: that folder
+    """``from_pretrained`` arguments that let accelerate place the model (and offload what fits
+    nowhere), and the temporary offload folder headscope made for it (None when the caller gave one:
+    that folder
     is the caller's and is never removed)."""
     import tempfile
 
     scratch = None
     if offload_folder is None:
         offload_folder = scratch = tempfile.mkdtemp(prefix="headscope-offload-")
-    kwargs = {"device_map": device_map, "offload_folder": str(offload_folder), "offload_state_dict": True}
+    kwargs = {
+        "device_map": device_map,
+        "offload_folder": str(offload_folder),
+        "offload_state_dict": True,
+    }
     if max_memory is not None:
         kwargs["max_memory"] = max_memory
     return kwargs, scratch
@@ -256,11 +315,17 @@ def _wrap_hf(hf, tokenizer, name: str | None, device: str, dtype: str | None) ->
     param = next(hf.parameters())
     dev, torch_dtype = param.device, param.dtype
     if device != "auto" and resolve_device(device) != dev:
-        raise HeadscopeError(f"The model is on {dev}, not {device}; move it first (model.to('{device}')) "
-                             "or leave device='auto'.")
+        raise HeadscopeError(
+            f"The model is on {dev}, not {device}; move it first "
+            f"(model.to('{device}')) "
+            "or leave device='auto'."
+        )
     if dtype is not None and resolve_dtype(dtype) != torch_dtype:
-        raise HeadscopeError(f"The model is in {str(torch_dtype).replace('torch.', '')}, not {dtype}; convert it "
-                             "first or leave dtype unset.")
+        raise HeadscopeError(
+            f"The model is in {str(torch_dtype).replace('torch.', '')}, not "
+            f"{dtype}; convert it "
+            "first or leave dtype unset."
+        )
     label = name or getattr(hf.config, "_name_or_path", None) or type(hf).__name__
     with _quiet_loading():
         register_attention()
@@ -272,33 +337,56 @@ def _wrap_hf(hf, tokenizer, name: str | None, device: str, dtype: str | None) ->
 
             eager = copy.deepcopy(hf)  # boot_transformers switches its model to eager in place
             eager.eval()
-            bridge = TransformerBridge.boot_transformers(label, hf_model=eager, tokenizer=_bridge_tokenizer(tokenizer),
-                                                         device=str(dev), dtype=torch_dtype)
+            bridge = TransformerBridge.boot_transformers(
+                label,
+                hf_model=eager,
+                tokenizer=_bridge_tokenizer(tokenizer),
+                device=str(dev),
+                dtype=torch_dtype,
+            )
         bridge.eval()
         return bridge
 
     source = Source(typed=label, kind="memory", ref=type(hf).__name__)
-    provenance = {"source": f"in-memory {type(hf).__name__}", "name_or_path": getattr(hf.config, "_name_or_path", "")}
+    provenance = {
+        "source": f"in-memory {type(hf).__name__}",
+        "name_or_path": getattr(hf.config, "_name_or_path", ""),
+    }
     model = _model(label, source, provenance, hf, tokenizer, causal, dev, torch_dtype, make_bridge)
     # transformers only switches the implementation of classes it can (not ones defined elsewhere)
     switchable = getattr(hf, "_can_set_attn_implementation", lambda: True)()
     model.attention_interface = model.attention_interface and (
-        hf.config._attn_implementation == IMPLEMENTATION or bool(switchable))
+        hf.config._attn_implementation == IMPLEMENTATION or bool(switchable)
+    )
     return model
 
 
 def _wrap_bridge(bridge, name: str | None, device: str) -> Model:
-    """A Model over a TransformerBridge the caller holds: hooks engine only (see :func:`load_model`)."""
+    """A Model over a TransformerBridge the caller holds: hooks engine only (see
+    :func:`load_model`)."""
     hf = bridge.original_model
     label = name or getattr(hf.config, "_name_or_path", None) or type(hf).__name__
     param = next(hf.parameters())
     if device != "auto" and resolve_device(device) != param.device:
-        raise HeadscopeError(f"The bridge is on {param.device}, not {device}; move it first or leave device='auto'.")
+        raise HeadscopeError(
+            f"The bridge is on {param.device}, not {device}; move it first or leave device='auto'."
+        )
     source = Source(typed=label, kind="memory", ref="TransformerBridge")
-    provenance = {"source": f"in-memory TransformerBridge over {type(hf).__name__}",
-                  "name_or_path": getattr(hf.config, "_name_or_path", "")}
-    model = _model(label, source, provenance, hf, bridge.tokenizer, _is_causal_lm(hf), param.device, param.dtype,
-                   None)
+    provenance = {
+        "source": f"in-memory TransformerBridge over {type(hf).__name__}",
+        "name_or_path": getattr(hf.config, "_name_or_path", ""),
+    }
+    model = _model(
+        label,
+        source,
+        provenance,
+        hf,
+        bridge.tokenizer,
+        _is_causal_lm(hf),
+        param.device,
+        param.dtype,
+        None,
+    )
     model._bridge = bridge
     model.attention_interface = False  # its attention modules are transformer-lens components
     return model
@@ -346,7 +434,8 @@ def _context_length(cfg) -> int:
 
 
 def attention_reach(cfg, n_layers: int) -> tuple[int | None, ...]:
-    """Per layer, the largest ``|q - k|`` a query can attend over (None: no window), from the config.
+    """Per layer, the largest ``|q - k|`` a query can attend over (None: no window), from the
+    config.
 
     The rules transformers' masks follow (checked against each family's eager attention by the
     conformance suite, ``scripts/conformance.py``):
@@ -354,7 +443,8 @@ def attention_reach(cfg, n_layers: int) -> tuple[int | None, ...]:
     * ``layer_types`` naming ``sliding_attention`` layers: causal models see ``q - w < k <= q``
       (``w = sliding_window``), so the reach is ``w - 1``; ModernBERT's bidirectional local layers
       see ``|q - k| <= sliding_window`` (its config stores half the local window there);
-    * no ``layer_types`` but a ``sliding_window`` (Mistral, Mixtral, Phi-3, Starcoder2): every layer;
+    * no ``layer_types`` but a ``sliding_window`` (Mistral, Mixtral, Phi-3, Starcoder2): every
+      layer;
     * GPT-Neo: its ``local`` layers see ``q - window_size < k <= q``.
 
     >>> from types import SimpleNamespace as NS
@@ -368,18 +458,28 @@ def attention_reach(cfg, n_layers: int) -> tuple[int | None, ...]:
     types = getattr(cfg, "layer_types", None)
     if cfg.model_type == "gpt_neo":
         kinds = list(getattr(cfg, "attention_layers", None) or [])
-        return tuple(int(cfg.window_size) - 1 if k == "local" else None for k in kinds[:n_layers]) + \
-            (None,) * max(0, n_layers - len(kinds))
+        return tuple(
+            int(cfg.window_size) - 1 if k == "local" else None for k in kinds[:n_layers]
+        ) + (None,) * max(0, n_layers - len(kinds))
     if types is not None:
         if len(types) != n_layers:
-            raise HeadscopeError(f"The config names {len(types)} layer types for {n_layers} layers.")
+            raise HeadscopeError(
+                f"The config names {len(types)} layer types for {n_layers} layers."
+            )
         if any(t == "sliding_attention" for t in types) and window is None:
             raise HeadscopeError("The config has sliding-attention layers but no sliding_window.")
         unknown = sorted({t for t in types} - {"sliding_attention", "full_attention"})
         if unknown:  # chunked or other masks: not modelled, so never scored as if they were full
-            raise HeadscopeError(f"This model has {', '.join(unknown)} layers, whose mask headscope does not "
-                                 "model (it knows full_attention and sliding_attention).")
-        reach = int(window) if cfg.model_type == "modernbert" else (None if window is None else int(window) - 1)
+            raise HeadscopeError(
+                f"This model has {', '.join(unknown)} layers, whose mask "
+                "headscope does not "
+                "model (it knows full_attention and sliding_attention)."
+            )
+        reach = (
+            int(window)
+            if cfg.model_type == "modernbert"
+            else (None if window is None else int(window) - 1)
+        )
         return tuple(reach if t == "sliding_attention" else None for t in types)
     if window is not None and getattr(cfg, "use_sliding_window", True):
         return (int(window) - 1,) * n_layers
@@ -436,8 +536,13 @@ def _special_tokens(tok, causal: bool) -> dict:
             "to build its probes."
         )
     pad = tok.pad_token_id if tok.pad_token_id is not None else sep
-    return {"bos_id": int(bos), "sep_id": int(sep), "pad_id": int(pad),
-            "eos_id": None if eos is None else int(eos), "special_ids": frozenset(special)}
+    return {
+        "bos_id": int(bos),
+        "sep_id": int(sep),
+        "pad_id": int(pad),
+        "eos_id": None if eos is None else int(eos),
+        "special_ids": frozenset(special),
+    }
 
 
 def _dequantize_gguf(gguf: Path, out: Path) -> None:

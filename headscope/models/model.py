@@ -4,16 +4,18 @@ Everything else sees a :class:`Model`: its shape (``n_layers``, ``n_heads``, ``n
 ``d_head``, ``n_ctx``), whether it is causal, its special tokens, and a few methods:
 
 * :meth:`Model.run`: one forward of the Hugging Face model in which every attention call goes
-  through headscope's seam (:mod:`headscope.models.attention`): engines read it, interventions change it;
+  through headscope's seam (:mod:`headscope.models.attention`): engines read it, interventions
+  change it;
 * :meth:`Model.run_patterns`: one forward of the transformer-lens ``TransformerBridge`` that hands
   each layer's post-softmax pattern (``blocks.{L}.attn.hook_pattern``) to a callback;
-* :meth:`Model.attention_activations`, :meth:`Model.attention_inputs`, :meth:`Model.circuit_weights`:
-  what the analysis helpers need from the bridge, by meaning rather than by hook name.
+* :meth:`Model.attention_activations`, :meth:`Model.attention_inputs`,
+  :meth:`Model.circuit_weights`: what the analysis helpers need from the bridge, by meaning rather
+  than by hook name.
 
 It also holds the attention function headscope registers with transformers' attention interface.
 How a Model is made (from a name, a folder, a device map, or a model you hold in memory) is
-:mod:`headscope.models.loading`. When transformer-lens or transformers change their APIs again (they have,
-twice), these two files change and nothing else.
+:mod:`headscope.models.loading`. When transformer-lens or transformers change their APIs again (they
+have, twice), these two files change and nothing else.
 
 transformer-lens 4.x: ``TransformerBridge.boot_transformers(name, hf_model=..., tokenizer=...)``
 wraps an already-loaded HF model in place and switches it to eager attention, so the bridge always
@@ -40,7 +42,8 @@ from headscope.models.attention import AttentionCall, Handler, Intervention, Sto
 from headscope.models.sources import Source
 
 #: Softmax changes passed to the attention function that plain ``softmax(q k^T * scale + mask)``
-#: does not capture: logit soft-capping (Gemma 2), learned sinks (gpt-oss), T5-style position biases.
+#: does not capture: logit soft-capping (Gemma 2), learned sinks (gpt-oss), T5-style position
+# biases.
 UNMODELLED = ("position_bias", "softcap", "s_aux", "sinks")
 IMPLEMENTATION = "headscope"  # the name our attention function is registered under in transformers
 
@@ -70,8 +73,8 @@ class Model:
     """A loaded model, as the rest of headscope sees it.
 
     ``hf`` is the Hugging Face model (running headscope's attention function, plain ``sdpa`` when no
-    handler is active); ``bridge`` a transformer-lens ``TransformerBridge`` over a second, eager copy,
-    built on first use for hook-level work.
+    handler is active); ``bridge`` a transformer-lens ``TransformerBridge`` over a second, eager
+    copy, built on first use for hook-level work.
     """
 
     name: str  # as the user typed it (or a description of an in-memory model)
@@ -107,7 +110,8 @@ class Model:
     _make_bridge: Callable[[], object] | None = field(default=None, repr=False)
     _bridge: object | None = field(default=None, repr=False)
     _bridge_error: str | None = field(default=None, repr=False)  # why the bridge could not be built
-    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)  # one forward at a time
+    # one forward at a time
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     _fingerprint: str | None = field(default=None, repr=False)
 
     @property
@@ -116,7 +120,8 @@ class Model:
         return self._bridge is not None or self._make_bridge is not None
 
     def fingerprint(self) -> str:
-        """sha256 over the parameters' names, shapes, dtypes and bytes (computed once, on first use):
+        """sha256 over the parameters' names, shapes, dtypes and bytes (computed once, on first
+        use):
         what identifies an in-memory model that has no weights file."""
         if self._fingerprint is None:
             self._fingerprint = _state_sha256(self.hf)
@@ -135,9 +140,15 @@ class Model:
             except HeadscopeError:
                 raise
             except Exception as exc:  # transformer-lens knows no bridge for this architecture
-                arch = ", ".join(getattr(self.hf.config, "architectures", None) or [type(self.hf).__name__])
+                arch = ", ".join(
+                    getattr(self.hf.config, "architectures", None) or [type(self.hf).__name__]
+                )
                 why = str(exc).split(". ")[0].splitlines()[0][:120]
-                hint = "use --engine blocked" if self.attention_interface else "no headscope engine can read it"
+                hint = (
+                    "use --engine blocked"
+                    if self.attention_interface
+                    else "no headscope engine can read it"
+                )
                 self._bridge_error = f"transformer-lens cannot build a bridge for {arch} ({why})"
                 raise HeadscopeError(f"{self._bridge_error}; {hint}.") from None
         return self._bridge
@@ -145,7 +156,8 @@ class Model:
     @property
     def n_params(self) -> int:
         """Parameters of the model, tied weights counted once."""
-        return sum({p.data_ptr() or id(p): p.numel() for p in self.hf.parameters()}.values())  # offloaded: meta, ptr 0
+        # offloaded: meta, ptr 0
+        return sum({p.data_ptr() or id(p): p.numel() for p in self.hf.parameters()}.values())
 
     # ------------------------------------------------------------------ tokens
 
@@ -164,19 +176,30 @@ class Model:
 
     def chat_pair(self, a: str, b: str) -> list[int]:
         """A segment pair as the chat template of an instruct model joins two turns: ``a`` from the
-        user, ``b`` from the assistant (with whatever the template adds, e.g. a default system turn)."""
+        user, ``b`` from the assistant (with whatever the template adds, e.g. a default system
+        turn)."""
         if not getattr(self.tokenizer, "chat_template", None):
-            raise HeadscopeError(f"{self.name}'s tokenizer has no chat template; use the plain join (--text-join plain).")
-        ids = self.tokenizer.apply_chat_template([{"role": "user", "content": a}, {"role": "assistant", "content": b}],
-                                                 tokenize=True)
+            raise HeadscopeError(
+                f"{self.name}'s tokenizer has no chat template; use the plain "
+                "join (--text-join plain)."
+            )
+        ids = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": a}, {"role": "assistant", "content": b}], tokenize=True
+        )
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     def pair_token_types(self, a: str, b: str) -> list[int]:
         """The segment ids (token types) of ``join_pair(a, b)`` for a BERT-style encoder: 0 for
         ``[CLS] a [SEP]``, 1 for ``b [SEP]``."""
         if self.causal:
-            raise HeadscopeError("Token types are segment ids of encoder pairs; this model is a decoder.")
-        return list(self.tokenizer(a, b, add_special_tokens=True, return_token_type_ids=True)["token_type_ids"])
+            raise HeadscopeError(
+                "Token types are segment ids of encoder pairs; this model is a decoder."
+            )
+        return list(
+            self.tokenizer(a, b, add_special_tokens=True, return_token_type_ids=True)[
+                "token_type_ids"
+            ]
+        )
 
     def wrap(self, ids: list[int]) -> list[int]:
         """``BOS + ids`` for decoders, ``[CLS] + ids + [SEP]`` for encoders."""
@@ -213,17 +236,18 @@ class Model:
         logits_from: int = 0,
         token_types: Int[Tensor, "batch pos"] | None = None,
     ) -> Tensor | None:
-        """One forward of the Hugging Face model with its attention calls routed through ``handler``.
+        """One forward of the Hugging Face model with its attention calls routed through
+        ``handler``.
 
         ``handler(call) -> [batch, query, head, dim]`` gets every layer's
-        :class:`~headscope.models.attention.AttentionCall` (None: the model's own attention) and may raise
-        :class:`~headscope.models.attention.StopForward` to end the pass early (then nothing is returned);
-        ``interventions`` change the calls around it. ``output``: None, ``"logits"`` or ``"hidden"``
-        (the base model's last hidden state, ``[batch, pos, d_model]``).
+        :class:`~headscope.models.attention.AttentionCall` (None: the model's own attention) and may
+        raise :class:`~headscope.models.attention.StopForward` to end the pass early (then nothing
+        is returned); ``interventions`` change the calls around it. ``output``: None, ``"logits"``
+        or ``"hidden"`` (the base model's last hidden state, ``[batch, pos, d_model]``).
 
         ``keep_blocks`` (a dict) receives each block's output, the residual stream after layer ``l``
-        (``[batch, pos, d_model]``). ``resume=(l, h)`` starts at block ``l`` from ``h``, the output of
-        block ``l - 1`` kept from an earlier pass on the same tokens: blocks before ``l`` are not
+        (``[batch, pos, d_model]``). ``resume=(l, h)`` starts at block ``l`` from ``h``, the output
+        of block ``l - 1`` kept from an earlier pass on the same tokens: blocks before ``l`` are not
         computed, and the result is what the full forward gives (block ``l`` sees the same input).
 
         ``logits_from``: logits only for positions ``logits_from ..`` (``[batch, pos - logits_from,
@@ -235,18 +259,32 @@ class Model:
         for attribution). The handler is active only during this call.
         """
         if (handler is not None or interventions) and not self.attention_interface:
-            raise HeadscopeError(f"{self.name}: its attention does not run through transformers' attention "
-                                 "interface, so headscope cannot reach inside it; use --engine hooks.")
+            raise HeadscopeError(
+                f"{self.name}: its attention does not run through transformers' "
+                "attention "
+                "interface, so headscope cannot reach inside it; use --engine "
+                "hooks."
+            )
         if output not in (None, "logits", "hidden"):
             raise HeadscopeError(f"Unknown output '{output}'; use None, 'logits' or 'hidden'.")
         mask = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask
-        kwargs = {"input_ids": tokens.to(self.device), "attention_mask": mask.to(self.device).long(),
-                  "use_cache": False}
+        kwargs = {
+            "input_ids": tokens.to(self.device),
+            "attention_mask": mask.to(self.device).long(),
+            "use_cache": False,
+        }
         if token_types is not None:
             kwargs["token_type_ids"] = token_types.to(self.device)
         autograd = torch.enable_grad() if grad else torch.inference_mode()
-        with (self._lock, autograd, _eval_mode(self.hf), self._our_attention(), self._blocks(keep_blocks, resume),
-              attention.intercept(handler, interventions), contextlib.suppress(StopForward)):
+        with (
+            self._lock,
+            autograd,
+            _eval_mode(self.hf),
+            self._our_attention(),
+            self._blocks(keep_blocks, resume),
+            attention.intercept(handler, interventions),
+            contextlib.suppress(StopForward),
+        ):
             if output == "hidden" or output is None:  # no unembedding when no logits are wanted
                 hidden = self.hf.base_model(**kwargs).last_hidden_state
                 return hidden if output == "hidden" else None
@@ -263,13 +301,20 @@ class Model:
         (``model.layers``, ``transformer.h``, ``encoder.layer``, ...)."""
         for module in self.hf.modules():
             if isinstance(module, torch.nn.ModuleList) and len(module) == self.n_layers:
-                ok = all(any(getattr(m, "layer_idx", None) == i for m in blk.modules()) for i, blk in enumerate(module))
+                ok = all(
+                    any(getattr(m, "layer_idx", None) == i for m in blk.modules())
+                    for i, blk in enumerate(module)
+                )
                 if ok:
                     return list(module)
-        raise HeadscopeError(f"{self.name}: cannot find its list of {self.n_layers} transformer blocks.")
+        raise HeadscopeError(
+            f"{self.name}: cannot find its list of {self.n_layers} transformer blocks."
+        )
 
     @contextlib.contextmanager
-    def _blocks(self, keep: dict[int, Tensor] | None, resume: tuple[int, Tensor] | None) -> Iterator[None]:
+    def _blocks(
+        self, keep: dict[int, Tensor] | None, resume: tuple[int, Tensor] | None
+    ) -> Iterator[None]:
         """Keep block outputs, and/or skip the blocks before ``resume[0]``, for one forward."""
         if keep is None and resume is None:
             yield
@@ -279,13 +324,18 @@ class Model:
         try:
             if keep is not None:
                 for i, blk in enumerate(blocks):
+
                     def kept(module, args, out, i=i):
-                        keep[i] = (out[0] if isinstance(out, tuple) else out).detach()  # [batch, pos, d_model]
+                        # [batch, pos, d_model]
+                        keep[i] = (out[0] if isinstance(out, tuple) else out).detach()
+
                     handles.append(blk.register_forward_hook(kept))
             if resume is not None:
                 start, hidden = resume
                 if not 0 < start < self.n_layers:
-                    raise HeadscopeError(f"Cannot resume at block {start}; use 1..{self.n_layers - 1}.")
+                    raise HeadscopeError(
+                        f"Cannot resume at block {start}; use 1..{self.n_layers - 1}."
+                    )
                 for blk in blocks[:start]:  # each returns the kept output of block start - 1
                     blk.forward = lambda *args, _h=hidden, **kwargs: _h
                     skipped.append(blk)
@@ -296,19 +346,36 @@ class Model:
             for blk in skipped:
                 del blk.forward  # the class's forward again
 
-    def greedy(self, prompt: Sequence[int], n_new: int, handler: Handler | None = None) -> list[int]:
-        """``n_new`` tokens decoded greedily after ``prompt``, with a KV cache, attention calls routed
-        through ``handler`` (None: the model's own attention) in the prompt's pass and every step."""
+    def greedy(
+        self, prompt: Sequence[int], n_new: int, handler: Handler | None = None
+    ) -> list[int]:
+        """``n_new`` tokens decoded greedily after ``prompt``, with a KV cache, attention calls
+        routed
+        through ``handler`` (None: the model's own attention) in the prompt's pass and every
+        step."""
         if handler is not None and not self.attention_interface:
-            raise HeadscopeError(f"{self.name}: its attention does not run through transformers' attention "
-                                 "interface, so headscope cannot reach inside it.")
+            raise HeadscopeError(
+                f"{self.name}: its attention does not run through transformers' "
+                "attention "
+                "interface, so headscope cannot reach inside it."
+            )
         import inspect
 
-        # the keyword the forward takes its KV cache by: ``cache`` (transformers 5.2x), else ``past_key_values``
-        cache_arg = "cache" if "cache" in inspect.signature(self.hf.forward).parameters else "past_key_values"
+        # the keyword the forward takes its KV cache by: ``cache`` (transformers 5.2x), else
+        # ``past_key_values``
+        cache_arg = (
+            "cache"
+            if "cache" in inspect.signature(self.hf.forward).parameters
+            else "past_key_values"
+        )
         out_ids: list[int] = []
-        with (self._lock, torch.inference_mode(), _eval_mode(self.hf), self._our_attention(),
-              attention.intercept(handler)):
+        with (
+            self._lock,
+            torch.inference_mode(),
+            _eval_mode(self.hf),
+            self._our_attention(),
+            attention.intercept(handler),
+        ):
             x = torch.tensor([list(prompt)], device=self.device)
             out = self.hf(input_ids=x, use_cache=True, logits_to_keep=1)
             for step in range(n_new):
@@ -316,12 +383,16 @@ class Model:
                 out_ids.append(nxt)
                 if step + 1 < n_new:
                     cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
-                    out = self.hf(input_ids=torch.tensor([[nxt]], device=self.device), use_cache=True,
-                                  **{cache_arg: cache})
+                    out = self.hf(
+                        input_ids=torch.tensor([[nxt]], device=self.device),
+                        use_cache=True,
+                        **{cache_arg: cache},
+                    )
         return out_ids
 
-    def logits(self, tokens: Int[Tensor, "batch pos"], mask: Bool[Tensor, "batch pos"] | None = None
-               ) -> Float[Tensor, "batch pos vocab"]:
+    def logits(
+        self, tokens: Int[Tensor, "batch pos"], mask: Bool[Tensor, "batch pos"] | None = None
+    ) -> Float[Tensor, "batch pos vocab"]:
         """Plain logits (eval mode, no grad)."""
         return self.run(tokens, mask, output="logits")
 
@@ -339,9 +410,13 @@ class Model:
             return
         self.hf.set_attn_implementation(IMPLEMENTATION)
         if getattr(self.hf.config, "_attn_implementation", None) != IMPLEMENTATION:
-            raise HeadscopeError(f"{self.name}: transformers would not switch this model's attention implementation "
-                                 "(a class defined outside transformers?), so headscope cannot reach inside it; "
-                                 "use --engine hooks, or save it and load the folder.")
+            raise HeadscopeError(
+                f"{self.name}: transformers would not switch this model's "
+                "attention implementation "
+                "(a class defined outside transformers?), so headscope cannot "
+                "reach inside it; "
+                "use --engine hooks, or save it and load the folder."
+            )
         try:
             yield
         finally:
@@ -363,8 +438,8 @@ class Model:
         and leaves no hook installed. The bridge's fused-QKV attention modules keep each layer's
         last pattern in a private ``attn._pattern`` (1.15 GB at 2 x 1024 tokens on a GPT-2-small
         shape); it is cleared as soon as the next layer runs and at the end, so at most one layer's
-        pattern is alive at a time (``tests/models/test_model.py`` checks that no attention module holds
-        a pattern-shaped tensor afterwards, so a rename upstream cannot go unnoticed).
+        pattern is alive at a time (``tests/models/test_model.py`` checks that no attention module
+        holds a pattern-shaped tensor afterwards, so a rename upstream cannot go unnoticed).
         """
         layers = self._check_layers(layers)
         attns = [blk.attn for blk in self.bridge.blocks]
@@ -378,26 +453,42 @@ class Model:
                 raise StopForward
 
         try:
-            self._run_bridge(tokens, mask, [(f"blocks.{layer}.attn.hook_pattern", hook) for layer in layers],
-                             token_types)
+            self._run_bridge(
+                tokens,
+                mask,
+                [(f"blocks.{layer}.attn.hook_pattern", hook) for layer in layers],
+                token_types,
+            )
         finally:
             for attn in attns:
                 if hasattr(attn, "_pattern"):
                     attn._pattern = None
 
-    def _run_bridge(self, tokens: Tensor, mask: Tensor | None, hooks: list, token_types: Tensor | None = None) -> None:
-        """The bridge's forward with ``hooks`` (name, fn) scoped to it; StopForward ends it early."""
+    def _run_bridge(
+        self, tokens: Tensor, mask: Tensor | None, hooks: list, token_types: Tensor | None = None
+    ) -> None:
+        """The bridge's forward with ``hooks`` (name, fn) scoped to it; StopForward ends it
+        early."""
         bridge = self.bridge
         kwargs = {} if mask is None else {"attention_mask": mask.to(self.device).long()}
         if token_types is not None:
             kwargs["token_type_ids"] = token_types.to(self.device)
-        with self._lock, torch.inference_mode(), _eval_mode(bridge), contextlib.suppress(StopForward):
-            bridge.run_with_hooks(tokens.to(self.device), fwd_hooks=hooks, return_type=None, **kwargs)
+        with (
+            self._lock,
+            torch.inference_mode(),
+            _eval_mode(bridge),
+            contextlib.suppress(StopForward),
+        ):
+            bridge.run_with_hooks(
+                tokens.to(self.device), fwd_hooks=hooks, return_type=None, **kwargs
+            )
 
     def _check_layers(self, layers: Sequence[int] | None) -> list[int]:
         layers = sorted(set(range(self.n_layers) if layers is None else layers))
         if not layers or layers[0] < 0 or layers[-1] >= self.n_layers:
-            raise HeadscopeError(f"Layers {layers} are not in 0..{self.n_layers - 1}; give at least one valid layer.")
+            raise HeadscopeError(
+                f"Layers {layers} are not in 0..{self.n_layers - 1}; give at least one valid layer."
+            )
         return layers
 
     # ------------------------------------------------------------------ activations and weights
@@ -413,18 +504,23 @@ class Model:
         "z": "hook_z",  # [batch, pos, head, d_head]: pattern @ v, per head, before W_O
     }
 
-    def attention_activations(self, ids: Sequence[int], layers: Sequence[int]) -> dict[int, dict[str, Tensor]]:
+    def attention_activations(
+        self, ids: Sequence[int], layers: Sequence[int]
+    ) -> dict[int, dict[str, Tensor]]:
         """One forward of one sequence; each wanted layer's attention tensors, heads first.
 
         Returns ``{layer: {"q", "k", "v", "pattern", "z"[, "rot_q", "rot_k"]}}`` with ``q``/``z`` as
         ``[head, pos, d_head]``, ``k``/``v`` (and ``rot_k``) as ``[kv_head, pos, d_head]`` and
-        ``pattern`` as ``[head, query, key]``, float32 on the CPU (``rot_*`` for rotary models only).
-        Stops as soon as the last wanted layer has given all its tensors.
+        ``pattern`` as ``[head, query, key]``, float32 on the CPU (``rot_*`` for rotary models
+        only). Stops as soon as the last wanted layer has given all its tensors.
         """
         layers = self._check_layers(layers)
         known = self.bridge.hook_dict
-        wanted = [(layer, key, f"blocks.{layer}.attn.{hook}") for layer in layers
-                  for key, hook in self._ACTIVATIONS.items()]
+        wanted = [
+            (layer, key, f"blocks.{layer}.attn.{hook}")
+            for layer in layers
+            for key, hook in self._ACTIVATIONS.items()
+        ]
         wanted = [w for w in wanted if w[2] in known]
         acts: dict[int, dict[str, Tensor]] = {layer: {} for layer in layers}
         n_last = sum(1 for w in wanted if w[0] == layers[-1])  # hook order differs between models
@@ -432,21 +528,30 @@ class Model:
         def make_hook(layer: int, key: str):
             def hook(x: Tensor, hook) -> None:
                 x = x.detach().float().cpu()[0]
-                acts[layer][key] = x if key == "pattern" else x.transpose(0, 1)  # [pos, head, d] -> [head, pos, d]
+                # [pos, head, d] -> [head, pos, d]
+                acts[layer][key] = x if key == "pattern" else x.transpose(0, 1)
                 if layer == layers[-1] and len(acts[layer]) == n_last:
                     raise StopForward
+
             return hook
 
         tokens = torch.tensor([list(ids)], dtype=torch.long)  # [1, pos]
-        self._run_bridge(tokens, None, [(name, make_hook(layer, key)) for layer, key, name in wanted])
+        self._run_bridge(
+            tokens, None, [(name, make_hook(layer, key)) for layer, key, name in wanted]
+        )
         for layer, got in acts.items():
             missing = {"q", "k", "v", "pattern", "z"} - set(got)
             if missing:
-                raise HeadscopeError(f"Layer {layer} of {self.name} exposed no {sorted(missing)} activations; "
-                                     "its transformer-lens bridge lacks hook_q/k/v/pattern/z.")
+                raise HeadscopeError(
+                    f"Layer {layer} of {self.name} exposed no {sorted(missing)} "
+                    "activations; "
+                    "its transformer-lens bridge lacks hook_q/k/v/pattern/z."
+                )
         return acts
 
-    def attention_inputs(self, tokens: Int[Tensor, "batch pos"], layers: Sequence[int]) -> dict[int, Tensor]:
+    def attention_inputs(
+        self, tokens: Int[Tensor, "batch pos"], layers: Sequence[int]
+    ) -> dict[int, Tensor]:
         """The post-norm input of each wanted layer's attention, ``{layer: [batch, pos, d_model]}``.
 
         This is what ``W_V`` multiplies (transformer-lens ``blocks.{L}.ln1.hook_out``), float32 on
@@ -480,11 +585,16 @@ class Model:
         layer's output is one positive factor per position, left out like the final norm's."""
         if not self.causal:
             raise HeadscopeError(
-                f"{self.name} is an encoder (post-norm, BERT-style); circuit weights are read here for "
-                "decoders with a norm before each attention layer, e.g. smollm2-135m.")
+                f"{self.name} is an encoder (post-norm, BERT-style); circuit weights are read here "
+                "for "
+                "decoders with a norm before each attention layer, e.g. smollm2-135m."
+            )
         bridge = self.bridge
         cfg = bridge.cfg
-        rms = bool(getattr(cfg, "uses_rms_norm", False)) or getattr(cfg, "normalization_type", "") == "RMS"
+        rms = (
+            bool(getattr(cfg, "uses_rms_norm", False))
+            or getattr(cfg, "normalization_type", "") == "RMS"
+        )
         plus = self._gain_offset() if rms else 0.0  # 1.0 for Gemma's x (1 + w)
 
         def gain(w: Tensor) -> Tensor:
@@ -507,8 +617,14 @@ class Model:
     def _final_norm(self):
         """The Hugging Face module of the final norm (before the unembedding), or None."""
         base = self.hf.base_model
-        return next((getattr(base, n) for n in ("norm", "ln_f", "final_layernorm", "final_layer_norm")
-                     if isinstance(getattr(base, n, None), torch.nn.Module)), None)
+        return next(
+            (
+                getattr(base, n)
+                for n in ("norm", "ln_f", "final_layernorm", "final_layer_norm")
+                if isinstance(getattr(base, n, None), torch.nn.Module)
+            ),
+            None,
+        )
 
     def _gain_offset(self) -> float:
         """1.0 when the model's RMS norms multiply by ``1 + w`` (Gemma), else 0.0: told apart by
@@ -518,25 +634,32 @@ class Model:
         if not isinstance(w, Tensor):
             return 0.0
         with torch.no_grad():
-            y = norm(torch.ones(1, w.numel(), dtype=w.dtype, device=w.device))[0].float().cpu()  # [d_model]
+            # [d_model]
+            y = norm(torch.ones(1, w.numel(), dtype=w.dtype, device=w.device))[0].float().cpu()
         w = w.detach().float().cpu()
         return 1.0 if (y - (1 + w)).abs().sum() < (y - w).abs().sum() else 0.0
 
     def _post_attention_gains(self, gain: Callable[[Tensor], Tensor]) -> Tensor | None:
         """Per layer, the gain of a norm between the attention output and the residual add, or None.
 
-        Gemma 2/3 blocks name it ``post_attention_layernorm`` beside a ``pre_feedforward_layernorm``;
-        in Llama-style blocks ``post_attention_layernorm`` is the norm before the MLP (it reads the
+        Gemma 2/3 blocks name it ``post_attention_layernorm`` beside a
+        ``pre_feedforward_layernorm``; in Llama-style blocks ``post_attention_layernorm`` is the
+        norm before the MLP (it reads the
         residual stream, not the attention output), so a block counts only when it has both."""
         blocks = self.blocks()
-        if not all(hasattr(b, "pre_feedforward_layernorm") and hasattr(b, "post_attention_layernorm") for b in blocks):
+        if not all(
+            hasattr(b, "pre_feedforward_layernorm") and hasattr(b, "post_attention_layernorm")
+            for b in blocks
+        ):
             return None
-        return torch.stack([gain(b.post_attention_layernorm.weight) for b in blocks])  # [layer, d_model]
+        # [layer, d_model]
+        return torch.stack([gain(b.post_attention_layernorm.weight) for b in blocks])
 
 
 @contextlib.contextmanager
 def _eval_mode(module) -> Iterator[None]:
-    """Dropout off for one forward; a model handed over in training mode is left in training mode."""
+    """Dropout off for one forward; a model handed over in training mode is left in training
+    mode."""
     was_training = module.training
     module.eval()
     try:
@@ -545,11 +668,21 @@ def _eval_mode(module) -> Iterator[None]:
         module.train(was_training)
 
 
-# ---------------------------------------------------------------------------- the attention function
+# ---------------------------------------------------------------------------- the attention
+# function
 
 
-def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
-               is_causal: bool | None = None, **kwargs):
+def _attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+):
     """transformers' attention interface -> headscope's seam (:mod:`headscope.models.attention`).
 
     With no handler active this is the model's own attention: transformers' ``sdpa``, or, when
@@ -562,23 +695,50 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
     own = _own_attention(module, extras)
     handler = attention.active()
     if handler is None:
-        return own(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                   is_causal=is_causal, **kwargs)
+        return own(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            is_causal=is_causal,
+            **kwargs,
+        )
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     # the call's own flag wins over the module's; transformers' sdpa defaults to causal
     causal = is_causal if is_causal is not None else bool(getattr(module, "is_causal", True))
 
     def compute(call: AttentionCall) -> Tensor:  # [batch, query, head, dim_v]
-        # an intervention's edits to scale or causality win; unedited, the call is passed on as it came
-        return own(module, call.query, call.key, call.value, call.mask, dropout=dropout,
-                   scaling=scaling if call.scale == scale else call.scale,
-                   is_causal=is_causal if call.causal == causal else call.causal, **kwargs)[0]
+        # an intervention's edits to scale or causality win; unedited, the call is passed on as it
+        # came
+        return own(
+            module,
+            call.query,
+            call.key,
+            call.value,
+            call.mask,
+            dropout=dropout,
+            scaling=scaling if call.scale == scale else call.scale,
+            is_causal=is_causal if call.causal == causal else call.causal,
+            **kwargs,
+        )[0]
 
     layer = getattr(module, "layer_idx", None)
     if not isinstance(layer, int):
         layer = _LAYER_OF[module]  # a family whose attention modules carry no index (DistilBERT)
-    call = AttentionCall(layer=layer, query=query, key=key, value=value, mask=attention_mask,
-                         scale=scale, causal=causal, extras=extras, compute=compute)
+    call = AttentionCall(
+        layer=layer,
+        query=query,
+        key=key,
+        value=value,
+        mask=attention_mask,
+        scale=scale,
+        causal=causal,
+        extras=extras,
+        compute=compute,
+    )
     return handler(call), None
 
 
@@ -591,21 +751,27 @@ def _own_attention(module, extras: dict) -> Callable:
         return sdpa_attention_forward
     eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
     if eager is None:
-        raise HeadscopeError(f"This model's attention uses {', '.join(extras)}, and its modeling file has no eager "
-                             "attention to reproduce it; use --engine hooks.")
+        raise HeadscopeError(
+            f"This model's attention uses {', '.join(extras)}, and its modeling "
+            "file has no eager "
+            "attention to reproduce it; use --engine hooks."
+        )
 
     def run(module, query, key, value, attention_mask, *, is_causal=None, **kwargs):
-        # headscope's attention is registered with sdpa-style masks: booleans (True = may attend), or
-        # None where plain causality suffices. Eager attention adds its mask to the scores, so it
+        # headscope's attention is registered with sdpa-style masks: booleans (True = may attend),
+        # or None where plain causality suffices. Eager attention adds its mask to the scores, so it
         # gets the additive form, causality spelled out (keys before the first query all visible).
         mask = attention_mask
         n_q, n_k = query.shape[-2], key.shape[-2]
         causal = is_causal if is_causal is not None else bool(getattr(module, "is_causal", True))
         if mask is None and causal:
-            mask = torch.ones(n_q, n_k, dtype=torch.bool, device=query.device).tril(n_k - n_q)[None, None]
+            mask = torch.ones(n_q, n_k, dtype=torch.bool, device=query.device).tril(n_k - n_q)[
+                None, None
+            ]
         if mask is not None and mask.dtype == torch.bool:
             mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(
-                ~mask, torch.finfo(query.dtype).min)  # [batch or 1, 1 or head, query, key]
+                ~mask, torch.finfo(query.dtype).min
+            )  # [batch or 1, 1 or head, query, key]
         return eager(module, query, key, value, mask, **kwargs)
 
     return run
@@ -620,7 +786,8 @@ def register_attention() -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sdpa_mask)
 
 
-#: Layer numbers of attention modules that carry no ``layer_idx`` (DistilBERT), without touching them.
+#: Layer numbers of attention modules that carry no ``layer_idx`` (DistilBERT), without touching
+# them.
 _LAYER_OF: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -628,12 +795,21 @@ def attention_layers(hf, n_layers: int) -> list[int]:
     """The layers whose attention module headscope can name: by their ``layer_idx``, or, for a
     family without one, by order when there is exactly one distinct innermost attention module per
     layer (a family that shares one module across layers, as ALBERT does, gets none)."""
-    named = sorted({m.layer_idx for m in hf.modules()
-                    if "Attention" in type(m).__name__ and isinstance(getattr(m, "layer_idx", None), int)})
+    named = sorted(
+        {
+            m.layer_idx
+            for m in hf.modules()
+            if "Attention" in type(m).__name__ and isinstance(getattr(m, "layer_idx", None), int)
+        }
+    )
     if named:
         return named
     attn = [m for m in hf.modules() if "Attention" in type(m).__name__]
-    leaves = [m for m in attn if not any(c is not m and "Attention" in type(c).__name__ for c in m.modules())]
+    leaves = [
+        m
+        for m in attn
+        if not any(c is not m and "Attention" in type(c).__name__ for c in m.modules())
+    ]
     if len(leaves) != n_layers or len({id(m) for m in leaves}) != n_layers:
         return []
     for i, m in enumerate(leaves):
@@ -642,7 +818,8 @@ def attention_layers(hf, n_layers: int) -> list[int]:
 
 
 def _state_sha256(hf) -> str:
-    """sha256 over the state dict's names, shapes, dtypes and bytes (an in-memory model has no file).
+    """sha256 over the state dict's names, shapes, dtypes and bytes (an in-memory model has no
+    file).
     Tensors that hold no data here (meta, offloaded) are hashed by name and shape only."""
     h = hashlib.sha256()
     for name, t in sorted(hf.state_dict().items()):
@@ -652,4 +829,3 @@ def _state_sha256(hf) -> str:
         flat = t.detach().reshape(-1).cpu().contiguous()  # 0-dim tensors too
         h.update(memoryview(flat.view(torch.uint8).numpy()))
     return h.hexdigest()
-

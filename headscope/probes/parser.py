@@ -64,7 +64,8 @@ PARSER = ParserInfo()
 
 
 def _packaged() -> PackagedModel:
-    """The pin as the shared download and sha256 helpers of :mod:`headscope.models.sources` read it."""
+    """The pin as the shared download and sha256 helpers of :mod:`headscope.models.sources` read
+    it."""
     return PackagedModel(
         name=PARSER.name,
         description="dependency parser",

@@ -1,10 +1,10 @@
 """Parsed sentences for the syntax census: held-out prose, silver parses, a model's tokens.
 
-The sentences come from the **held-out** part of the long prose corpus (:mod:`headscope.probes.corpus`:
-*Alice's Adventures in Wonderland*), the text the long-context checks read and no scan scores, so
-the heads are never judged on text that chose them. Each paragraph is parsed by the pinned spaCy
-pipeline (:mod:`headscope.probes.parser`), cut into its sentences, and each sentence is tokenized
-for the model (:mod:`headscope.probes.words`):
+The sentences come from the **held-out** part of the long prose corpus
+(:mod:`headscope.probes.corpus`: *Alice's Adventures in Wonderland*), the text the long-context
+checks read and no scan scores, so the heads are never judged on text that chose them. Each
+paragraph is parsed by the pinned spaCy pipeline (:mod:`headscope.probes.parser`), cut into its
+sentences, and each sentence is tokenized for the model (:mod:`headscope.probes.words`):
 
 * ``tokenize="natural"`` (default): the sentence tokenized whole, words mapped to tokens by the
   tokenizer's offsets; a sentence in which a token straddles two words (``don't`` -> ``don`` +
@@ -36,7 +36,8 @@ TOKENIZE = ("natural", "words")
 
 @dataclass(frozen=True)
 class Sentence:
-    """One parsed sentence as a model reads it. Word indices are 0-based; ``heads[i] = -1`` for the root."""
+    """One parsed sentence as a model reads it. Word indices are 0-based; ``heads[i] = -1`` for the
+    root."""
 
     index: int  # place among the kept sentences
     text: str
@@ -111,7 +112,8 @@ def sentence_set(
     part: str = "heldout",
     progress=None,
 ) -> SentenceSet:
-    """The first ``n_sentences`` sentences of the held-out prose that align to ``model``'s tokens."""
+    """The first ``n_sentences`` sentences of the held-out prose that align to ``model``'s
+    tokens."""
     if tokenize not in TOKENIZE:
         raise HeadscopeError(
             f"Unknown tokenize mode '{tokenize}'; use one of {', '.join(TOKENIZE)}."

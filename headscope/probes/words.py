@@ -55,7 +55,8 @@ def check_offsets(model) -> None:
     try:
         enc = tok("ab cd", add_special_tokens=False, return_offsets_mapping=True)
         ok = len(enc["offset_mapping"]) == len(enc["input_ids"])
-    except Exception:  # noqa: BLE001 - Python ("slow") tokenizers raise NotImplementedError, others vary
+    # noqa: BLE001 - Python ("slow") tokenizers raise NotImplementedError, others vary
+    except Exception:
         ok = False
     if not ok:
         raise HeadscopeError(
@@ -124,7 +125,8 @@ def _spans(model, ids: list[int], owner: list[int], n_words: int) -> Aligned | s
 
 
 def word_matrices(word_tokens: Spans, n_tokens: int, dtype=torch.float64) -> tuple[Tensor, Tensor]:
-    """``(F, T)``: ``F`` ``[word, token]`` averages a word's token rows, ``T`` ``[token, word]`` sums
+    """``(F, T)``: ``F`` ``[word, token]`` averages a word's token rows, ``T`` ``[token, word]``
+    sums
     its token columns. Tokens of no word (special tokens) get no weight in either."""
     n_words = len(word_tokens)
     F = torch.zeros(n_words, n_tokens, dtype=dtype)
@@ -138,7 +140,8 @@ def word_matrices(word_tokens: Spans, n_tokens: int, dtype=torch.float64) -> tup
 def word_attention(
     pattern: Float[Tensor, "*heads token token"], word_tokens: Spans
 ) -> Float[Tensor, "*heads word word"]:
-    """The word x word map ``F A T`` of a token x token pattern (any leading axes, e.g. layer, head).
+    """The word x word map ``F A T`` of a token x token pattern (any leading axes, e.g. layer,
+    head).
 
     Computed in float64: sums over a split word's tokens are exact to float rounding, so that two
     computations of the same pattern agree on which word is attended most."""

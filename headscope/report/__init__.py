@@ -1,7 +1,7 @@
 """What a reader sees: tables, figures and the HTML page, drawn from a result or a saved run, never
 from the model.
 
-=========  ==========================================================================================
+=========  =========================================================================================
 tables     the tidy table, labels, summaries (``summary.md``, what ``scan`` prints)
 curves     values against a setting (budgets, steps, lengths): lines, error bars, bands, chance
 figures    layer x head heatmaps, query x key patterns, the effect scatter (Figures, no pyplot state)
@@ -10,7 +10,7 @@ pattern_page  one head's (or layer's) pattern on a text as a self-contained page
 census_page   a head census on one self-contained page (``headscope census``), and its figures
 patching   a patching run's heatmaps, per-position grid and direct-logit-attribution figure
 patch_page  a patching run's ``report.html``: baseline, top heads, pattern scores beside effects
-=========  ==========================================================================================
+=========  =========================================================================================
 
 Importing these loads no engine, effect, extraction or attention module (tested).
 """

@@ -42,7 +42,8 @@ NOOP_EFFECTS = ("effect_noop_text_loss", "effect_noop_embedding")
 TOP = 10
 
 _STYLE = """
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #222; margin: 0 auto;
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #222; margin: 0
+auto;
        max-width: 1100px; padding: 1.5em; }
 h2 { margin-top: 2em; border-bottom: 1px solid #ddd; }
 table { border-collapse: collapse; margin: 0.6em 0; font-size: 13px; }
@@ -54,7 +55,8 @@ th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: ta
 
 
 def read_census(run_dir: Path) -> dict:
-    """The files a census page is drawn from: ``scores``, ``metadata``, ``syntax_table`` (or None)."""
+    """The files a census page is drawn from: ``scores``, ``metadata``, ``syntax_table`` (or
+    None)."""
     run_dir = Path(run_dir)
     na = {c: ["NaN", "nan", ""] for c in ("score", "chance", "null", "ci_low", "ci_high")}
     scores = pd.read_csv(
@@ -172,11 +174,14 @@ def census_html(run_dir: Path, figures: bool = True) -> str:
         sent = md.get("sentences", {})
         parts += [
             "<h2>Syntax heads (Clark et al. 2019)</h2>",
-            f"<p class='silver'><b>SILVER labels</b>: parses by {_e(p.get('name'))} ({_e(p.get('requirement'))}, "
-            f"sha256 {_e(p.get('wheel_sha256'))}, {_e(p.get('licence'))}), not gold annotations. The parser's "
+            f"<p class='silver'><b>SILVER labels</b>: parses by {_e(p.get('name'))} "
+            f"({_e(p.get('requirement'))}, "
+            f"sha256 {_e(p.get('wheel_sha256'))}, {_e(p.get('licence'))}), not gold annotations. "
+            "The parser's "
             f"published attachment scores: <b>UAS {_e(p.get('uas'))} / LAS {_e(p.get('las'))}</b> "
             f"({_e(p.get('trained_on'))}).</p>",
-            f"<p>{_e(sent.get('kept'))} held-out sentences, {_e(sent.get('tokenize'))} tokenization; left out: "
+            f"<p>{_e(sent.get('kept'))} held-out sentences, {_e(sent.get('tokenize'))} "
+            "tokenization; left out: "
             f"{_e(sent.get('left_out') or 'none')}"
             + (
                 f"; {_e(sent['differ_from_natural'])} differ from the natural tokenization"
@@ -185,10 +190,12 @@ def census_html(run_dir: Path, figures: bool = True) -> str:
             )
             + "."
             + (
-                " A decoder sees only earlier words: a pair counts only when its target is visible, for the "
+                " A decoder sees only earlier words: a pair counts only when its target is "
+                "visible, for the "
                 "head and for the offset baseline; each direction's count is the pairs it keeps."
                 if causal
-                else " Best head over both directions (dep->head, head->dep) against the best fixed offset."
+                else " Best head over both directions (dep->head, head->dep) against the best "
+                "fixed offset."
             )
             + "</p>",
             _table(
@@ -248,7 +255,8 @@ def census_html(run_dir: Path, figures: bool = True) -> str:
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         + HTML_GENERATOR
-        + f"<title>headscope census: {_e(md.get('model'))}</title><style>{_STYLE}</style></head><body>"
+        + "<title>headscope census: "
+        f"{_e(md.get('model'))}</title><style>{_STYLE}</style></head><body>"
         + "\n".join(parts)
         + "</body></html>\n"
     )

@@ -49,14 +49,27 @@ def draw_lines(ax, lines: Sequence[dict]) -> None:
             ax.plot(x, y, style, color=colour, label=label, ms=size)
             ax.fill_between(x, line["low"], line["high"], color=colour, alpha=0.2, linewidth=0)
         elif "low" in line:
-            ax.errorbar(x, y, yerr=error_bars(y, line["low"], line["high"]), fmt=style, color=colour, capsize=3,
-                        label=label, ms=size)
+            ax.errorbar(
+                x,
+                y,
+                yerr=error_bars(y, line["low"], line["high"]),
+                fmt=style,
+                color=colour,
+                capsize=3,
+                label=label,
+                ms=size,
+            )
         else:
             ax.plot(x, y, style, color=colour, label=label, ms=size)
 
 
-def curve_panels(panels: Sequence[dict], title: str | None = None, legend_panel: int | None = None,
-                 cols: int | None = None, panel_size: tuple[float, float] = (5.0, 4.0)) -> Figure:
+def curve_panels(
+    panels: Sequence[dict],
+    title: str | None = None,
+    legend_panel: int | None = None,
+    cols: int | None = None,
+    panel_size: tuple[float, float] = (5.0, 4.0),
+) -> Figure:
     """A figure of one or more panels of curves (see the module docstring for the dicts).
 
     ``legend_panel``: the panel that carries the legend (None: every panel with labels)."""
@@ -68,7 +81,9 @@ def curve_panels(panels: Sequence[dict], title: str | None = None, legend_panel:
         ax = fig.add_subplot(rows, cols, i + 1)
         draw_lines(ax, panel.get("lines", []))
         if panel.get("chance") is not None:
-            ax.axhline(float(panel["chance"]), color="grey", linestyle=":", linewidth=1, label="chance")
+            ax.axhline(
+                float(panel["chance"]), color="grey", linestyle=":", linewidth=1, label="chance"
+            )
         ax.set_xlabel(panel.get("xlabel", ""))
         ax.set_ylabel(panel.get("ylabel", ""))
         if panel.get("title"):

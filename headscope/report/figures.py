@@ -45,7 +45,8 @@ def _cmap(metric: str) -> str:
 
 
 def draw_matrix(ax, values: np.ndarray, cmap: str, vmin: float, vmax: float):
-    """A layer x head grid on ``ax``: x = head, y = layer with layer 0 at the top; return the image."""
+    """A layer x head grid on ``ax``: x = head, y = layer with layer 0 at the top; return the
+    image."""
     im = ax.imshow(values, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
     n_layers, n_heads = values.shape
     ax.set_xlabel("head")
@@ -57,19 +58,30 @@ def draw_matrix(ax, values: np.ndarray, cmap: str, vmin: float, vmax: float):
 
 
 def write_cells(ax, values: np.ndarray, show: np.ndarray, fmt: str = "{:.2f}", dark=None) -> None:
-    """Write the values of the cells ``show`` (``[layer, head]`` booleans), sized to fit a cell, with a
+    """Write the values of the cells ``show`` (``[layer, head]`` booleans), sized to fit a cell,
+    with a
     halo so they stay readable over any colour (and any hatching). ``dark(v)``: white ink."""
     size = _cell_font(ax, *values.shape)
     for (layer, head), v in np.ndenumerate(values):
         if np.isfinite(v) and show[layer, head]:
             ink, halo = ("white", "black") if dark is not None and dark(v) else ("black", "white")
             # the halo drawn apart (a stroke only), so the value itself stays text in SVG and PDF
-            ax.text(head, layer, fmt.format(v), ha="center", va="center", fontsize=size, color=ink,
-                    path_effects=[patheffects.Stroke(linewidth=1.5, foreground=halo, alpha=0.8)])
+            ax.text(
+                head,
+                layer,
+                fmt.format(v),
+                ha="center",
+                va="center",
+                fontsize=size,
+                color=ink,
+                path_effects=[patheffects.Stroke(linewidth=1.5, foreground=halo, alpha=0.8)],
+            )
             ax.text(head, layer, fmt.format(v), ha="center", va="center", fontsize=size, color=ink)
 
 
-def draw_heatmap(ax, scores: pd.DataFrame, metric: str, annotate: bool = True, title: str | None = None):
+def draw_heatmap(
+    ax, scores: pd.DataFrame, metric: str, annotate: bool = True, title: str | None = None
+):
     """Draw one metric's layer x head heatmap on ``ax``; return the image (for a colour bar)."""
     values = matrix(scores, metric).to_numpy(dtype=float)
     vmin, vmax = _range(metric, values)
@@ -77,26 +89,48 @@ def draw_heatmap(ax, scores: pd.DataFrame, metric: str, annotate: bool = True, t
     n_layers, n_heads = values.shape
     if annotate and n_layers * n_heads <= 400:
         labelled = _labelled(scores, metric)  # [layer, head]
-        shaky = _unstable(scores, metric) & labelled  # [layer, head]: labels that depend on the draw
-        for (layer, head) in zip(*np.nonzero(shaky), strict=True):
-            ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, hatch="///", edgecolor="0.55",
-                                   linewidth=0, alpha=0.7))
+        # [layer, head]: labels that depend on the draw
+        shaky = _unstable(scores, metric) & labelled
+        for layer, head in zip(*np.nonzero(shaky), strict=True):
+            ax.add_patch(
+                Rectangle(
+                    (head - 0.5, layer - 0.5),
+                    1,
+                    1,
+                    fill=False,
+                    hatch="///",
+                    edgecolor="0.55",
+                    linewidth=0,
+                    alpha=0.7,
+                )
+            )
         if is_effect(metric):
             write_cells(ax, values, labelled, dark=lambda v: abs(v) / (vmax + 1e-9) > 0.6)
         else:
-            write_cells(ax, values, labelled, dark=lambda v: (v - vmin) / (vmax - vmin + 1e-9) <= 0.6)
+            write_cells(
+                ax, values, labelled, dark=lambda v: (v - vmin) / (vmax - vmin + 1e-9) <= 0.6
+            )
     if np.isnan(values).all():
         info = describe(metric)
         reason = info.nan_reason if info is not None else None
-        ax.text(0.5, 0.5, "NaN: " + (reason or "not measurable").split(":")[0], transform=ax.transAxes,
-                ha="center", va="center", fontsize=9, wrap=True)
+        ax.text(
+            0.5,
+            0.5,
+            "NaN: " + (reason or "not measurable").split(":")[0],
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            fontsize=9,
+            wrap=True,
+        )
     if title is not None:
         ax.set_title(title, fontsize=10)
     return im
 
 
 def _cell_font(ax, n_rows: int, n_cols: int) -> float:
-    """A font size (points) that fits "0.88" in one cell of an ``n_rows x n_cols`` grid on ``ax``."""
+    """A font size (points) that fits "0.88" in one cell of an ``n_rows x n_cols`` grid on
+    ``ax``."""
     fig_w, fig_h = ax.figure.get_size_inches()
     pos = ax.get_position()
     cell_w = fig_w * pos.width * 72 / max(n_cols, 1)  # points
@@ -140,22 +174,40 @@ def heatmap(scores: pd.DataFrame, metric: str, n_sequences: int | None = None) -
     """A layer x head heatmap of one metric, titled with the model and n."""
     sub = scores[scores["metric"] == metric]
     n_layers, n_heads = sub["layer"].nunique(), sub["head"].nunique()
-    fig = Figure(figsize=(max(4.0, 0.45 * n_heads + 2.5), max(3.0, 0.3 * n_layers + 1.5)), layout="constrained")
+    fig = Figure(
+        figsize=(max(4.0, 0.45 * n_heads + 2.5), max(3.0, 0.3 * n_layers + 1.5)),
+        layout="constrained",
+    )
     ax = fig.add_subplot()
     model = sub["model"].iloc[0]
     n_pairs = int(sub["n"].iloc[0])
     info = describe(metric)
     pattern = metric in pattern_names()  # effects and circuit scores use a subset of the sequences
     seqs = f"{n_sequences} seqs, " if n_sequences and pattern else ""
-    unit = " (nats)" if metric == "entropy" else f" ({info.unit})" if getattr(info, "unit", "") else ""
+    unit = (
+        " (nats)" if metric == "entropy" else f" ({info.unit})" if getattr(info, "unit", "") else ""
+    )
     what = "target tokens" if is_effect(metric) else "queries" if pattern else "positions"
     shaky = "stability" in sub and bool(((sub["stability"] < STABLE) & (sub["label"] != "")).any())
-    im = draw_heatmap(ax, scores, metric, title=f"{model}: {metric}{unit}\n{seqs}n = {n_pairs} {what}")
+    im = draw_heatmap(
+        ax, scores, metric, title=f"{model}: {metric}{unit}\n{seqs}n = {n_pairs} {what}"
+    )
     fig.colorbar(im, ax=ax, shrink=0.8, label=colour_label(metric))
     if shaky:
-        ax.legend(handles=[Patch(facecolor="none", edgecolor="0.45", hatch="///",
-                                 label=f"label stability < {STABLE} (bootstrap)")],
-                  loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=7, frameon=False)
+        ax.legend(
+            handles=[
+                Patch(
+                    facecolor="none",
+                    edgecolor="0.45",
+                    hatch="///",
+                    label=f"label stability < {STABLE} (bootstrap)",
+                )
+            ],
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.12),
+            fontsize=7,
+            frameon=False,
+        )
     return fig
 
 
@@ -176,7 +228,8 @@ def summary_figure(scores: pd.DataFrame) -> Figure:
 
 def effect_pairs(scores: pd.DataFrame) -> list[tuple[str, str]]:
     """``(pattern metric, effect metric)`` pairs a scatter is drawn for: every score that is not an
-    effect, against the effect measured on its probe (encoders: the embedding effect, text probe)."""
+    effect, against the effect measured on its probe (encoders: the embedding effect, text
+    probe)."""
     effects = [m for m in scores["metric"].unique() if m.startswith("effect_")]
     pairs = []
     for metric in scores["metric"].unique():
@@ -195,23 +248,50 @@ def effect_scatter(scores: pd.DataFrame, metric: str, effect: str) -> Figure:
     Filled dots are exact effects, open dots attribution estimates; the dashed line is no effect.
     Where a weight is not importance, a head sits far right on the zero line."""
     a = scores[scores["metric"] == metric][["head_name", "score", "label"]]
-    b = scores[scores["metric"] == effect][["head_name", "score", "label"] + (["estimator"] if "estimator" in scores else [])]
-    both = a.merge(b, on="head_name", suffixes=("_x", "_y")).set_index("head_name")  # one row per head
+    b = scores[scores["metric"] == effect][
+        ["head_name", "score", "label"] + (["estimator"] if "estimator" in scores else [])
+    ]
+    # one row per head
+    both = a.merge(b, on="head_name", suffixes=("_x", "_y")).set_index("head_name")
     fig = Figure(figsize=(6.0, 4.6), layout="constrained")
     ax = fig.add_subplot()
-    exact = both["estimator"] == "exact" if "estimator" in both else pd.Series(True, index=both.index)
-    ax.scatter(both.loc[exact, "score_x"], both.loc[exact, "score_y"], s=18, color="C0", label="exact", zorder=3)
+    exact = (
+        both["estimator"] == "exact" if "estimator" in both else pd.Series(True, index=both.index)
+    )
+    ax.scatter(
+        both.loc[exact, "score_x"],
+        both.loc[exact, "score_y"],
+        s=18,
+        color="C0",
+        label="exact",
+        zorder=3,
+    )
     if (~exact).any():
-        ax.scatter(both.loc[~exact, "score_x"], both.loc[~exact, "score_y"], s=18, facecolors="none",
-                   edgecolors="C1", label="attribution estimate", zorder=3)
+        ax.scatter(
+            both.loc[~exact, "score_x"],
+            both.loc[~exact, "score_y"],
+            s=18,
+            facecolors="none",
+            edgecolors="C1",
+            label="attribution estimate",
+            zorder=3,
+        )
     ax.axhline(0.0, color="grey", linestyle="--", linewidth=0.8)
     named = both[(both["label_x"] != "") | (both["label_y"] != "")]
     for name, r in named.iterrows():
-        ax.annotate(name, (r["score_x"], r["score_y"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.annotate(
+            name,
+            (r["score_x"], r["score_y"]),
+            fontsize=7,
+            xytext=(3, 3),
+            textcoords="offset points",
+        )
     unit = getattr(describe(effect), "unit", "")
     ax.set_xlabel(f"{metric} score")
     ax.set_ylabel(f"{effect}" + (f" ({unit})" if unit else ""))
-    ax.set_title(f"{scores['model'].iloc[0]}: where a head looks vs what ablating it does", fontsize=10)
+    ax.set_title(
+        f"{scores['model'].iloc[0]}: where a head looks vs what ablating it does", fontsize=10
+    )
     ax.legend(fontsize=8, loc="best")
     return fig
 
@@ -220,15 +300,23 @@ def threshold_sweep(scores: pd.DataFrame, thresholds: dict[str, float] | None = 
     """Labelled heads against the threshold, one panel per labelled behaviour, the run's threshold
     marked: how much a label count depends on where the cut falls."""
     thresholds = thresholds or {}
-    metrics = [m for m in scores["metric"].unique()
-               if getattr(describe(m), "label", "") and scores.loc[scores["metric"] == m, "score"].notna().any()]
+    metrics = [
+        m
+        for m in scores["metric"].unique()
+        if getattr(describe(m), "label", "")
+        and scores.loc[scores["metric"] == m, "score"].notna().any()
+    ]
     cols = min(4, max(1, len(metrics)))
     rows = max(1, math.ceil(len(metrics) / cols))
     fig = Figure(figsize=(3.4 * cols, 2.8 * rows), layout="constrained")
     for i, metric in enumerate(metrics):
         info = describe(metric)
         values = scores.loc[scores["metric"] == metric, "score"].dropna().to_numpy(dtype=float)
-        lo, hi = _range(metric, values) if not is_effect(metric) else (min(0.0, values.min()), values.max())
+        lo, hi = (
+            _range(metric, values)
+            if not is_effect(metric)
+            else (min(0.0, values.min()), values.max())
+        )
         grid = np.linspace(lo, hi, 101)
         counts = [(values <= t).sum() if info.below else (values >= t).sum() for t in grid]
         ax = fig.add_subplot(rows, cols, i + 1)
@@ -244,9 +332,14 @@ def threshold_sweep(scores: pd.DataFrame, thresholds: dict[str, float] | None = 
     return fig
 
 
-def save_figures(scores: pd.DataFrame, out: str | Path, n_sequences: dict[str, int] | None = None,
-                 dpi: int = 110, thresholds: dict[str, float] | None = None,
-                 formats: Sequence[str] = ("png",)) -> list[Path]:
+def save_figures(
+    scores: pd.DataFrame,
+    out: str | Path,
+    n_sequences: dict[str, int] | None = None,
+    dpi: int = 110,
+    thresholds: dict[str, float] | None = None,
+    formats: Sequence[str] = ("png",),
+) -> list[Path]:
     """Write ``<metric>.png`` for every metric, ``summary.png``, ``thresholds.png`` (labelled heads
     against the threshold) and, with effects, one ``<metric>_vs_<effect>.png`` scatter per
     behaviour, each in every one of ``formats`` (png, svg, pdf); return the paths."""
@@ -270,17 +363,20 @@ def save_figures(scores: pd.DataFrame, out: str | Path, n_sequences: dict[str, i
 
 def figure_names(scores: pd.DataFrame, formats: Sequence[str] = ("png",)) -> list[str]:
     """The files :func:`save_figures` writes for ``scores`` (in ``formats``)."""
-    stems = ([str(m) for m in scores["metric"].unique()] + ["summary", "thresholds"]
-             + [f"{m}_vs_{e}" for m, e in effect_pairs(scores)])
+    stems = (
+        [str(m) for m in scores["metric"].unique()]
+        + ["summary", "thresholds"]
+        + [f"{m}_vs_{e}" for m, e in effect_pairs(scores)]
+    )
     return [f"{stem}.{fmt}" for stem in stems for fmt in figure_formats(formats)]
 
 
 # ------------------------------------------------------------------------------ one head's pattern
 
 
-
 def _visible(hp: HeadPattern) -> np.ma.MaskedArray:
-    """The pattern with the keys a causal query cannot see masked (drawn grey, not as a weight of 0)."""
+    """The pattern with the keys a causal query cannot see masked (drawn grey, not as a weight of
+    0)."""
     p = np.asarray(hp.pattern, dtype=float)
     hidden = np.triu(np.ones_like(p, dtype=bool), 1) if hp.causal else np.zeros_like(p, dtype=bool)
     return np.ma.masked_array(p, mask=hidden)
@@ -312,8 +408,15 @@ def pattern_figure(hp: HeadPattern) -> Figure:
     if n <= 16:  # write the weights on a small grid
         for (q, k), v in np.ndenumerate(hp.pattern):
             if v >= 0.05 and not (hp.causal and k > q):
-                ax.text(k, q, f"{v:.2f}", ha="center", va="center", fontsize=7,
-                        color="black" if v > 0.6 else "white")
+                ax.text(
+                    k,
+                    q,
+                    f"{v:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="black" if v > 0.6 else "white",
+                )
     kind = "causal: grey keys are hidden by the mask" if hp.causal else "bidirectional"
     ax.set_title(f"{hp.model}: {hp.head_name} attention ({kind}, {n} tokens)", fontsize=10)
     fig.colorbar(im, ax=ax, shrink=0.8, label="attention weight (each row sums to 1)")
@@ -321,7 +424,8 @@ def pattern_figure(hp: HeadPattern) -> Figure:
 
 
 def layer_figure(hps: list[HeadPattern]) -> Figure:
-    """Every head of one layer side by side (query rows x key columns, colour 0-1, one shared scale);
+    """Every head of one layer side by side (query rows x key columns, colour 0-1, one shared
+    scale);
     tokens label the first column's rows and the last row's columns when there are few enough."""
     n_heads, n = len(hps), len(hps[0].tokens)
     cols = int(np.ceil(np.sqrt(n_heads)))
@@ -333,7 +437,9 @@ def layer_figure(hps: list[HeadPattern]) -> Figure:
     im = None
     size = 7 if n <= 20 else 5
     for i, (ax, hp) in enumerate(zip(axes.flat, hps, strict=False)):
-        im = ax.imshow(_visible(hp), cmap=_pattern_cmap(), vmin=0.0, vmax=1.0, interpolation="nearest")
+        im = ax.imshow(
+            _visible(hp), cmap=_pattern_cmap(), vmin=0.0, vmax=1.0, interpolation="nearest"
+        )
         ax.set_title(hp.head_name, fontsize=9)
         row, col = divmod(i, cols)
         last_row = row == rows - 1 or i + cols >= n_heads
@@ -348,7 +454,11 @@ def layer_figure(hps: list[HeadPattern]) -> Figure:
     for ax in list(axes.flat)[n_heads:]:
         ax.set_axis_off()
     kind = "causal: grey keys are hidden" if hps[0].causal else "bidirectional"
-    fig.suptitle(f"{hps[0].model}: layer {hps[0].layer}, every head ({kind}, {n} tokens; rows: queries, "
-                 "columns: keys)", fontsize=10)
+    fig.suptitle(
+        f"{hps[0].model}: layer {hps[0].layer}, every head ({kind}, {n} tokens; rows: "
+        "queries, "
+        "columns: keys)",
+        fontsize=10,
+    )
     fig.colorbar(im, ax=axes, shrink=0.8, label="attention weight")
     return fig

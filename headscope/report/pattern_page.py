@@ -25,10 +25,11 @@ body { font-family: sans-serif; margin: 1.5em; color: #222; }
 table { border-collapse: collapse; font-family: monospace; font-size: 11px; }
 td.c { width: 14px; height: 14px; padding: 0; border: 1px solid #fff; }
 th { font-weight: normal; padding: 0 3px; white-space: pre; }
-th.k { writing-mode: vertical-rl; transform: rotate(180deg); text-align: left; vertical-align: bottom; }
-th.q { text-align: right; }
+th.k { writing-mode: vertical-rl; transform: rotate(180deg); text-align: left; vertical-align:
+bottom; } th.q { text-align: right; }
 th.on { background: #ffd54f; }
-#heads button { font-family: monospace; margin: 0 4px 6px 0; padding: 2px 6px; border: 1px solid #999;
+#heads button { font-family: monospace; margin: 0 4px 6px 0; padding: 2px 6px; border: 1px solid
+#999;
                 background: #fff; cursor: pointer; }
 #heads button.sel { background: #ffd54f; }
 td.c:hover { outline: 2px solid #e53935; }
@@ -67,8 +68,8 @@ __COLOUR__
       td.dataset.q = q; td.dataset.k = k; cells.push(td);
     }
   }
-  function paint() { cells.forEach(function (td) { td.style.background = colour(P[+td.dataset.q][+td.dataset.k]); }); }
-  paint();
+  function paint() { cells.forEach(function (td) { td.style.background =
+  colour(P[+td.dataset.q][+td.dataset.k]); }); } paint();
   if (PS.length > 1) {
     const bar = document.getElementById("heads"), buttons = [];
     const select = function (h) {
@@ -90,7 +91,8 @@ __COLOUR__
     if (last) { last.forEach(function (c) { c.classList.remove("on"); }); }
     last = [queryCells[q], keyCells[k]];
     last.forEach(function (c) { c.classList.add("on"); });
-    out.textContent = (PS.length > 1 ? NAMES[PS.indexOf(P)] + "  " : "") + "query " + q + " " + JSON.stringify(T[q]) + "  ->  key " + k + " " +
+    out.textContent = (PS.length > 1 ? NAMES[PS.indexOf(P)] + "  " : "") + "query " + q + " " +
+    JSON.stringify(T[q]) + "  ->  key " + k + " " +
       JSON.stringify(T[k]) + "  weight " + P[q][k].toFixed(4);
   });
 })();
@@ -105,8 +107,14 @@ _HTML = _HTML.replace("__COLOUR__", VIRIDIS_JS)  # the shared colour scale, once
 def pattern_html(hp: HeadPattern) -> str:
     """A self-contained HTML page: hover a cell for query token, key token and weight."""
     title = f"{hp.model}: {hp.head_name} attention"
-    data = {"model": hp.model, "layer": hp.layer, "head": hp.head, "tokens": hp.tokens,
-            "token_ids": hp.token_ids, "pattern": np.round(hp.pattern.astype(float), 6).tolist()}
+    data = {
+        "model": hp.model,
+        "layer": hp.layer,
+        "head": hp.head,
+        "tokens": hp.tokens,
+        "token_ids": hp.token_ids,
+        "pattern": np.round(hp.pattern.astype(float), 6).tolist(),
+    }
     # "<" escaped so no token can close the <script> element early.
     blob = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")
     return _fill(title, hp.text, blob)
@@ -117,15 +125,25 @@ def layer_html(hps: list[HeadPattern]) -> str:
     its pattern, hover a cell for query token, key token and weight."""
     first = hps[0]
     title = f"{first.model}: layer {first.layer}, every head"
-    data = {"model": first.model, "layer": first.layer, "heads": [hp.head_name for hp in hps],
-            "tokens": first.tokens, "token_ids": first.token_ids,
-            "patterns": [np.round(hp.pattern.astype(float), 6).tolist() for hp in hps]}
+    data = {
+        "model": first.model,
+        "layer": first.layer,
+        "heads": [hp.head_name for hp in hps],
+        "tokens": first.tokens,
+        "token_ids": first.token_ids,
+        "patterns": [np.round(hp.pattern.astype(float), 6).tolist() for hp in hps],
+    }
     blob = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")
     return _fill(title, first.text, blob)
 
 
 def _fill(title: str, text: str, blob: str) -> str:
-    """The page with its placeholders filled in one pass (a text holding a placeholder stays text)."""
-    values = {"__GENERATOR__": HTML_GENERATOR, "__TITLE__": html.escape(title), "__TEXT__": html.escape(text),
-              "__DATA__": blob}
+    """The page with its placeholders filled in one pass (a text holding a placeholder stays
+    text)."""
+    values = {
+        "__GENERATOR__": HTML_GENERATOR,
+        "__TITLE__": html.escape(title),
+        "__TEXT__": html.escape(text),
+        "__DATA__": blob,
+    }
     return re.sub("__(?:GENERATOR|TITLE|TEXT|DATA)__", lambda m: values[m.group()], _HTML)

@@ -3,7 +3,8 @@
 The primary output is a long table (:data:`headscope.result.COLUMNS`), one row per
 (metric, layer, head). ``label`` is the metric's label (e.g. "induction head") when the score
 passes its threshold, else empty. Wide ``layer x head`` matrices are a ``pivot`` away
-(:func:`headscope.result.matrix`). Saving and loading a run directory is :mod:`headscope.rundir.store`.
+(:func:`headscope.result.matrix`). Saving and loading a run directory is
+:mod:`headscope.rundir.store`.
 """
 
 from __future__ import annotations
@@ -23,11 +24,17 @@ ESTIMATOR = "estimator"
 INTERVAL = ["ci_low", "ci_high", "stability"]
 
 
-
-def to_frame(model_name: str, n_layers: int, n_heads: int, results: Sequence, thresholds: dict,
-             intervals: dict | None = None, nulls: dict | None = None) -> pd.DataFrame:
-    """Long table from per-score results (``MetricScores`` of :mod:`headscope.engines.extract`, and the
-    effect and circuit scores of :mod:`headscope.effects.heads` / :mod:`headscope.circuits`).
+def to_frame(
+    model_name: str,
+    n_layers: int,
+    n_heads: int,
+    results: Sequence,
+    thresholds: dict,
+    intervals: dict | None = None,
+    nulls: dict | None = None,
+) -> pd.DataFrame:
+    """Long table from per-score results (``MetricScores`` of :mod:`headscope.engines.extract`, and
+    the effect and circuit scores of :mod:`headscope.effects.heads` / :mod:`headscope.circuits`).
 
     A result with an ``estimator`` (a ``[layer, head]`` array) adds the ``estimator`` column:
     "exact" or "attribution" on effect rows, empty elsewhere. ``intervals`` (score name ->
@@ -49,9 +56,15 @@ def to_frame(model_name: str, n_layers: int, n_heads: int, results: Sequence, th
             for head in range(n_heads):
                 s = float(score[layer, head])
                 row = {
-                    "model": model_name, "metric": m.name, "probe": m.probe, "layer": layer,
-                    "head": head, "head_name": head_name(layer, head), "score": s,
-                    "chance": chance, "n": int(res.count),
+                    "model": model_name,
+                    "metric": m.name,
+                    "probe": m.probe,
+                    "layer": layer,
+                    "head": head,
+                    "head_name": head_name(layer, head),
+                    "score": s,
+                    "chance": chance,
+                    "n": int(res.count),
                     "label": m.label if m.passes(s, t) else "",
                 }
                 if nulls is not None:
@@ -64,8 +77,11 @@ def to_frame(model_name: str, n_layers: int, n_heads: int, results: Sequence, th
                 if with_estimator:
                     row[ESTIMATOR] = str(est[layer, head]) if est is not None else ""
                 rows.append(row)
-    extra = ((["null"] if nulls is not None else []) + (INTERVAL if intervals is not None else [])
-             + ([ESTIMATOR] if with_estimator else []))
+    extra = (
+        (["null"] if nulls is not None else [])
+        + (INTERVAL if intervals is not None else [])
+        + ([ESTIMATOR] if with_estimator else [])
+    )
     return pd.DataFrame(rows, columns=COLUMNS + extra)
 
 
@@ -86,7 +102,8 @@ def relabel(scores: pd.DataFrame, thresholds: dict[str, float]) -> pd.DataFrame:
         sel = out["metric"] == name
         out.loc[sel, "label"] = [m.label if m.passes(s, t) else "" for s in out.loc[sel, "score"]]
         if "stability" in out:
-            out.loc[sel, "stability"] = float("nan")  # measured at the run's threshold, not this one
+            # measured at the run's threshold, not this one
+            out.loc[sel, "stability"] = float("nan")
     return out
 
 
@@ -114,7 +131,10 @@ def summary_table(scores: pd.DataFrame, k: int = 3) -> str:
         sub = scores[scores["metric"] == metric]
         chance = chance_text(sub["chance"])
         top = top_heads(scores, metric, k)
-        tops = ", ".join(f"{r.head_name} {r.score:.3f}" for r in top.itertuples()) or "NaN (see summary.md)"
+        tops = (
+            ", ".join(f"{r.head_name} {r.score:.3f}" for r in top.itertuples())
+            or "NaN (see summary.md)"
+        )
         labelled = int((sub["label"] != "").sum())
         lines.append(f"{metric:<{w}} {chance:>7}  {labelled:>8}  {tops}")
     return "\n".join(lines)
@@ -138,15 +158,23 @@ def headline(scores: pd.DataFrame) -> list[str]:
         )
         if "null" in sub and sub["null"].notna().any() and len(labelled):
             on_null = labelled[[bool(m.passes(v)) for v in labelled["null"]]]
-            control = ("for another token of R (they raise R's tokens in general, not the attended one)"
-                       if metric == "copying" else "on sequences with no repetition (a fixed positional offset, "
-                       "not a copy of the current token)")
-            out.append(f"{metric}: {len(on_null)} of the {len(labelled)} labelled heads also pass {control}"
-                       + (f": {', '.join(on_null['head_name'])}." if len(on_null) else "."))
+            control = (
+                "for another token of R (they raise R's tokens in general, not the attended one)"
+                if metric == "copying"
+                else "on sequences with no repetition (a fixed "
+                "positional offset, "
+                "not a copy of the current token)"
+            )
+            out.append(
+                f"{metric}: {len(on_null)} of the {len(labelled)} labelled heads also pass "
+                f"{control}" + (f": {', '.join(on_null['head_name'])}." if len(on_null) else ".")
+            )
     sink = scores[scores["metric"] == "sink"]
     if not sink.empty:
         rate = float((sink["score"] > 0.3).mean())
-        out.append(f"sink rate (share of heads with mean attention to position 0 > 0.3): {rate:.2f}.")
+        out.append(
+            f"sink rate (share of heads with mean attention to position 0 > 0.3): {rate:.2f}."
+        )
     return out
 
 
@@ -162,11 +190,19 @@ def summary_markdown(result) -> str:
     with_ci = "ci_low" in scores
     level = md.get("bootstrap", {}).get("level")
     what = f" (score [{level:.0%} interval])" if with_ci and level else ""
-    lines += ["## Top heads per behaviour", "", f"| metric | chance | top heads{what} |", "| --- | --- | --- |"]
+    lines += [
+        "## Top heads per behaviour",
+        "",
+        f"| metric | chance | top heads{what} |",
+        "| --- | --- | --- |",
+    ]
     for metric in scores["metric"].unique():
         sub = scores[scores["metric"] == metric]
         top = top_heads(scores, metric, 5)
-        tops = ", ".join(f"{r.head_name} {r.score:.3f}" + _ci(r) + _null(r) for r in top.itertuples()) or "NaN"
+        tops = (
+            ", ".join(f"{r.head_name} {r.score:.3f}" + _ci(r) + _null(r) for r in top.itertuples())
+            or "NaN"
+        )
         lines.append(f"| {metric} | {chance_text(sub['chance'])} | {tops} |")
     lines += ["", "## Labelled heads", ""]
     unstable_seen = False
@@ -183,13 +219,22 @@ def summary_markdown(result) -> str:
             shaky = stab == stab and stab < STABLE
             unstable_seen |= shaky
             names.append(f"{r.head_name}" + (f" (stability {stab:.2f} †)" if shaky else ""))
-        lines.append(f"- **{m.label if m else metric}** ({metric} {rule}): {', '.join(names) or 'none'}")
+        lines.append(
+            f"- **{m.label if m else metric}** ({metric} {rule}): {', '.join(names) or 'none'}"
+        )
     if unstable_seen:
         boot = md.get("bootstrap", {})
-        lines += ["", f"† label stability under {STABLE}: the head passes the threshold in fewer than "
-                      f"{STABLE:.0%} of {boot.get('resamples', '?')} bootstrap resamples of the sequences, so the label "
-                      "depends on which sequences were drawn."]
-    nan_metrics = [m for m in scores["metric"].unique() if scores[scores["metric"] == m]["score"].isna().all()]
+        lines += [
+            "",
+            f"† label stability under {STABLE}: the head passes the threshold in fewer "
+            "than "
+            f"{STABLE:.0%} of {boot.get('resamples', '?')} bootstrap resamples of the "
+            "sequences, so the label "
+            "depends on which sequences were drawn.",
+        ]
+    nan_metrics = [
+        m for m in scores["metric"].unique() if scores[scores["metric"] == m]["score"].isna().all()
+    ]
     if nan_metrics:
         lines += ["", "## Not measurable on this model", ""]
         for metric in nan_metrics:
@@ -197,11 +242,18 @@ def summary_markdown(result) -> str:
             reason = info.nan_reason if info is not None else None
             lines.append(f"- `{metric}` is NaN: {reason or 'no qualifying queries'}.")
     lines += effects_markdown(scores, md)
-    lines += ["", "Scores pool over every (sequence, qualifying query) pair; `chance` is the score of a head "
-              "that spreads attention evenly over the keys it can see; `null` (repeat metrics) is the same "
-              "head's score at the same positions of sequences with no repetition (for `copying`: the same "
-              "output read against another token of R). Token ids of every scored "
-              "sequence are in `tokens.jsonl`.", ""]
+    lines += [
+        "",
+        "Scores pool over every (sequence, qualifying query) pair; `chance` is the score "
+        "of a head "
+        "that spreads attention evenly over the keys it can see; `null` (repeat metrics) is "
+        "the same "
+        "head's score at the same positions of sequences with no repetition (for `copying`: "
+        "the same "
+        "output read against another token of R). Token ids of every scored "
+        "sequence are in `tokens.jsonl`.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -217,35 +269,64 @@ def _ci(row) -> str:
 
 def effects_markdown(scores: pd.DataFrame, md: dict, k: int = 10) -> list[str]:
     """The causal-effects section of ``summary.md``: per target, the heads whose ablation changes it
-    most, with their pattern scores beside them, and the heads with a strong pattern but little effect."""
+    most, with their pattern scores beside them, and the heads with a strong pattern but little
+    effect."""
     effects = [m for m in scores["metric"].unique() if m.startswith("effect_")]
     if not effects:
         return []
     settings = md.get("effects", {})
     lines = ["", "## Does the head matter? Causal effects", ""]
-    est = scores.loc[scores["metric"].isin(effects), ESTIMATOR] if ESTIMATOR in scores else pd.Series(dtype=str)
-    lines.append(f"{settings.get('ablation', 'mean').capitalize()}-ablation of one head at a time (mode "
-                 f"`{settings.get('mode', '?')}`): {int((est == 'exact').sum())} effect rows are exact, "
-                 f"{int((est == 'attribution').sum())} are attribution-patching estimates (column `estimator`). "
-                 "An effect is the change in the target when the head is ablated; 0 is no effect.")
+    est = (
+        scores.loc[scores["metric"].isin(effects), ESTIMATOR]
+        if ESTIMATOR in scores
+        else pd.Series(dtype=str)
+    )
+    lines.append(
+        f"{settings.get('ablation', 'mean').capitalize()}-ablation of one head at a time "
+        "(mode "
+        f"`{settings.get('mode', '?')}`): {int((est == 'exact').sum())} effect rows are "
+        "exact, "
+        f"{int((est == 'attribution').sum())} are attribution-patching estimates (column "
+        "`estimator`). "
+        "An effect is the change in the target when the head is ablated; 0 is no effect."
+    )
     for metric in effects:
         info = describe(metric)
         sub = scores[scores["metric"] == metric]
         probe = str(sub["probe"].iloc[0])
-        others = [m for m in scores["metric"].unique() if not m.startswith(("effect_", "attribution_"))
-                  and scores.loc[scores["metric"] == m, "score"].notna().any()]
+        others = [
+            m
+            for m in scores["metric"].unique()
+            if not m.startswith(("effect_", "attribution_"))
+            and scores.loc[scores["metric"] == m, "score"].notna().any()
+        ]
         same = [m for m in others if scores.loc[scores["metric"] == m, "probe"].iloc[0] == probe]
         beside = same + [m for m in others if m not in same]  # the probe's own scores first
-        wide = scores[scores["metric"].isin(beside)].pivot(index="head_name", columns="metric", values="score")
+        wide = scores[scores["metric"].isin(beside)].pivot(
+            index="head_name", columns="metric", values="score"
+        )
         top = sub[sub["score"].notna()].nlargest(k, "score")
-        lines += ["", f"### `{metric}`: {info.definition if info else metric}", "",
-                  "| head | effect | estimator | " + " | ".join(beside) + " |",
-                  "| --- | --- | --- | " + " | ".join("---" for _ in beside) + " |"]
+        lines += [
+            "",
+            f"### `{metric}`: {info.definition if info else metric}",
+            "",
+            "| head | effect | estimator | " + " | ".join(beside) + " |",
+            "| --- | --- | --- | " + " | ".join("---" for _ in beside) + " |",
+        ]
         for r in top.itertuples():
-            cells = [fmt(float(wide.loc[r.head_name, m])) if r.head_name in wide.index else "" for m in beside]
-            lines.append(f"| {r.head_name} | {r.score:+.3f} | {getattr(r, ESTIMATOR, '')} | " + " | ".join(cells) + " |")
+            cells = [
+                fmt(float(wide.loc[r.head_name, m])) if r.head_name in wide.index else ""
+                for m in beside
+            ]
+            lines.append(
+                f"| {r.head_name} | {r.score:+.3f} | {getattr(r, ESTIMATOR, '')} | "
+                + " | ".join(cells)
+                + " |"
+            )
         # the article's warning, in numbers: a strong pattern with little effect
-        exact = sub[sub.get(ESTIMATOR, pd.Series("", index=sub.index)) == "exact"].set_index("head_name")["score"]
+        exact = sub[sub.get(ESTIMATOR, pd.Series("", index=sub.index)) == "exact"].set_index(
+            "head_name"
+        )["score"]
         quiet = []
         for m in beside:
             mi = describe(m)
@@ -253,11 +334,21 @@ def effects_markdown(scores: pd.DataFrame, md: dict, k: int = 10) -> list[str]:
                 continue
             labelled = scores[(scores["metric"] == m) & (scores["label"] != "")]
             for r in labelled.itertuples():
-                if r.head_name in exact.index and abs(float(exact[r.head_name])) < (info.threshold if info else 0) / 5:
-                    quiet.append(f"{r.head_name} ({m} {r.score:.3f}, effect {float(exact[r.head_name]):+.3f})")
+                if (
+                    r.head_name in exact.index
+                    and abs(float(exact[r.head_name])) < (info.threshold if info else 0) / 5
+                ):
+                    quiet.append(
+                        f"{r.head_name} ({m} {r.score:.3f}, effect "
+                        f"{float(exact[r.head_name]):+.3f})"
+                    )
         if quiet:
-            lines += ["", "Strong pattern, little effect (labelled by a pattern score; exact effect under a fifth of "
-                          f"the '{info.label}' threshold): " + "; ".join(quiet[:12]) + "."]
+            lines += [
+                "",
+                "Strong pattern, little effect (labelled by a pattern score; exact "
+                "effect under a fifth of "
+                f"the '{info.label}' threshold): " + "; ".join(quiet[:12]) + ".",
+            ]
     return lines
 
 
@@ -278,13 +369,20 @@ def console_summary(result, out=None, figures: bool = True) -> str:
     meta, scores = result.metadata, result.scores
     scored = sum(len(p) for p in result.probes if p.name != NULL_PROBE)
     controls = sum(len(p) for p in result.probes if p.name == NULL_PROBE)
-    lines = [f"{meta.get('model', result.model_name)}: {meta.get('n_layers', '?')} layers x "
-             f"{meta.get('n_heads', '?')} heads ({'causal' if meta.get('causal', True) else 'bidirectional'}), "
-             f"{scored} sequences" + (f" (+ {controls} positional-null controls)" if controls else ""),
-             summary_table(scores)]
+    lines = [
+        f"{meta.get('model', result.model_name)}: {meta.get('n_layers', '?')} layers x "
+        f"{meta.get('n_heads', '?')} heads "
+        f"({'causal' if meta.get('causal', True) else 'bidirectional'}), "
+        f"{scored} sequences" + (f" (+ {controls} positional-null controls)" if controls else ""),
+        summary_table(scores),
+    ]
     for name in scores["metric"].unique():
         m = describe(name)
-        if m is not None and m.nan_reason and scores.loc[scores.metric == name, "score"].isna().all():
+        if (
+            m is not None
+            and m.nan_reason
+            and scores.loc[scores.metric == name, "score"].isna().all()
+        ):
             lines.append(f"{name} is NaN: {m.nan_reason}")
     if out is not None:
         lines.append(f"wrote {out}/ ({', '.join(written_names(out))})")

@@ -1,8 +1,9 @@
-"""Ctrl-C and SIGTERM while headscope writes: raised where the program was, held where it must not be.
+"""Ctrl-C and SIGTERM while headscope writes: raised where the program was, held where it must not
+be.
 
 What Slurm, Kubernetes and Ray send (SIGTERM) is handled like Ctrl-C while a command runs
-(:func:`interruptible`): both raise :class:`Interrupted` (a ``KeyboardInterrupt``) in the main thread,
-so every ``finally`` clean-up runs. :func:`held` marks a critical section (making folders, a
+(:func:`interruptible`): both raise :class:`Interrupted` (a ``KeyboardInterrupt``) in the main
+thread, so every ``finally`` clean-up runs. :func:`held` marks a critical section (making folders, a
 rename, a clean-up) in which a signal waits until the section ends; :func:`released` marks the
 part of a held section that may be interrupted (the long writing itself).
 """
@@ -26,7 +27,8 @@ class Interrupted(KeyboardInterrupt):
 
 
 class _Signals:
-    """SIGINT/SIGTERM handlers of the main thread: raise :class:`Interrupted`, or hold it while held.
+    """SIGINT/SIGTERM handlers of the main thread: raise :class:`Interrupted`, or hold it while
+    held.
 
     Python runs signal handlers in the main thread whichever thread the OS delivered the signal
     to, so a counter checked by the handler is enough to hold a signal back."""
@@ -81,7 +83,8 @@ def interruptible() -> Iterator[None]:
             _SIGNALS.depth -= 1
             if _SIGNALS.depth == 0:
                 for s, old in _SIGNALS.saved.items():
-                    signal.signal(s, signal.SIG_DFL if old is None else old)  # None: set outside Python
+                    # None: set outside Python
+                    signal.signal(s, signal.SIG_DFL if old is None else old)
                 # a signal held back to the very end: raised below; if an exception is already
                 # on its way out (the program is stopping anyway), it is dropped
                 pending, _SIGNALS.pending = _SIGNALS.pending, None

@@ -38,12 +38,27 @@ from headscope.result import COLUMNS, FLOAT_FORMAT, METRIC_NAME, RUN_FORMAT, Pro
 from headscope.rundir.signals import Interrupted, held, interruptible, released
 
 #: What every run directory holds besides one ``<metric>.png`` per metric.
-RUN_FILES = ("scores.csv", "scores.parquet", "metadata.json", "tokens.jsonl", "summary.md", "summary.png",
-             "per_sequence.npz", "thresholds.png", "controls.jsonl", "report.html", "views.npz")
-VIEWS = "views.npz"  # the strongest heads' patterns on one example per probe (headscope.scanner.examples)
+RUN_FILES = (
+    "scores.csv",
+    "scores.parquet",
+    "metadata.json",
+    "tokens.jsonl",
+    "summary.md",
+    "summary.png",
+    "per_sequence.npz",
+    "thresholds.png",
+    "controls.jsonl",
+    "report.html",
+    "views.npz",
+)
+# the strongest heads' patterns on one example per probe (headscope.scanner.examples)
+VIEWS = "views.npz"
 PATCH_RUN_FORMAT = "headscope-patching/1"  # a run of `headscope patch` (headscope.apps.patch)
 #: Per kind of run directory (its ``run_format``): its main table and what messages call it.
-RUN_KINDS = {RUN_FORMAT: ("scores.csv", "run directory"), PATCH_RUN_FORMAT: ("patching.csv", "patching run")}
+RUN_KINDS = {
+    RUN_FORMAT: ("scores.csv", "run directory"),
+    PATCH_RUN_FORMAT: ("patching.csv", "patching run"),
+}
 
 
 # ------------------------------------------------------------------------------ what a run is
@@ -87,8 +102,12 @@ def foreign_entries(path: str | Path, run_format: str = RUN_FORMAT) -> list[str]
     meta = read_metadata(path) or {}
     ours = (set(RUN_FILES) if run_format == RUN_FORMAT else set()) | set(meta.get("files") or [])
     try:
-        scores = pd.read_csv(path / "scores.csv", usecols=["metric", "probe", "score", "label"],
-                             keep_default_na=False, na_values={"score": ["NaN", "nan", ""]})
+        scores = pd.read_csv(
+            path / "scores.csv",
+            usecols=["metric", "probe", "score", "label"],
+            keep_default_na=False,
+            na_values={"score": ["NaN", "nan", ""]},
+        )
         scores = scores[scores["metric"].astype(str).map(lambda m: bool(METRIC_NAME.match(m)))]
         drawn = figure_names(scores.assign(model="", layer=0, head=0, head_name=""), FIGURE_FORMATS)
         # a redrawn figure (`headscope plot --figure-format`): PNGs by name, vector files by creator
@@ -98,9 +117,12 @@ def foreign_entries(path: str | Path, run_format: str = RUN_FORMAT) -> list[str]
 
     if (path / REPORT).is_file() and not is_ours(path / REPORT):
         ours.discard(REPORT)  # a page of the user's own, in a run directory: not ours to delete
-    return sorted(e.name for e in path.iterdir()
-                  if not (e.name == KVPLAN and is_kvplan_dir(e))
-                  and (e.name not in ours or not e.is_file() or e.is_symlink()))
+    return sorted(
+        e.name
+        for e in path.iterdir()
+        if not (e.name == KVPLAN and is_kvplan_dir(e))
+        and (e.name not in ours or not e.is_file() or e.is_symlink())
+    )
 
 
 KVPLAN = "kvplan"  # `headscope kvplan RUN_DIR` writes its table, curve and summary here
@@ -112,11 +134,16 @@ def is_kvplan_dir(path: str | Path) -> bool:
     path = Path(path)
     if path.is_symlink() or not path.is_dir() or not (path / "kvplan.json").is_file():
         return False
-    return all(e.name in KVPLAN_FILES and e.is_file() and not e.is_symlink() for e in path.iterdir())
+    return all(
+        e.name in KVPLAN_FILES and e.is_file() and not e.is_symlink() for e in path.iterdir()
+    )
 
 
-def check_out_dir(out: str | Path, force: bool, formats: str | tuple[str, ...] = (RUN_FORMAT,)) -> Path:
-    """Refuse an ``out`` that may not be written, before any work is done (one line, nothing touched).
+def check_out_dir(
+    out: str | Path, force: bool, formats: str | tuple[str, ...] = (RUN_FORMAT,)
+) -> Path:
+    """Refuse an ``out`` that may not be written, before any work is done (one line, nothing
+    touched).
 
     Without ``force`` ``out`` must not exist; with it, it may also be an empty folder or a headscope
     run directory (of one of ``formats``, :func:`is_run_dir`) holding only what headscope wrote.
@@ -129,36 +156,55 @@ def check_out_dir(out: str | Path, force: bool, formats: str | tuple[str, ...] =
             raise HeadscopeError(f"'{out.parent}' is not a directory; choose another --out.")
         return out
     if not force:
-        raise HeadscopeError(f"Output directory '{out}' already exists; pass --force to replace it (a headscope "
-                             "run only) or choose another --out.")
+        raise HeadscopeError(
+            f"Output directory '{out}' already exists; pass --force to replace it "
+            "(a headscope "
+            "run only) or choose another --out."
+        )
     if out.is_symlink() or not out.is_dir():
         what = "a symbolic link" if out.is_symlink() else "not a directory"
-        raise HeadscopeError(f"'{out}' exists and is {what}; --force replaces only a headscope {kind}, "
-                             "choose another --out.")
+        raise HeadscopeError(
+            f"'{out}' exists and is {what}; --force replaces only a headscope "
+            f"{kind}, "
+            "choose another --out."
+        )
     entries = sorted(e.name for e in out.iterdir())
     if not entries:
         return out
     if not is_run_dir(out, formats):
         more = f" and {len(entries) - 1} more" if len(entries) > 1 else ""
-        raise HeadscopeError(f"'{out}' is not a headscope {kind} (it holds {entries[0]}{more}); --force "
-                             f"replaces only a {kind} or an empty folder, so choose another --out.")
+        raise HeadscopeError(
+            f"'{out}' is not a headscope {kind} (it holds {entries[0]}{more}); "
+            "--force "
+            f"replaces only a {kind} or an empty folder, so choose another --out."
+        )
     foreign = foreign_entries(out, (read_metadata(out) or {}).get("run_format", RUN_FORMAT))
     if foreign:
         more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
-        raise HeadscopeError(f"'{out}' is a headscope run but also holds {foreign[0]}{more}, which headscope did "
-                             "not write; move it out first or choose another --out.")
+        raise HeadscopeError(
+            f"'{out}' is a headscope run but also holds {foreign[0]}{more}, which "
+            "headscope did "
+            "not write; move it out first or choose another --out."
+        )
     return out
 
 
 # ------------------------------------------------------------------------------ saving
 
-#: ``metadata.json`` keys noting a figure or page that could not be made (the rest of the run is kept).
+#: ``metadata.json`` keys noting a figure or page that could not be made (the rest of the run is
+# kept).
 SKIPPED = ("figures_skipped", "report_skipped")
 
 
-def save_run(result: ScanResult, out: str | Path, force: bool = False, figures: bool = True,
-             started: float | None = None, say=None,
-             figure_formats: Sequence[str] = ("png",)) -> Path:
+def save_run(
+    result: ScanResult,
+    out: str | Path,
+    force: bool = False,
+    figures: bool = True,
+    started: float | None = None,
+    say=None,
+    figure_formats: Sequence[str] = ("png",),
+) -> Path:
     """Write the run directory ``out`` atomically (see the module docstring for every rule).
 
     Tables and records are written first; a figure or the page that cannot be drawn costs only
@@ -183,22 +229,40 @@ def save_run(result: ScanResult, out: str | Path, force: bool = False, figures: 
                 with released():
                     notes: dict = {}
                     _write(result, tmp, figures, notes, say, figure_formats)
-                    timings = dict(result.metadata.get("timings", {}), write_s=round(time.perf_counter() - t0, 3))
+                    timings = dict(
+                        result.metadata.get("timings", {}),
+                        write_s=round(time.perf_counter() - t0, 3),
+                    )
                     if started is not None:
                         timings["total_s"] = round(time.perf_counter() - started, 3)
                     files = sorted([p.name for p in tmp.iterdir()] + ["metadata.json", REPORT])
-                    kept = {k: v for k, v in result.metadata.items() if k not in SKIPPED}  # a reloaded run's
-                    meta = kept | notes | {"run_format": RUN_FORMAT, "thresholds": result.thresholds,
-                                           "timings": timings, "files": files}
+                    # a reloaded run's
+                    kept = {k: v for k, v in result.metadata.items() if k not in SKIPPED}
+                    meta = (
+                        kept
+                        | notes
+                        | {
+                            "run_format": RUN_FORMAT,
+                            "thresholds": result.thresholds,
+                            "timings": timings,
+                            "files": files,
+                        }
+                    )
                     _write_json(tmp / "metadata.json", meta)
                     # from the files as saved, so that a rebuild is the same page
-                    optional("report.html", lambda: _write_report(tmp, tmp / REPORT, figures), meta, "report_skipped",
-                             say)
+                    optional(
+                        "report.html",
+                        lambda: _write_report(tmp, tmp / REPORT, figures),
+                        meta,
+                        "report_skipped",
+                        say,
+                    )
                     if "report_skipped" in meta:
                         meta["files"] = [f for f in files if f != REPORT]
                         _write_json(tmp / "metadata.json", meta)
                     fsync_tree(tmp)
-                    os.chmod(tmp, 0o755)  # mkdtemp makes it private; a run directory is an ordinary folder
+                    # mkdtemp makes it private; a run directory is an ordinary folder
+                    os.chmod(tmp, 0o755)
                 _publish(tmp, out, force)
                 tmp, published = None, True
                 result.metadata = meta
@@ -220,8 +284,14 @@ def _write_json(path: Path, record: dict) -> None:
     path.write_text(json.dumps(record, indent=2, default=str) + "\n")
 
 
-def _write(result: ScanResult, tmp: Path, figures: bool, notes: dict | None = None, say=None,
-           figure_formats: Sequence[str] = ("png",)) -> None:
+def _write(
+    result: ScanResult,
+    tmp: Path,
+    figures: bool,
+    notes: dict | None = None,
+    say=None,
+    figure_formats: Sequence[str] = ("png",),
+) -> None:
     """Every file of the run but ``metadata.json`` and the page: tables first, figures last (a
     figure that fails is noted in ``notes["figures_skipped"]``; the tables stay)."""
     from headscope.report.tables import summary_markdown
@@ -233,10 +303,13 @@ def _write(result: ScanResult, tmp: Path, figures: bool, notes: dict | None = No
         result.scores.to_parquet(tmp / "scores.parquet", index=False)
     except ImportError:
         pass
-    # tokens.jsonl: the probes' sequences; controls.jsonl: the controls' (the positional null), apart
+    # tokens.jsonl: the probes' sequences; controls.jsonl: the controls' (the positional null),
+    # apart
     controls = [p for p in result.probes if p.settings.get("null_of")]
-    for name, probes in (("tokens.jsonl", [p for p in result.probes if p not in controls]),
-                         ("controls.jsonl", controls)):
+    for name, probes in (
+        ("tokens.jsonl", [p for p in result.probes if p not in controls]),
+        ("controls.jsonl", controls),
+    ):
         if not probes and name == "controls.jsonl":
             continue
         with open(tmp / name, "w") as f:
@@ -252,7 +325,8 @@ def _write(result: ScanResult, tmp: Path, figures: bool, notes: dict | None = No
                     if probe.settings.get("null_of"):
                         rec["null_of"] = probe.settings["null_of"]
                     f.write(json.dumps(rec) + "\n")
-    if result.per_sequence:  # what the bootstrap resampled: intervals can be recomputed without the model
+    # what the bootstrap resampled: intervals can be recomputed without the model
+    if result.per_sequence:
         import numpy as np
 
         arrays = {}
@@ -276,11 +350,19 @@ def _write(result: ScanResult, tmp: Path, figures: bool, notes: dict | None = No
     if figures:
         from headscope.report.figures import save_figures
 
-        optional("the figures", lambda: save_figures(result.scores, tmp, n_sequences={p.name: len(p) for p in
-                                                                                      result.probes},
-                                                     thresholds=result.thresholds,
-                                                     formats=figure_formats),
-                 {} if notes is None else notes, "figures_skipped", say)
+        optional(
+            "the figures",
+            lambda: save_figures(
+                result.scores,
+                tmp,
+                n_sequences={p.name: len(p) for p in result.probes},
+                thresholds=result.thresholds,
+                formats=figure_formats,
+            ),
+            {} if notes is None else notes,
+            "figures_skipped",
+            say,
+        )
 
 
 REPORT = "report.html"
@@ -295,11 +377,19 @@ def _write_report(run_dir: Path, path: Path, figures: bool) -> None:
 def _publish(tmp: Path, out: Path, force: bool) -> None:
     """Rename the finished ``tmp`` to ``out`` (signals held by the caller)."""
     try:
-        rename_into(tmp, out, replace=force and (out.exists() or out.is_symlink()),
-                    before_replace=lambda: check_out_dir(out, force=True))  # it may have changed meanwhile
+        rename_into(
+            tmp,
+            out,
+            replace=force and (out.exists() or out.is_symlink()),
+            # it may have changed meanwhile
+            before_replace=lambda: check_out_dir(out, force=True),
+        )
     except Claimed:
-        raise HeadscopeError(f"Output directory '{out}' appeared while this scan ran (another scan to the same "
-                             "--out?); nothing was written. Choose another --out, or pass --force.") from None
+        raise HeadscopeError(
+            f"Output directory '{out}' appeared while this scan ran (another scan "
+            "to the same "
+            "--out?); nothing was written. Choose another --out, or pass --force."
+        ) from None
 
 
 # ------------------------------------------------------------------------------ loading
@@ -317,24 +407,41 @@ def load_run(path: str | Path) -> ScanResult:
     if not path.is_dir() or not table.is_file():
         parent = path.parent if path.parent.is_dir() else Path(".")
         runs = [d.name for d in parent.iterdir() if (d / "scores.csv").is_file()]
-        what = "does not exist" if not path.exists() else "is not a directory" if not path.is_dir() else (
-            "is not a headscope run directory (no scores.csv)")
-        raise HeadscopeError(f"'{path}' {what}; give a directory written by `headscope scan`."
-                             + did_you_mean(path.name, runs))
+        what = (
+            "does not exist"
+            if not path.exists()
+            else "is not a directory"
+            if not path.is_dir()
+            else ("is not a headscope run directory (no scores.csv)")
+        )
+        raise HeadscopeError(
+            f"'{path}' {what}; give a directory written by `headscope scan`."
+            + did_you_mean(path.name, runs)
+        )
     try:
-        na = {c: ["NaN", "nan", ""] for c in ("score", "chance", "null", "ci_low", "ci_high", "stability")}
+        na = {
+            c: ["NaN", "nan", ""]
+            for c in ("score", "chance", "null", "ci_low", "ci_high", "stability")
+        }
         scores = pd.read_csv(table, keep_default_na=False, na_values=na, dtype={"label": str})
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
-        raise HeadscopeError(f"'{table}' cannot be read as a table ({str(exc).splitlines()[0]}); "
-                             "rerun the scan.") from None
+        raise HeadscopeError(
+            f"'{table}' cannot be read as a table ({str(exc).splitlines()[0]}); rerun the scan."
+        ) from None
     missing = [c for c in COLUMNS if c not in scores.columns]
     if missing or scores.empty:
-        raise HeadscopeError(f"'{table}' lacks {', '.join(missing) or 'rows'}; a run's scores.csv has columns "
-                             f"{', '.join(COLUMNS)}.")
+        raise HeadscopeError(
+            f"'{table}' lacks {', '.join(missing) or 'rows'}; a run's scores.csv "
+            "has columns "
+            f"{', '.join(COLUMNS)}."
+        )
     odd = [m for m in scores["metric"].astype(str).unique() if not METRIC_NAME.match(m)]
     if odd:  # a metric names a file (<metric>.png): never a path
-        raise HeadscopeError(f"'{table}' names a metric '{odd[0]}', which is not a metric name (letters, digits, "
-                             "'_', '.', '-'); is it from `headscope scan`?")
+        raise HeadscopeError(
+            f"'{table}' names a metric '{odd[0]}', which is not a metric name "
+            "(letters, digits, "
+            "'_', '.', '-'); is it from `headscope scan`?"
+        )
     scores["label"] = scores["label"].fillna("")
     meta = read_metadata(path) or {}
     probes: dict[str, Probe] = {}
@@ -344,8 +451,10 @@ def load_run(path: str | Path) -> ScanResult:
         for line in (path / name).read_text().splitlines():
             rec = json.loads(line)
             settings = {"null_of": rec["null_of"]} if "null_of" in rec else {}
-            p = probes.setdefault(rec["probe"], Probe(rec["probe"], [], repeat_len=rec.get("repeat_len"),
-                                                      settings=settings))
+            p = probes.setdefault(
+                rec["probe"],
+                Probe(rec["probe"], [], repeat_len=rec.get("repeat_len"), settings=settings),
+            )
             p.sequences.append(rec["token_ids"])
             if "token_type_ids" in rec:
                 p.token_types = (p.token_types or []) + [rec["token_type_ids"]]
@@ -359,17 +468,29 @@ def load_run(path: str | Path) -> ScanResult:
             with np.load(path / "per_sequence.npz") as z:
                 for key in z.files:
                     name, _, part = key.rpartition(".")
-                    per_sequence.setdefault(name, {})[part] = str(z[key]) if part == "probe" else z[key]
+                    per_sequence.setdefault(name, {})[part] = (
+                        str(z[key]) if part == "probe" else z[key]
+                    )
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
-            raise HeadscopeError(f"'{path / 'per_sequence.npz'}' cannot be read ({type(exc).__name__}); "
-                                 "rerun the scan, or delete that file to load the run without it.") from None
-    return ScanResult(model_name=str(scores["model"].iloc[0]), scores=scores, probes=list(probes.values()),
-                      metadata=meta, thresholds=meta.get("thresholds", {}), per_sequence=per_sequence,
-                      views=_read_views(path / VIEWS))
+            raise HeadscopeError(
+                f"'{path / 'per_sequence.npz'}' cannot be read "
+                f"({type(exc).__name__}); "
+                "rerun the scan, or delete that file to load the run without it."
+            ) from None
+    return ScanResult(
+        model_name=str(scores["model"].iloc[0]),
+        scores=scores,
+        probes=list(probes.values()),
+        metadata=meta,
+        thresholds=meta.get("thresholds", {}),
+        per_sequence=per_sequence,
+        views=_read_views(path / VIEWS),
+    )
 
 
 def _read_views(path: Path) -> dict:
-    """``views.npz`` back as :attr:`ScanResult.views` (empty when the run has none or it is unreadable)."""
+    """``views.npz`` back as :attr:`ScanResult.views` (empty when the run has none or it is
+    unreadable)."""
     if not path.is_file():
         return {}
     import numpy as np
@@ -381,9 +502,16 @@ def _read_views(path: Path) -> dict:
             for i in range(len(z.files)):
                 if f"{i}.pattern" not in z.files:
                     break
-                examples.append({"probe": str(z[f"{i}.probe"]), "token_ids": z[f"{i}.token_ids"].tolist(),
-                                 "tokens": [str(t) for t in z[f"{i}.tokens"]], "n_full": int(z[f"{i}.n_full"]),
-                                 "pattern": z[f"{i}.pattern"]})
+                examples.append(
+                    {
+                        "probe": str(z[f"{i}.probe"]),
+                        "token_ids": z[f"{i}.token_ids"].tolist(),
+                        "tokens": [str(t) for t in z[f"{i}.tokens"]],
+                        "n_full": int(z[f"{i}.n_full"]),
+                        "pattern": z[f"{i}.pattern"],
+                    }
+                )
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
-        return {}  # views are an extra of the page: an unreadable file only means a page without them
+        # views are an extra of the page: an unreadable file only means a page without them
+        return {}
     return {"heads": heads, "examples": examples}

@@ -1,4 +1,5 @@
-"""``--ray`` and ``--workers``: every mistake refused in one line before any model loads (no Ray import
+"""``--ray`` and ``--workers``: every mistake refused in one line before any model loads (no Ray
+import
 until Ray is needed)."""
 
 from __future__ import annotations
@@ -15,14 +16,20 @@ def check_options(address: str | None, workers: int | None, effects: bool) -> No
     later, by :func:`check_address`)."""
     if address is None:
         if workers is not None:
-            raise HeadscopeError("--workers goes with --ray (e.g. --ray --workers 2); without --ray a scan runs "
-                                 "in this process.")
+            raise HeadscopeError(
+                "--workers goes with --ray (e.g. --ray --workers 2); without "
+                "--ray a scan runs "
+                "in this process."
+            )
         return
     if workers is not None and workers < 1:
         raise HeadscopeError(f"workers (--workers) must be at least 1, got {workers}.")
     if effects:
-        raise HeadscopeError("--effects runs in one process (exact ablation reuses each prefix); drop --ray, or "
-                             "scan with --ray and measure effects apart.")
+        raise HeadscopeError(
+            "--effects runs in one process (exact ablation reuses each prefix); "
+            "drop --ray, or "
+            "scan with --ray and measure effects apart."
+        )
 
 
 def require_ray():
@@ -30,8 +37,10 @@ def require_ray():
     try:
         import ray
     except ImportError:
-        raise HeadscopeError("--ray needs Ray, which is not installed: pip install -e \".[ray]\" "
-                             "(or pip install 'ray>=2.60,<3').") from None
+        raise HeadscopeError(
+            '--ray needs Ray, which is not installed: pip install -e ".[ray]" '
+            "(or pip install 'ray>=2.60,<3')."
+        ) from None
     return ray
 
 
@@ -45,11 +54,18 @@ def check_address(address: str | None) -> None:
     hostport = address.removeprefix("ray://")
     host, sep, port = hostport.rpartition(":")
     if not sep or not host or not port.isdigit():
-        raise HeadscopeError(f"Ray address '{address}' must look like HOST:PORT (e.g. 10.0.0.1:6379, from "
-                             "`ray start --head`), ray://HOST:10001, or auto.")
+        raise HeadscopeError(
+            f"Ray address '{address}' must look like HOST:PORT (e.g. "
+            "10.0.0.1:6379, from "
+            "`ray start --head`), ray://HOST:10001, or auto."
+        )
     try:
         with socket.create_connection((host, int(port)), timeout=3):
             pass
     except OSError as exc:
-        raise HeadscopeError(f"Cannot reach a Ray head at {address} ({exc.strerror or exc}); start one with "
-                             f"`ray start --head --port={port}` there, or drop the address for a local instance.") from None
+        raise HeadscopeError(
+            f"Cannot reach a Ray head at {address} ({exc.strerror or exc}); start "
+            "one with "
+            f"`ray start --head --port={port}` there, or drop the address for a "
+            "local instance."
+        ) from None

@@ -42,15 +42,19 @@ def connect(address: str | None = None, workers: int = 1) -> Iterator[object]:
     kwargs = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
     if address in (None, LOCAL):
         kwargs["num_cpus"] = max(workers, os.cpu_count() or 1)
-        # token authentication stays on (Ray's default for a local instance); its one-line banner at every
-        # start says so and nothing else, so it is not shown
-        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+        # token authentication stays on (Ray's default for a local instance); its one-line banner at
+        # every start says so and nothing else, so it is not shown
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
+            logging.ERROR
+        )
     else:
         kwargs["address"] = address
     try:
         ray.init(**kwargs)
     except (ConnectionError, RuntimeError) as exc:
-        raise HeadscopeError(f"Could not connect to Ray at {address}: {str(exc).splitlines()[0]}") from None
+        raise HeadscopeError(
+            f"Could not connect to Ray at {address}: {str(exc).splitlines()[0]}"
+        ) from None
     try:
         yield ray
     finally:
@@ -60,8 +64,13 @@ def connect(address: str | None = None, workers: int = 1) -> Iterator[object]:
 class ScanWorker:
     """One model replica (an actor's state): scores whole batches with the engine it is told."""
 
-    def __init__(self, model_name: str, device: str = "auto", dtype: str | None = None,
-                 threads: int | None = None):
+    def __init__(
+        self,
+        model_name: str,
+        device: str = "auto",
+        dtype: str | None = None,
+        threads: int | None = None,
+    ):
         import torch
 
         from headscope.models.loading import load_model
@@ -73,7 +82,9 @@ class ScanWorker:
     def pid(self) -> int:
         return os.getpid()
 
-    def score(self, probe, metrics, index: Sequence[int], engine: str, interventions=()) -> BatchScores:
+    def score(
+        self, probe, metrics, index: Sequence[int], engine: str, interventions=()
+    ) -> BatchScores:
         from headscope.engines.registry import get_engine
 
         return score_batch(self.model, probe, metrics, index, get_engine(engine), interventions)
@@ -93,14 +104,24 @@ class RayPool:
     ...     scan(model, scorer=ShardedScorer(pool.run_batches))
     """
 
-    def __init__(self, model_name: str, workers: int, device: str = "auto", dtype: str | None = None,
-                 threads: int | None = None):
+    def __init__(
+        self,
+        model_name: str,
+        workers: int,
+        device: str = "auto",
+        dtype: str | None = None,
+        threads: int | None = None,
+    ):
         ray = require_ray()
         if workers < 1:
             raise HeadscopeError(f"workers (--workers) must be at least 1, got {workers}.")
         gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
-        actor = ray.remote(num_cpus=1, num_gpus=gpus, max_restarts=RETRIES, max_task_retries=RETRIES)(ScanWorker)
-        self.actors = [actor.remote(worker_name(model_name), device, dtype, threads) for _ in range(workers)]
+        actor = ray.remote(
+            num_cpus=1, num_gpus=gpus, max_restarts=RETRIES, max_task_retries=RETRIES
+        )(ScanWorker)
+        self.actors = [
+            actor.remote(worker_name(model_name), device, dtype, threads) for _ in range(workers)
+        ]
 
     def pids(self) -> list[int]:
         """Each actor's process id (e.g. to kill one in a test)."""
@@ -108,8 +129,15 @@ class RayPool:
 
         return ray.get([a.pid.remote() for a in self.actors])
 
-    def run_batches(self, probe, metrics, batches: Sequence[Sequence[int]], engine: str, interventions=(),
-                    on_batch: Callable[[int], None] | None = None) -> list[BatchScores]:
+    def run_batches(
+        self,
+        probe,
+        metrics,
+        batches: Sequence[Sequence[int]],
+        engine: str,
+        interventions=(),
+        on_batch: Callable[[int], None] | None = None,
+    ) -> list[BatchScores]:
         """Every batch scored by some actor, two in flight per actor; results in plan order."""
         import ray
         from ray.exceptions import RayActorError, RayTaskError
@@ -137,11 +165,17 @@ class RayPool:
                 cause = exc.cause if isinstance(getattr(exc, "cause", None), Exception) else exc
                 if isinstance(cause, HeadscopeError):
                     raise cause from None
-                raise HeadscopeError(f"A Ray worker failed on batch {number} of the {probe.name} probe: "
-                                     f"{type(cause).__name__}: {str(cause).splitlines()[0]}") from None
+                raise HeadscopeError(
+                    f"A Ray worker failed on batch {number} of the {probe.name} "
+                    "probe: "
+                    f"{type(cause).__name__}: {str(cause).splitlines()[0]}"
+                ) from None
             except RayActorError as exc:
-                raise HeadscopeError(f"A Ray worker died {RETRIES + 1} times scoring batch {number} of the "
-                                     f"{probe.name} probe: {str(exc).splitlines()[0]}") from None
+                raise HeadscopeError(
+                    f"A Ray worker died {RETRIES + 1} times scoring batch "
+                    f"{number} of the "
+                    f"{probe.name} probe: {str(exc).splitlines()[0]}"
+                ) from None
             if on_batch is not None:
                 on_batch(len(batches[number]))
             if todo:
@@ -156,8 +190,13 @@ class RayPool:
 
 
 @contextlib.contextmanager
-def sharded(model_name: str, address: str | None, workers: int | None, device: str = "auto",
-            dtype: str | None = None) -> Iterator[object]:
+def sharded(
+    model_name: str,
+    address: str | None,
+    workers: int | None,
+    device: str = "auto",
+    dtype: str | None = None,
+) -> Iterator[object]:
     """A :class:`~headscope.scale.shard.ShardedScorer` over a :class:`RayPool` for one block:
     connects (or starts a local instance), starts the actors, and stops them afterwards."""
     from headscope.scale.shard import ShardedScorer

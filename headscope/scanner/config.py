@@ -37,12 +37,14 @@ from headscope.scale.options import check_options
 from headscope.uncertainty import check as check_bootstrap
 
 LONG_SEQ_LEN = 2048  # the long-context view's length when --seq-len is not given
-N_PROMPTS = 64  # sequences per probe when --n-prompts is not given (fewer if a prompts file holds fewer)
+# sequences per probe when --n-prompts is not given (fewer if a prompts file holds fewer)
+N_PROMPTS = 64
 
 
 def opt(default, help: str, **cli):
     """A setting: its default, its help text, and how the CLI spells it (``cli`` keys: ``flag`` the
-    option's name, ``kind`` (``csv``, ``thresholds``, ``memory``, ``path``), ``flag_value`` (an option
+    option's name, ``kind`` (``csv``, ``thresholds``, ``memory``, ``path``), ``flag_value`` (an
+    option
     whose value may be left out), ``metavar``, ``choices`` shown in the help)."""
     factory = dict if isinstance(default, dict) else None
     meta = {"help": help, **cli}
@@ -57,62 +59,156 @@ class ScanConfig:
     model runs, scale-out. The model and the output folder are given beside it."""
 
     # ---------------------------------------------------------------- the probes
-    n_prompts: int | None = opt(None, "Sequences per probe: text pairs taken from the corpus, and repeat sequences. "
-                                      f"[default: {N_PROMPTS}, or every pair of a --prompts file that holds fewer]")
+    n_prompts: int | None = opt(
+        None,
+        "Sequences per probe: text pairs taken from the corpus, and "
+        "repeat sequences. "
+        f"[default: {N_PROMPTS}, or every pair of a --prompts file "
+        "that holds fewer]",
+    )
     repeat_len: int = opt(50, "L of the repeat probe BOS+R+R.")
     seed: int = opt(0, "Seed of the repeat probe, its positional null and the bootstrap.")
-    seq_len: int | None = opt(None, "Make every sequence this many tokens: long real prose (never repeated inside a "
-                                    "sequence; with --prompts, your pairs packed), R as long as fits.")
-    prompts: str | None = opt(None, "Segment pairs, one 'A<TAB>B' a line (UTF-8; blank lines and lines starting "
-                                    "with # are skipped). [default: the built-in corpus]", kind="path")
-    text_join: str = opt("plain", "How a text pair becomes one sequence: plain (encoders [CLS] A [SEP] B [SEP], "
-                                  "decoders BOS A SEP B) or chat (an instruct model's chat template: A the user turn, "
-                                  "B the assistant's).", choices=JOINS)
-    token_types: bool = opt(False, "Feed encoder pairs their segment ids (0 for [CLS] A [SEP], 1 for B [SEP]). "
-                                   "[default: all zero]")
-    long_context: bool = opt(False, "Also streaming (sink + window mass) and retrieval (needle copy-paste) on long "
-                                    f"real prose (--seq-len, default {LONG_SEQ_LEN}) and a needle probe.")
+    seq_len: int | None = opt(
+        None,
+        "Make every sequence this many tokens: long real prose (never "
+        "repeated inside a "
+        "sequence; with --prompts, your pairs packed), R as long as "
+        "fits.",
+    )
+    prompts: str | None = opt(
+        None,
+        "Segment pairs, one 'A<TAB>B' a line (UTF-8; blank lines and "
+        "lines starting "
+        "with # are skipped). [default: the built-in corpus]",
+        kind="path",
+    )
+    text_join: str = opt(
+        "plain",
+        "How a text pair becomes one sequence: plain (encoders [CLS] A "
+        "[SEP] B [SEP], "
+        "decoders BOS A SEP B) or chat (an instruct model's chat "
+        "template: A the user turn, "
+        "B the assistant's).",
+        choices=JOINS,
+    )
+    token_types: bool = opt(
+        False,
+        "Feed encoder pairs their segment ids (0 for [CLS] A [SEP], 1 "
+        "for B [SEP]). "
+        "[default: all zero]",
+    )
+    long_context: bool = opt(
+        False,
+        "Also streaming (sink + window mass) and retrieval (needle "
+        "copy-paste) on long "
+        f"real prose (--seq-len, default {LONG_SEQ_LEN}) and a needle "
+        "probe.",
+    )
     sinks: int = opt(4, "Sink tokens of the streaming band (with --long-context).")
     window: int = opt(64, "Recent tokens of the streaming band (with --long-context).")
     needle_tokens: int = opt(8, "K random tokens in the needle probe (with --long-context).")
     # ---------------------------------------------------------------- what is scored
-    metrics: tuple | None = opt(None, "Comma-separated metrics to compute (see `headscope metrics`). [default: all "
-                                      "but the long-context ones, which --long-context adds]", kind="csv")
-    thresholds: Mapping[str, float] = opt({}, "Override a label threshold (repeatable).", flag="--threshold",
-                                          kind="thresholds", metavar="METRIC=VALUE")
-    engine: str = opt(AUTO, "How attention is read: auto takes the first engine that can run (see `headscope "
-                            "engines`).", choices="engines")
-    batch_size: int | None = opt(None, "Sequences per forward pass. [default: auto, from the length and free memory]")
-    null: bool = opt(True, "Score the repeat metrics again on sequences with no repetition (the `null` column).")
-    examples: bool = opt(True, "Keep the strongest heads' patterns on one example per probe, for report.html.")
+    metrics: tuple | None = opt(
+        None,
+        "Comma-separated metrics to compute (see `headscope "
+        "metrics`). [default: all "
+        "but the long-context ones, which --long-context adds]",
+        kind="csv",
+    )
+    thresholds: Mapping[str, float] = opt(
+        {},
+        "Override a label threshold (repeatable).",
+        flag="--threshold",
+        kind="thresholds",
+        metavar="METRIC=VALUE",
+    )
+    engine: str = opt(
+        AUTO,
+        "How attention is read: auto takes the first engine that can run (see "
+        "`headscope "
+        "engines`).",
+        choices="engines",
+    )
+    batch_size: int | None = opt(
+        None, "Sequences per forward pass. [default: auto, from the length and free memory]"
+    )
+    null: bool = opt(
+        True, "Score the repeat metrics again on sequences with no repetition (the `null` column)."
+    )
+    examples: bool = opt(
+        True, "Keep the strongest heads' patterns on one example per probe, for report.html."
+    )
     # ---------------------------------------------------------------- causal effects
-    effects: str | None = opt(None, "Also measure each head's causal effect (ablation) and its circuit scores. "
-                                    "MODE: auto (the default: attribution for every head, exact ablation where it "
-                                    "counts), attribution, exact, both.", flag_value="auto", metavar="[MODE]",
-                              choices=MODES)
-    ablation: str = opt("mean", "What an ablated head's output becomes: mean (over the probe) or zero.",
-                        choices=ABLATIONS)
-    effects_sequences: int | None = opt(16, "Effects and circuit scores use the first N sequences of each probe "
-                                                "(from Python, None: all of them).")
-    effects_batch_size: int | None = opt(None, "Sequences per effects forward. [default: up to 8, fewer when long]")
+    effects: str | None = opt(
+        None,
+        "Also measure each head's causal effect (ablation) and its "
+        "circuit scores. "
+        "MODE: auto (the default: attribution for every head, exact "
+        "ablation where it "
+        "counts), attribution, exact, both.",
+        flag_value="auto",
+        metavar="[MODE]",
+        choices=MODES,
+    )
+    ablation: str = opt(
+        "mean",
+        "What an ablated head's output becomes: mean (over the probe) or zero.",
+        choices=ABLATIONS,
+    )
+    effects_sequences: int | None = opt(
+        16,
+        "Effects and circuit scores use the first N sequences "
+        "of each probe "
+        "(from Python, None: all of them).",
+    )
+    effects_batch_size: int | None = opt(
+        None, "Sequences per effects forward. [default: up to 8, fewer when long]"
+    )
     # ---------------------------------------------------------------- intervals
-    bootstrap: int = opt(1000, "Resamples of the sequences for every score's interval and every label's stability "
-                               "(0: none).")
+    bootstrap: int = opt(
+        1000,
+        "Resamples of the sequences for every score's interval and every "
+        "label's stability "
+        "(0: none).",
+    )
     ci: float = opt(0.95, "Coverage of the intervals.")
     # ---------------------------------------------------------------- where the model runs
     device: str = opt("auto", "auto, cpu, cuda, cuda:N or mps.")
-    device_map: str | None = opt(None, "A model bigger than one device: let accelerate place its layers across the "
-                                       "GPUs (and CPU, offloading what fits nowhere): auto, balanced, balanced_low_0 "
-                                       "or sequential. Blocked and fused engines; not with --ray or --effects.")
-    max_memory: Mapping | None = opt(None, "With --device-map: memory per device, e.g. 0=20GiB,1=20GiB,cpu=60GiB.",
-                                     kind="memory", metavar="DEV=SIZE,...")
-    dtype: str | None = opt(None, "Model weights dtype: float32, bfloat16 or float16. [default: float32] Patterns "
-                                  "are scored in float32.")
-    threads: int | None = opt(None, "CPU threads for torch. [default: torch's choice, usually one per core]")
+    device_map: str | None = opt(
+        None,
+        "A model bigger than one device: let accelerate place its "
+        "layers across the "
+        "GPUs (and CPU, offloading what fits nowhere): auto, "
+        "balanced, balanced_low_0 "
+        "or sequential. Blocked and fused engines; not with --ray "
+        "or --effects.",
+    )
+    max_memory: Mapping | None = opt(
+        None,
+        "With --device-map: memory per device, e.g. 0=20GiB,1=20GiB,cpu=60GiB.",
+        kind="memory",
+        metavar="DEV=SIZE,...",
+    )
+    dtype: str | None = opt(
+        None,
+        "Model weights dtype: float32, bfloat16 or float16. [default: "
+        "float32] Patterns "
+        "are scored in float32.",
+    )
+    threads: int | None = opt(
+        None, "CPU threads for torch. [default: torch's choice, usually one per core]"
+    )
     # ---------------------------------------------------------------- scale-out
-    ray: str | None = opt(None, "Shard the scan's batches over Ray actors (same scores): a local instance, or the "
-                                "cluster at ADDRESS (HOST:PORT from `ray start --head`, auto, ray://HOST:10001). "
-                                "Needs the ray extra.", flag_value="local", metavar="[ADDRESS]")
+    ray: str | None = opt(
+        None,
+        "Shard the scan's batches over Ray actors (same scores): a local "
+        "instance, or the "
+        "cluster at ADDRESS (HOST:PORT from `ray start --head`, auto, "
+        "ray://HOST:10001). "
+        "Needs the ray extra.",
+        flag_value="local",
+        metavar="[ADDRESS]",
+    )
     workers: int | None = opt(None, "Ray actors, one model replica each. [default: 1]")
 
     def __post_init__(self) -> None:
@@ -121,23 +217,39 @@ class ScanConfig:
 
     # ------------------------------------------------------------------ checks
     def _check(self) -> None:
-        for name in ("n_prompts", "repeat_len", "batch_size", "seq_len", "effects_sequences", "effects_batch_size",
-                     "threads", "workers"):
+        for name in (
+            "n_prompts",
+            "repeat_len",
+            "batch_size",
+            "seq_len",
+            "effects_sequences",
+            "effects_batch_size",
+            "threads",
+            "workers",
+        ):
             at_least(name, getattr(self, name))
         check_bootstrap(self.bootstrap, self.ci)
         _choice("text_join", self.text_join, JOINS)
         if self.long_context or (self.sinks, self.window, self.needle_tokens) != (4, 64, 8):
-            check_long(self.long_seq_len(), self.sinks, self.window, self.needle_tokens, self.long_context)
+            check_long(
+                self.long_seq_len(), self.sinks, self.window, self.needle_tokens, self.long_context
+            )
         if self.seq_len is not None and (self.text_join != "plain" or self.token_types):
-            raise HeadscopeError(f"{setting('text_join')} chat and {setting('token_types')} shape the pair probe; "
-                                 f"{setting('seq_len')} packs text instead. Use one or the other.")
+            raise HeadscopeError(
+                f"{setting('text_join')} chat and {setting('token_types')} shape "
+                "the pair probe; "
+                f"{setting('seq_len')} packs text instead. Use one or the other."
+            )
         if self.engine != AUTO:
-            get_engine(self.engine)  # one line with a did-you-mean (the registry imports no engine to list them)
+            # one line with a did-you-mean (the registry imports no engine to list them)
+            get_engine(self.engine)
         self._check_metrics()
         if self.effects is not None:
             self.effect_settings()  # the mode and the ablation, one line each
         elif self.ablation != "mean":
-            raise HeadscopeError(f"{setting('ablation')} {self.ablation!r} only applies with --effects.")
+            raise HeadscopeError(
+                f"{setting('ablation')} {self.ablation!r} only applies with --effects."
+            )
         elif self.effects_batch_size is not None:
             raise HeadscopeError(f"{setting('effects_batch_size')} only applies with --effects.")
         for name, value in self.thresholds.items():
@@ -148,33 +260,54 @@ class ScanConfig:
         check_device_map(self.device_map, self.max_memory)
         if self.device_map is not None:
             if self.ray is not None:
-                raise HeadscopeError("--device-map with --ray is not supported: each Ray actor holds a whole replica; "
-                                     "scan a device-mapped model in one process.")
+                raise HeadscopeError(
+                    "--device-map with --ray is not supported: each Ray actor "
+                    "holds a whole replica; "
+                    "scan a device-mapped model in one process."
+                )
             if self.effects is not None:
-                raise HeadscopeError("--effects with --device-map is not supported (circuit scores read the weights "
-                                     "directly, which a device map may have offloaded); scan without --effects.")
+                raise HeadscopeError(
+                    "--effects with --device-map is not supported (circuit scores "
+                    "read the weights "
+                    "directly, which a device map may have offloaded); scan "
+                    "without --effects."
+                )
             if self.device != "auto":
-                raise HeadscopeError(f"--device {self.device} and --device-map both place the model; give one of them.")
+                raise HeadscopeError(
+                    f"--device {self.device} and --device-map both place the "
+                    "model; give one of them."
+                )
         check_options(self.ray, self.workers, self.effects is not None)
 
     def _check_metrics(self) -> None:
         if self.metrics is None:
             return
         if not self.metrics:
-            raise HeadscopeError(f"{setting('metrics')} is empty; give names such as induction,sink.")
+            raise HeadscopeError(
+                f"{setting('metrics')} is empty; give names such as induction,sink."
+            )
         known = pattern_names()
         for m in self.metrics:
             name = m if isinstance(m, str) else getattr(m, "name", None)
             if not isinstance(name, str):
-                raise HeadscopeError(f"{setting('metrics')} holds metric names or Metric objects, not {m!r}.")
+                raise HeadscopeError(
+                    f"{setting('metrics')} holds metric names or Metric objects, not {m!r}."
+                )
             if not METRIC_NAME.match(name):  # a metric names a file of the run (<metric>.png)
                 fixed = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).lstrip(".-") or "metric"
-                raise HeadscopeError(f"Metric name '{name}' is not allowed: use letters, digits, '_', '.' and '-' (it "
-                                     f"names the run's {name}.png), e.g. '{fixed}'.")
+                raise HeadscopeError(
+                    f"Metric name '{name}' is not allowed: use letters, digits, "
+                    "'_', '.' and '-' (it "
+                    f"names the run's {name}.png), e.g. '{fixed}'."
+                )
             if isinstance(m, str) and name not in known:
-                raise HeadscopeError(f"Unknown metric '{name}'.{did_you_mean(name, known)} Known: {', '.join(known)}.")
+                raise HeadscopeError(
+                    f"Unknown metric '{name}'.{did_you_mean(name, known)} Known: "
+                    f"{', '.join(known)}."
+                )
 
-    # ------------------------------------------------------------------ what follows from the settings
+    # ------------------------------------------------------------------ what follows from the
+    # settings
     def long_seq_len(self) -> int:
         """The context length of the long-context view: ``seq_len``, else 2048."""
         return self.seq_len if self.seq_len is not None else LONG_SEQ_LEN
@@ -189,11 +322,16 @@ class ScanConfig:
         return [get_metric(m) if isinstance(m, str) else m for m in self.metrics]
 
     def effect_settings(self) -> EffectSettings | None:
-        """The :class:`~headscope.effects.settings.EffectSettings` these settings ask for (None: no effects)."""
+        """The :class:`~headscope.effects.settings.EffectSettings` these settings ask for (None: no
+        effects)."""
         if self.effects is None:
             return None
-        return EffectSettings(mode=self.effects, ablation=self.ablation, batch_size=self.effects_batch_size,
-                              n_sequences=self.effects_sequences).validate()
+        return EffectSettings(
+            mode=self.effects,
+            ablation=self.ablation,
+            batch_size=self.effects_batch_size,
+            n_sequences=self.effects_sequences,
+        ).validate()
 
     def probe_names(self) -> list[str]:
         """The probes the chosen metrics need, text first."""
@@ -204,14 +342,18 @@ class ScanConfig:
         """The settings as saved in ``metadata.json``."""
         out = asdict(self)
         out["thresholds"] = dict(self.thresholds)
-        out["metrics"] = ([m if isinstance(m, str) else m.name for m in self.metrics] if self.metrics is not None
-                          else None)
+        out["metrics"] = (
+            [m if isinstance(m, str) else m.name for m in self.metrics]
+            if self.metrics is not None
+            else None
+        )
         if self.max_memory is not None:
             out["max_memory"] = {str(k): v for k, v in self.max_memory.items()}
         return out
 
     def changed(self) -> dict:
-        """The recorded settings that differ from their defaults (what a reader wants to see first)."""
+        """The recorded settings that differ from their defaults (what a reader wants to see
+        first)."""
         default = ScanConfig().record()
         return {k: v for k, v in self.record().items() if v != default[k]}
 
@@ -223,6 +365,7 @@ class ScanConfig:
 
 def _normalise(config: ScanConfig) -> None:
     """Names matched without case; sequences made tuples (the object is frozen and hashable)."""
+
     def put(name, value):
         object.__setattr__(config, name, value)
 
@@ -232,44 +375,67 @@ def _normalise(config: ScanConfig) -> None:
             put(name, value.strip().lower())
     if config.metrics is not None:
         ms = config.metrics.split(",") if isinstance(config.metrics, str) else config.metrics
-        put("metrics", tuple(_canonical(m) if isinstance(m, str) else m for m in ms
-                             if not (isinstance(m, str) and not m.strip())))
+        put(
+            "metrics",
+            tuple(
+                _canonical(m) if isinstance(m, str) else m
+                for m in ms
+                if not (isinstance(m, str) and not m.strip())
+            ),
+        )
     put("thresholds", {_canonical(str(k)): v for k, v in dict(config.thresholds).items()})
 
 
 def _canonical(name: str) -> str:
-    """A score name as the catalog spells it (``Induction`` -> ``induction``); unknown names unchanged."""
+    """A score name as the catalog spells it (``Induction`` -> ``induction``); unknown names
+    unchanged."""
     info = describe(name.strip())
     return info.name if info is not None else name.strip()
 
 
 def _choice(name: str, value: str, allowed: Sequence[str]) -> None:
     if value not in allowed:
-        raise HeadscopeError(f"Unknown {setting(name)} '{value}'.{did_you_mean(value, allowed)} "
-                             f"Use one of {', '.join(allowed)}.")
+        raise HeadscopeError(
+            f"Unknown {setting(name)} '{value}'.{did_you_mean(value, allowed)} "
+            f"Use one of {', '.join(allowed)}."
+        )
 
 
-def check_long(seq_len: int, sinks: int, window: int, needle_tokens: int, long_context: bool = True) -> None:
+def check_long(
+    seq_len: int, sinks: int, window: int, needle_tokens: int, long_context: bool = True
+) -> None:
     """Sink, window and needle sizes that fit the context, or one line saying what does.
 
     >>> check_long(2048, 4, 64, 8)
     >>> check_long(64, 4, 64, 8)
     Traceback (most recent call last):
-    headscope.errors.HeadscopeError: sinks (--sinks) 4 + window (--window) 64 keep every key of a 64-token sequence; use a window below 60 or a longer --seq-len.
+    headscope.errors.HeadscopeError: sinks (--sinks) 4 + window (--window) 64 keep every key of a
+    64-token sequence; use a window below 60 or a longer --seq-len.
     """
     if not long_context:
-        raise HeadscopeError(f"{setting('sinks')}, {setting('window')} and {setting('needle_tokens')} set up the "
-                             "long-context view; add --long-context.")
+        raise HeadscopeError(
+            f"{setting('sinks')}, {setting('window')} and "
+            f"{setting('needle_tokens')} set up the "
+            "long-context view; add --long-context."
+        )
     at_least("sinks", sinks, 0)
     at_least("window", window)
     at_least("needle_tokens", needle_tokens)
     if sinks + window >= seq_len:
-        raise HeadscopeError(f"{setting('sinks')} {sinks} + {setting('window')} {window} keep every key of a "
-                             f"{seq_len}-token sequence; use a window below {max(1, seq_len - sinks)} or a longer "
-                             "--seq-len.")
+        raise HeadscopeError(
+            f"{setting('sinks')} {sinks} + {setting('window')} {window} keep "
+            "every key of a "
+            f"{seq_len}-token sequence; use a window below "
+            f"{max(1, seq_len - sinks)} or a longer "
+            "--seq-len."
+        )
     if 2 * needle_tokens + 24 > seq_len:  # the needle twice, its question, and a haystack
-        raise HeadscopeError(f"A needle of {needle_tokens} tokens does not fit a {seq_len}-token sequence; use "
-                             f"{setting('needle_tokens')} at most {max(1, (seq_len - 24) // 2)} or a longer --seq-len.")
+        raise HeadscopeError(
+            f"A needle of {needle_tokens} tokens does not fit a {seq_len}-token "
+            "sequence; use "
+            f"{setting('needle_tokens')} at most {max(1, (seq_len - 24) // 2)} or "
+            "a longer --seq-len."
+        )
 
 
 def parse_thresholds(items: Sequence[str]) -> dict[str, float]:
@@ -282,7 +448,9 @@ def parse_thresholds(items: Sequence[str]) -> dict[str, float]:
     for item in items:
         name, sep, value = item.partition("=")
         if not sep:
-            raise HeadscopeError(f"Threshold '{item}' must look like METRIC=VALUE, e.g. induction=0.5.")
+            raise HeadscopeError(
+                f"Threshold '{item}' must look like METRIC=VALUE, e.g. induction=0.5."
+            )
         info = check_score_name(name.strip())
         try:
             out[info.name] = float(value)

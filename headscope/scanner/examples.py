@@ -22,7 +22,8 @@ from headscope.errors import HeadscopeError
 from headscope.metrics import REGISTRY
 from headscope.result import Probe, display_token
 
-MAX_TOKENS = 128  # a view longer than this is cut (and says so): 128 x 128 cells per head stay readable
+# a view longer than this is cut (and says so): 128 x 128 cells per head stay readable
+MAX_TOKENS = 128
 MAX_HEADS = 8
 
 
@@ -42,14 +43,21 @@ def pick_heads(scores: pd.DataFrame, k: int = MAX_HEADS) -> list[tuple[int, int]
     return heads[:k]
 
 
-def example_patterns(model, probes: Sequence[Probe], heads: Sequence[tuple[int, int]], engine: str = "blocked",
-                     max_tokens: int = MAX_TOKENS, interventions: Sequence = ()) -> list[dict]:
+def example_patterns(
+    model,
+    probes: Sequence[Probe],
+    heads: Sequence[tuple[int, int]],
+    engine: str = "blocked",
+    max_tokens: int = MAX_TOKENS,
+    interventions: Sequence = (),
+) -> list[dict]:
     """One record per probe (controls left out): ``probe``, ``token_ids`` (cut), ``tokens`` (their
     display strings), ``n_full`` (the sequence's own length) and ``pattern`` ``[head, query, key]``
     (float32, in ``heads``' order).
 
     ``engine``: ``blocked`` (exact softmax of q k^T, any device) or ``hooks`` (the model's own
-    attention, through transformer-lens); the scan passes the kind it used, and its ``interventions``."""
+    attention, through transformer-lens); the scan passes the kind it used, and its
+    ``interventions``."""
     from headscope.engines.extract import pad_batch, pattern_batch
     from headscope.engines.registry import get_engine
 
@@ -68,17 +76,27 @@ def example_patterns(model, probes: Sequence[Probe], heads: Sequence[tuple[int, 
 
         def on_rows(layer: int, rows, q_start: int, kept=kept) -> None:
             p = rows.pattern[0].float().cpu().numpy()  # [head, query block, keys seen]
-            kept[layer][:, q_start:q_start + p.shape[1], :p.shape[2]] = p
+            kept[layer][:, q_start : q_start + p.shape[1], : p.shape[2]] = p
 
         extra = {"interventions": interventions} if interventions else {}
         if probe.token_types is not None:
-            extra["token_types"] = torch.tensor([probe.token_types[0][:max_tokens]], dtype=torch.long)
+            extra["token_types"] = torch.tensor(
+                [probe.token_types[0][:max_tokens]], dtype=torch.long
+            )
         batch = pattern_batch(model, probe, tokens, mask, lengths)
-        eng.run(model, tokens, mask, batch.to(model.device), on_rows,
-                layers=layers, **extra)
+        eng.run(model, tokens, mask, batch.to(model.device), on_rows, layers=layers, **extra)
         pattern = np.stack([kept[layer][head] for layer, head in heads])  # [head, query, key]
         if not np.isfinite(pattern).all():
-            raise HeadscopeError(f"The {probe.name} example's attention has non-finite weights; no view is kept.")
-        out.append({"probe": probe.name, "token_ids": ids, "tokens": [display_token(t) for t in model.str_tokens(ids)],
-                    "n_full": len(probe.sequences[0]), "pattern": pattern})
+            raise HeadscopeError(
+                f"The {probe.name} example's attention has non-finite weights; no view is kept."
+            )
+        out.append(
+            {
+                "probe": probe.name,
+                "token_ids": ids,
+                "tokens": [display_token(t) for t in model.str_tokens(ids)],
+                "n_full": len(probe.sequences[0]),
+                "pattern": pattern,
+            }
+        )
     return out

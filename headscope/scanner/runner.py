@@ -1,8 +1,10 @@
-"""A whole scan as one function: probes -> streaming extraction -> a tidy report (-> a run directory).
+"""A whole scan as one function: probes -> streaming extraction -> a tidy report (-> a run
+directory).
 
 * :func:`scan` scores a loaded model on probes and returns a :class:`~headscope.result.ScanResult`
   that carries everything its run directory records (model, source, settings, versions, timings),
-  so :func:`~headscope.rundir.store.save_run` writes the same ``metadata.json`` however it is called;
+  so :func:`~headscope.rundir.store.save_run` writes the same ``metadata.json`` however it is
+  called;
 * :func:`scan_to_dir` is the ``headscope scan`` command as a function: checks, load, probes, scan,
   atomic save.
 
@@ -69,8 +71,12 @@ def configure(config: ScanConfig | None, settings: dict) -> ScanConfig:
     effects = settings.get("effects")
     if isinstance(effects, EffectSettings):
         effects.validate()
-        settings.update(effects=effects.mode, ablation=effects.ablation, effects_sequences=effects.n_sequences,
-                        effects_batch_size=effects.batch_size)
+        settings.update(
+            effects=effects.mode,
+            ablation=effects.ablation,
+            effects_sequences=effects.n_sequences,
+            effects_batch_size=effects.batch_size,
+        )
     if settings.get("metrics") is not None:
         settings["metrics"] = tuple(settings["metrics"])
     if config is None:
@@ -78,8 +84,14 @@ def configure(config: ScanConfig | None, settings: dict) -> ScanConfig:
     return replace(config, **settings) if settings else config
 
 
-def default_probes(model, config: ScanConfig | None = None, *, probes: Sequence[str] | None = None,
-                   say: Callable[[str], None] | None = None, **settings) -> list[Probe]:
+def default_probes(
+    model,
+    config: ScanConfig | None = None,
+    *,
+    probes: Sequence[str] | None = None,
+    say: Callable[[str], None] | None = None,
+    **settings,
+) -> list[Probe]:
     """The probes ``config`` (or the keyword ``settings``, e.g. ``n_prompts=8, repeat_len=20``) asks
     for, built for ``model``: see :func:`~headscope.probes.defaults.build_probes`. ``probes`` names
     the ones wanted (default: text and repeat, plus the needle probe with ``long_context``)."""
@@ -131,8 +143,11 @@ def _scan(model, probes, config: ScanConfig, progress, say, interventions, score
     if effects is not None:
         check_model(model, effects.mode)  # before any work
         if interventions:
-            raise HeadscopeError("Effects are measured on the model as it is; scan with interventions, or with "
-                                 "effects, not both at once.")
+            raise HeadscopeError(
+                "Effects are measured on the model as it is; scan with "
+                "interventions, or with "
+                "effects, not both at once."
+            )
     eng = resolve_engine(model, config.engine, chosen, interventions=bool(interventions))
     results: dict[str, MetricScores] = {}
     timings: dict[str, float] = {}
@@ -140,8 +155,15 @@ def _scan(model, probes, config: ScanConfig, progress, say, interventions, score
     def scored(probe: Probe, metrics, label: str) -> dict[str, MetricScores]:
         bar = progress(total=len(probe), desc=label) if progress else None
         try:
-            return score(model, probe, metrics, config.batch_size, on_batch=bar.update if bar is not None else None,
-                         engine=eng.name, interventions=interventions)
+            return score(
+                model,
+                probe,
+                metrics,
+                config.batch_size,
+                on_batch=bar.update if bar is not None else None,
+                engine=eng.name,
+                interventions=interventions,
+            )
         finally:
             if bar is not None:
                 bar.close()
@@ -155,25 +177,47 @@ def _scan(model, probes, config: ScanConfig, progress, say, interventions, score
     nulls = {}
     repeat = next((p for p in probes if p.name == "repeat"), None)
     repeat_metrics = [m for m in chosen if m.probe == "repeat"]
-    if config.null and repeat is not None and repeat_metrics and not any(p.name == NULL_PROBE for p in probes):
+    if (
+        config.null
+        and repeat is not None
+        and repeat_metrics
+        and not any(p.name == NULL_PROBE for p in probes)
+    ):
         t0 = time.perf_counter()
         control = null_probe(repeat, model)
         # the repeat metrics, read at the same positions of sequences with no repetition
-        nulls = {name: r.score for name, r in scored(replace(control, name="repeat"), repeat_metrics,
-                                                     "positional null").items()}
+        nulls = {
+            name: r.score
+            for name, r in scored(
+                replace(control, name="repeat"), repeat_metrics, "positional null"
+            ).items()
+        }
         probes = [*probes, control]
         timings["scan_repeat_null_s"] = round(time.perf_counter() - t0, 3)
     if effects is not None:
         t0 = time.perf_counter()
         pattern = to_frame(model.name, model.n_layers, model.n_heads, ordered, thresholds)
-        extra = circuit_scores(model, [effects.subset(p) for p in probes], effects.batch_size or 8, say, timings,
-                               progress)
+        extra = circuit_scores(
+            model,
+            [effects.subset(p) for p in probes],
+            effects.batch_size or 8,
+            say,
+            timings,
+            progress,
+        )
         nulls.update({r.metric.name: r.null for r in extra if getattr(r, "null", None) is not None})
         effect_results = head_effects(model, probes, effects, pattern, say, timings)
         ordered += extra + effect_results
-        metadata["effects"] = {"mode": effects.mode, "ablation": effects.ablation, "n_sequences": effects.n_sequences,
-                               "exact_heads": {r.metric.name: int((r.estimator == "exact").sum())
-                                               for r in effect_results if r.metric.name.startswith("effect_")}}
+        metadata["effects"] = {
+            "mode": effects.mode,
+            "ablation": effects.ablation,
+            "n_sequences": effects.n_sequences,
+            "exact_heads": {
+                r.metric.name: int((r.estimator == "exact").sum())
+                for r in effect_results
+                if r.metric.name.startswith("effect_")
+            },
+        }
         timings["effects_s"] = round(time.perf_counter() - t0, 3)
     intervals, per_sequence = None, {}
     if config.bootstrap:
@@ -181,24 +225,51 @@ def _scan(model, probes, config: ScanConfig, progress, say, interventions, score
         for r in ordered:
             if getattr(r, "seq_total", None) is None:
                 continue
-            intervals[r.metric.name] = run_bootstrap(r.seq_total, r.seq_count, passes_fn(r.metric, thresholds.get(
-                r.metric.name)), config.bootstrap, config.ci, config.seed)
-            per_sequence[r.metric.name] = {"probe": r.metric.probe, "total": r.seq_total.numpy(),
-                                           "count": r.seq_count.numpy()}
-        metadata["bootstrap"] = {"resamples": config.bootstrap, "level": config.ci, "seed": config.seed,
-                                 "method": "percentile interval of the pooled score over sequences resampled "
-                                           "with replacement; stability = share of resamples passing the label"}
-    frame = to_frame(model.name, model.n_layers, model.n_heads, ordered, thresholds, intervals, nulls or None)
+            intervals[r.metric.name] = run_bootstrap(
+                r.seq_total,
+                r.seq_count,
+                passes_fn(r.metric, thresholds.get(r.metric.name)),
+                config.bootstrap,
+                config.ci,
+                config.seed,
+            )
+            per_sequence[r.metric.name] = {
+                "probe": r.metric.probe,
+                "total": r.seq_total.numpy(),
+                "count": r.seq_count.numpy(),
+            }
+        metadata["bootstrap"] = {
+            "resamples": config.bootstrap,
+            "level": config.ci,
+            "seed": config.seed,
+            "method": "percentile interval of the pooled score over sequences "
+            "resampled "
+            "with replacement; stability = share of resamples "
+            "passing the label",
+        }
+    frame = to_frame(
+        model.name, model.n_layers, model.n_heads, ordered, thresholds, intervals, nulls or None
+    )
     views: dict = {}
     if config.examples:
         t0 = time.perf_counter()
         heads = pick_heads(frame)
         try:
-            views = {"heads": heads, "examples": example_patterns(
-                model, probes, heads, engine="hooks" if eng.reads_model_attention else "blocked",
-                interventions=interventions)}
-        except Exception as exc:  # the report's views are extras: never lose a finished scan to them
-            metadata["examples_skipped"] = str(exc) if isinstance(exc, HeadscopeError) else f"{type(exc).__name__}: {exc}"
+            views = {
+                "heads": heads,
+                "examples": example_patterns(
+                    model,
+                    probes,
+                    heads,
+                    engine="hooks" if eng.reads_model_attention else "blocked",
+                    interventions=interventions,
+                ),
+            }
+        # the report's views are extras: never lose a finished scan to them
+        except Exception as exc:
+            metadata["examples_skipped"] = (
+                str(exc) if isinstance(exc, HeadscopeError) else f"{type(exc).__name__}: {exc}"
+            )
             if say is not None:
                 say(f"no example patterns for the report: {exc}")
         timings["examples_s"] = round(time.perf_counter() - t0, 3)
@@ -207,15 +278,24 @@ def _scan(model, probes, config: ScanConfig, progress, say, interventions, score
         scores=frame,
         probes=probes,
         metadata=run_metadata(model, probes, config, {**metadata, "timings": timings}),
-        thresholds={r.metric.name: thresholds.get(r.metric.name, r.metric.threshold) for r in ordered
-                    if getattr(r.metric, "label", "")},
+        thresholds={
+            r.metric.name: thresholds.get(r.metric.name, r.metric.threshold)
+            for r in ordered
+            if getattr(r.metric, "label", "")
+        },
         per_sequence=per_sequence,
         views=views,
     )
 
 
-def circuit_scores(model, probes: Sequence[Probe], batch_size: int, say=None, timings: dict | None = None,
-                   progress=None) -> list:
+def circuit_scores(
+    model,
+    probes: Sequence[Probe],
+    batch_size: int,
+    say=None,
+    timings: dict | None = None,
+    progress=None,
+) -> list:
     """``copying`` (decoders with an unembedding, repeat probe) and ``value_sink`` (text probe)."""
     say = say or (lambda _msg: None)
     timings = {} if timings is None else timings
@@ -224,7 +304,11 @@ def circuit_scores(model, probes: Sequence[Probe], batch_size: int, say=None, ti
     if model.causal and "repeat" in by_name and model.hf.get_output_embeddings() is not None:
         say("circuits: copying (OV circuit) of every head")
         t0 = time.perf_counter()
-        out.append(copying_scores(model, by_name["repeat"], max_sequences=len(by_name["repeat"]), progress=progress))
+        out.append(
+            copying_scores(
+                model, by_name["repeat"], max_sequences=len(by_name["repeat"]), progress=progress
+            )
+        )
         timings["copying_s"] = round(time.perf_counter() - t0, 3)
     if "text" in by_name:
         say("circuits: value-weighted sink share of every head")
@@ -236,7 +320,9 @@ def circuit_scores(model, probes: Sequence[Probe], batch_size: int, say=None, ti
 
 def default_out(model) -> Path:
     """Where ``headscope scan MODEL`` writes without ``--out``: ``runs/<model slug>``."""
-    return Path("runs") / model_slug(model if isinstance(model, str) else getattr(model, "name", "model"))
+    return Path("runs") / model_slug(
+        model if isinstance(model, str) else getattr(model, "name", "model")
+    )
 
 
 def scan_to_dir(
@@ -276,39 +362,69 @@ def scan_to_dir(
         if not in_memory:
             resolve(str(model_name))  # a typo is answered in milliseconds, before any loading
         if in_memory and config.ray is not None:
-            raise HeadscopeError("--ray needs a model name or checkpoint folder that every worker can load, not a "
-                                 "model in memory.")
+            raise HeadscopeError(
+                "--ray needs a model name or checkpoint folder that every worker "
+                "can load, not a "
+                "model in memory."
+            )
         if in_memory and config.device_map is not None:
-            raise HeadscopeError("--device-map loads a model by name; an in-memory model is used where it is.")
+            raise HeadscopeError(
+                "--device-map loads a model by name; an in-memory model is used where it is."
+            )
         if config.ray is not None:
             require_ray()
             check_address(config.ray)
-        n_prompts(config)  # the prompts file read and checked now, before the model loads (said when built)
+        # the prompts file read and checked now, before the model loads (said when built)
+        n_prompts(config)
         with contextlib.ExitStack() as stack:
             scorer = None
-            if config.ray is not None:  # the actors load their replicas while this process loads its own
+            # the actors load their replicas while this process loads its own
+            if config.ray is not None:
                 from headscope.scale.ray_scan import sharded
 
-                say(f"starting {config.workers or 1} Ray worker(s) "
-                    f"({'local instance' if config.ray == 'local' else config.ray})")
-                scorer = stack.enter_context(sharded(model_name, config.ray, config.workers, config.device,
-                                                     config.dtype))
+                say(
+                    f"starting {config.workers or 1} Ray worker(s) "
+                    f"({'local instance' if config.ray == 'local' else config.ray})"
+                )
+                scorer = stack.enter_context(
+                    sharded(model_name, config.ray, config.workers, config.device, config.dtype)
+                )
             if config.threads is not None:
                 stack.enter_context(_threads(config.threads))
             t0 = time.perf_counter()
-            placed = {} if config.device_map is None else {"device_map": config.device_map,
-                                                            "max_memory": config.max_memory}
-            model = load_model(model_name, tokenizer, device=config.device, dtype=config.dtype, progress=say, **placed)
+            placed = (
+                {}
+                if config.device_map is None
+                else {"device_map": config.device_map, "max_memory": config.max_memory}
+            )
+            model = load_model(
+                model_name,
+                tokenizer,
+                device=config.device,
+                dtype=config.dtype,
+                progress=say,
+                **placed,
+            )
             t_load = time.perf_counter() - t0
             probes = build_probes(model, config, say=say)
             engine = resolve_engine(model, config.engine, config.metric_objects())
-            say(f"scanning {model.n_layers} layers x {model.n_heads} heads on {model.device} ({engine.name} engine)")
+            say(
+                f"scanning {model.n_layers} layers x {model.n_heads} heads on {model.device} "
+                f"({engine.name} engine)"
+            )
             result = scan(model, probes, config, progress=progress, say=say, scorer=scorer)
             result.metadata["timings"] = {"load_s": round(t_load, 3), **result.metadata["timings"]}
             if config.ray is not None:
                 result.metadata["ray"] = {"address": config.ray, "workers": config.workers or 1}
-            save_run(result, out, force=force, figures=figures, started=t_start, say=say,
-                     figure_formats=figure_formats)
+            save_run(
+                result,
+                out,
+                force=force,
+                figures=figures,
+                started=t_start,
+                say=say,
+                figure_formats=figure_formats,
+            )
     return result
 
 
@@ -327,7 +443,8 @@ def _threads(n: int):
 
 def run_metadata(model, probes: Sequence[Probe], config: ScanConfig, scan_meta: dict) -> dict:
     """Everything ``metadata.json`` records about a scan: model, source, settings, versions, timings
-    (``scan_meta``: what the scan itself measured: engine, batch size, effects, bootstrap, timings)."""
+    (``scan_meta``: what the scan itself measured: engine, batch size, effects, bootstrap,
+    timings)."""
     import torch
 
     source = {"kind": model.source.kind, **model.provenance}
@@ -341,19 +458,38 @@ def run_metadata(model, probes: Sequence[Probe], config: ScanConfig, scan_meta: 
         "n_kv_heads": model.n_kv_heads,
         "n_ctx": model.n_ctx,
         "causal": model.causal,
-        "special_tokens": {"bos_or_cls": model.bos_id, "separator": model.sep_id, "pad": model.pad_id},
+        "special_tokens": {
+            "bos_or_cls": model.bos_id,
+            "separator": model.sep_id,
+            "pad": model.pad_id,
+        },
         "probes": {p.name: {**p.settings, "n_sequences": len(p)} for p in probes},
         "seed": config.seed,
-        "prompts": str(Path(config.prompts).resolve()) if config.prompts else "builtin:headscope/data/pairs.tsv",
+        "prompts": str(Path(config.prompts).resolve())
+        if config.prompts
+        else "builtin:headscope/data/pairs.tsv",
         "settings": config.record(),
         "settings_changed": config.changed(),
-        "token_type_ids": ("segment ids of each pair, saved in tokens.jsonl" if config.token_types
-                           else "all zero (sequences are fed as token ids alone)"),
+        "token_type_ids": (
+            "segment ids of each pair, saved in tokens.jsonl"
+            if config.token_types
+            else "all zero (sequences are fed as token ids alone)"
+        ),
         "engine": scan_meta.get("engine"),
-        **({k: scan_meta[k] for k in ("effects", "bootstrap", "examples_skipped") if k in scan_meta}),
+        **(
+            {
+                k: scan_meta[k]
+                for k in ("effects", "bootstrap", "examples_skipped")
+                if k in scan_meta
+            }
+        ),
         "batch_size": scan_meta.get("batch_size"),
         "device": str(model.device),
-        **({"device_map": model.device_map} if getattr(model, "device_map", None) is not None else {}),
+        **(
+            {"device_map": model.device_map}
+            if getattr(model, "device_map", None) is not None
+            else {}
+        ),
         "threads": torch.get_num_threads(),
         "dtype": str(model.dtype).replace("torch.", ""),
         "versions": {

@@ -44,14 +44,19 @@ def score_pattern(
     if token_ids is not None:
         ids = torch.as_tensor(token_ids).reshape(b, nk)
         if separator_id is None and tokenizer is not None:
-            separator_id = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+            separator_id = (
+                tokenizer.sep_token_id
+                if tokenizer.sep_token_id is not None
+                else tokenizer.eos_token_id
+            )
         if separator_id is not None:
             sep = ids == separator_id
         if tokenizer is not None:
             lut = {i: is_punctuation(tokenizer.decode([i])) for i in ids.unique().tolist()}
             punct = torch.tensor([[lut[i] for i in row] for row in ids.tolist()], dtype=torch.bool)
-    batch = PatternBatch(lengths=lengths_t, causal=causal, separator=sep, punctuation=punct,
-                         repeat_len=repeat_len)
+    batch = PatternBatch(
+        lengths=lengths_t, causal=causal, separator=sep, punctuation=punct, repeat_len=repeat_len
+    )
     result = m(pattern.float(), batch)
     if pooled:
         return result.total.sum(0) / result.count.sum()

@@ -1,4 +1,5 @@
-"""The cross-model atlas (headscope.analysis.atlas): relative depth, depth bins, summaries, figure."""
+"""The cross-model atlas (headscope.analysis.atlas): relative depth, depth bins, summaries,
+figure."""
 
 from __future__ import annotations
 
@@ -18,37 +19,74 @@ from headscope.analysis.atlas import (
 from headscope.errors import HeadscopeError
 
 
-def _table(model: str, n_layers: int, n_heads: int = 2, metric: str = "induction", label: str = "induction head",
-           threshold: float = 0.5) -> pd.DataFrame:
+def _table(
+    model: str,
+    n_layers: int,
+    n_heads: int = 2,
+    metric: str = "induction",
+    label: str = "induction head",
+    threshold: float = 0.5,
+) -> pd.DataFrame:
     rows = []
     for layer in range(n_layers):
         for head in range(n_heads):
             score = (layer + 1) / n_layers * (head + 1) / n_heads  # grows with depth and head
-            rows.append(dict(model=model, metric=metric, layer=layer, head=head, head_name=f"L{layer}H{head}",
-                             score=score, chance=0.01, n=10, label=label if score >= threshold else ""))
+            rows.append(
+                dict(
+                    model=model,
+                    metric=metric,
+                    layer=layer,
+                    head=head,
+                    head_name=f"L{layer}H{head}",
+                    score=score,
+                    chance=0.01,
+                    n=10,
+                    label=label if score >= threshold else "",
+                )
+            )
     return pd.DataFrame(rows)
 
 
 def test_relative_depth_and_bins_across_models_of_different_depth():
     a = atlas({"six": _table("x", 6), "thirty": _table("y", 30)})
     assert list(a.columns) == list(ATLAS_COLUMNS)
-    assert set(a["model"]) == {"six", "thirty"}  # the mapping's names win over the tables' model column
+    # the mapping's names win over the tables' model column
+    assert set(a["model"]) == {"six", "thirty"}
     six = a[a.model == "six"].drop_duplicates("layer")
     np.testing.assert_allclose(six["depth"], [0, 0.2, 0.4, 0.6, 0.8, 1.0])
     assert list(six["depth_bin"]) == ["early", "early", "middle", "middle", "late", "late"]
     thirty = a[a.model == "thirty"].drop_duplicates("layer")
-    assert thirty.groupby("depth_bin", observed=True).size().to_dict() == {"early": 10, "middle": 10, "late": 10}
-    assert (a["labelled"] == (a["label"] != "")).all() and a["labelled"].any() and not a["labelled"].all()
+    assert thirty.groupby("depth_bin", observed=True).size().to_dict() == {
+        "early": 10,
+        "middle": 10,
+        "late": 10,
+    }
+    assert (
+        (a["labelled"] == (a["label"] != "")).all()
+        and a["labelled"].any()
+        and not a["labelled"].all()
+    )
 
 
 def test_depth_summary_fractions_and_means():
     a = atlas([_table("m6", 6), _table("m30", 30)])
     s = depth_summary(a)
     assert list(s[["depth_bin", "model"]].itertuples(index=False, name=None)) == [
-        ("early", "m6"), ("early", "m30"), ("middle", "m6"), ("middle", "m30"), ("late", "m6"), ("late", "m30")]
-    late6 = a[(a.model == "m6") & (a.depth_bin == "late")]  # layers 4, 5: scores 5/6*{.5, 1}, 1*{.5, 1}
+        ("early", "m6"),
+        ("early", "m30"),
+        ("middle", "m6"),
+        ("middle", "m30"),
+        ("late", "m6"),
+        ("late", "m30"),
+    ]
+    # layers 4, 5: scores 5/6*{.5, 1}, 1*{.5, 1}
+    late6 = a[(a.model == "m6") & (a.depth_bin == "late")]
     row = s[(s.model == "m6") & (s.depth_bin == "late")].iloc[0]
-    assert row["heads"] == 4 and row["frac_labelled"] == pytest.approx(late6["labelled"].mean()) == 0.75  # 5/12 < 0.5
+    # 5/12 < 0.5
+    assert (
+        row["heads"] == 4
+        and row["frac_labelled"] == pytest.approx(late6["labelled"].mean()) == 0.75
+    )
     assert row["mean_score"] == pytest.approx((5 / 12 + 5 / 6 + 0.5 + 1) / 4)
     early6 = s[(s.model == "m6") & (s.depth_bin == "early")].iloc[0]
     assert early6["frac_labelled"] == 0.0 and early6["max_score"] == pytest.approx(2 / 6)
@@ -87,7 +125,9 @@ def test_bad_input_is_one_line(tmp_path):
         depth_summary(_table("m", 2))
     with pytest.raises(HeadscopeError, match="unknown stat"):
         atlas_figure(atlas([_table("m", 2)]), stat="median")
-    with pytest.raises(HeadscopeError, match="not a headscope run directory|No such|does not exist"):
+    with pytest.raises(
+        HeadscopeError, match="not a headscope run directory|No such|does not exist"
+    ):
         atlas([tmp_path])
     with pytest.raises(HeadscopeError, match="bins must be at least 1"):
         depth_bins([0.5], 0)

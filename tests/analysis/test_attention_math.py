@@ -1,4 +1,5 @@
-"""Attention by hand (headscope.analysis.attention_math) against closed forms and the article's numbers."""
+"""Attention by hand (headscope.analysis.attention_math) against closed forms and the article's
+numbers."""
 
 from __future__ import annotations
 
@@ -154,7 +155,9 @@ def test_repeat_kv_grouping():
 
 def test_softmax_slope_closed_forms():
     for n in (2, 4, 8):
-        assert softmax_slope(torch.zeros(n, dtype=torch.float64)).item() == pytest.approx((1 / n) * (1 - 1 / n))
+        assert softmax_slope(torch.zeros(n, dtype=torch.float64)).item() == pytest.approx(
+            (1 / n) * (1 - 1 / n)
+        )
     assert softmax_slope(torch.tensor([50.0, 0.0, 0.0], dtype=torch.float64)).item() < 1e-20
     # stretching the same scores shrinks the slope
     s = torch.tensor([1.0, 0.5, 0.0, -0.5], dtype=torch.float64)

@@ -1,4 +1,5 @@
-"""Copying scores: closed-form synthetic cases, the weights read from real checkpoints, and SmolLM2."""
+"""Copying scores: closed-form synthetic cases, the weights read from real checkpoints, and
+SmolLM2."""
 
 from __future__ import annotations
 
@@ -45,7 +46,10 @@ def test_eigen_score_is_zero_for_a_rotation():
 
 def test_small_matrix_gives_the_eigenvalues_of_the_full_vocab_matrix():
     g = torch.Generator().manual_seed(3)
-    E, V, Wo, U = (torch.randn(*s, generator=g, dtype=torch.float64) for s in ((30, 6), (6, 4), (4, 6), (6, 30)))
+    E, V, Wo, U = (
+        torch.randn(*s, generator=g, dtype=torch.float64)
+        for s in ((30, 6), (6, 4), (4, 6), (6, 30))
+    )
     lam = torch.linalg.eigvals(E @ V @ Wo @ U)  # [30, 30]: rank 4, 26 zero eigenvalues
     expected = float(lam.real.sum() / lam.abs().sum())
     assert ov_copying_score(E, V, Wo, U) == pytest.approx(expected, rel=1e-9)
@@ -54,10 +58,15 @@ def test_small_matrix_gives_the_eigenvalues_of_the_full_vocab_matrix():
 def _weights(n_layers=2, n_heads=2, n_vocab=12, d=6, d_head=3, seed=0, centre=False) -> HeadWeights:
     g = torch.Generator().manual_seed(seed)
     return HeadWeights(
-        model="synthetic", token_ids=torch.arange(n_vocab),
-        embed=torch.randn(n_vocab, d, generator=g), W_V=torch.randn(n_layers, n_heads, d, d_head, generator=g),
-        W_O=torch.randn(n_layers, n_heads, d_head, d, generator=g), ln1=torch.rand(n_layers, d, generator=g) + 0.5,
-        unembed=torch.randn(d, n_vocab, generator=g), centre=centre)
+        model="synthetic",
+        token_ids=torch.arange(n_vocab),
+        embed=torch.randn(n_vocab, d, generator=g),
+        W_V=torch.randn(n_layers, n_heads, d, d_head, generator=g),
+        W_O=torch.randn(n_layers, n_heads, d_head, d, generator=g),
+        ln1=torch.rand(n_layers, d, generator=g) + 0.5,
+        unembed=torch.randn(d, n_vocab, generator=g),
+        centre=centre,
+    )
 
 
 def _normed(w: HeadWeights, layer: int) -> torch.Tensor:
@@ -73,8 +82,12 @@ def test_eigen_copying_scores_use_the_normed_embeddings_of_each_layer(centre):
     table = eigen_copying_scores(w)
     assert list(table["head_name"]) == ["L0H0", "L0H1", "L1H0", "L1H1"]
     for row in table.itertuples():
-        full = _normed(w, row.layer) @ w.W_V[row.layer, row.head].double() @ w.W_O[row.layer, row.head].double() \
-            @ w.unembed.double()  # [vocab, vocab]
+        full = (
+            _normed(w, row.layer)
+            @ w.W_V[row.layer, row.head].double()
+            @ w.W_O[row.layer, row.head].double()
+            @ w.unembed.double()
+        )  # [vocab, vocab]
         lam = torch.linalg.eigvals(full)
         assert row.eigen_copying == pytest.approx(float(lam.real.sum() / lam.abs().sum()), rel=1e-6)
 
@@ -98,19 +111,31 @@ def test_own_token_ranks_of_a_copier_and_a_suppressor():
 
 def test_own_token_ranks_are_the_same_in_chunks():
     g = torch.Generator().manual_seed(4)
-    x, V, Wo, U = torch.randn(50, 8, generator=g), torch.randn(8, 4, generator=g), torch.randn(4, 8, generator=g), \
-        torch.randn(8, 20, generator=g)
+    x, V, Wo, U = (
+        torch.randn(50, 8, generator=g),
+        torch.randn(8, 4, generator=g),
+        torch.randn(4, 8, generator=g),
+        torch.randn(8, 20, generator=g),
+    )
     cols = torch.randint(0, 20, (50,), generator=g)
     ranks = own_token_ranks(x, cols, V, Wo, U, chunk=7)  # 50 inputs: W_O is folded into U first
     assert torch.equal(ranks, own_token_ranks(x, cols, V, Wo, U, chunk=1000))
     logits = x.double() @ V.double() @ Wo.double() @ U.double()  # [50, 20], the plain way
     assert torch.equal(ranks, (logits > logits.gather(1, cols[:, None])).sum(1))
-    assert torch.equal(own_token_ranks(x[:2], cols[:2], V, Wo, U), ranks[:2])  # 2 inputs: not folded
+    # 2 inputs: not folded
+    assert torch.equal(own_token_ranks(x[:2], cols[:2], V, Wo, U), ranks[:2])
 
 
 def test_columns_refuse_special_tokens():
-    w = HeadWeights(model="m", token_ids=torch.tensor([2, 3, 5]), embed=torch.zeros(3, 2), W_V=torch.zeros(1, 1, 2, 1),
-                    W_O=torch.zeros(1, 1, 1, 2), ln1=torch.ones(1, 2), unembed=torch.zeros(2, 3))
+    w = HeadWeights(
+        model="m",
+        token_ids=torch.tensor([2, 3, 5]),
+        embed=torch.zeros(3, 2),
+        W_V=torch.zeros(1, 1, 2, 1),
+        W_O=torch.zeros(1, 1, 1, 2),
+        ln1=torch.ones(1, 2),
+        unembed=torch.zeros(2, 3),
+    )
     assert w.columns(torch.tensor([5, 2])).tolist() == [2, 0]
     with pytest.raises(HeadscopeError, match="not ordinary"):
         w.columns(torch.tensor([4]))
@@ -124,9 +149,18 @@ def test_expand_kv_heads_follows_repeat_kv():
 
 
 def test_induction_copying_heads_needs_both_halves():
-    scores = pd.DataFrame({"metric": "induction", "layer": [0, 0, 1], "head": [0, 1, 0], "score": [0.9, 0.2, 0.6]})
-    cop = pd.DataFrame({"model": "m", "layer": [0, 0, 1], "head": [0, 1, 0], "head_name": ["L0H0", "L0H1", "L1H0"],
-                        "copying": [0.1, 0.9, 0.7]})
+    scores = pd.DataFrame(
+        {"metric": "induction", "layer": [0, 0, 1], "head": [0, 1, 0], "score": [0.9, 0.2, 0.6]}
+    )
+    cop = pd.DataFrame(
+        {
+            "model": "m",
+            "layer": [0, 0, 1],
+            "head": [0, 1, 0],
+            "head_name": ["L0H0", "L0H1", "L1H0"],
+            "copying": [0.1, 0.9, 0.7],
+        }
+    )
     out = induction_copying_heads(scores, cop)
     assert out.loc[out["induction_head"], "head_name"].tolist() == ["L1H0"]
     assert out["head_name"].tolist()[0] == "L1H0"
@@ -134,7 +168,8 @@ def test_induction_copying_heads_needs_both_halves():
     assert not out.set_index("head_name").loc["L0H0", "copies"]
     assert "null" not in out.columns
     with_null = induction_copying_heads(scores, cop.assign(null=[0.0, 0.05, 0.1]))
-    assert with_null.set_index("head_name").loc["L0H1", "null"] == 0.05  # the control travels with its head
+    # the control travels with its head
+    assert with_null.set_index("head_name").loc["L0H1", "null"] == 0.05
     with pytest.raises(HeadscopeError, match="no 'induction' rows"):
         induction_copying_heads(scores.assign(metric="sink"), cop)
 
@@ -148,9 +183,9 @@ def test_head_weights_of_tiny_gpt2_match_the_checkpoint(tiny_gpt2):
     d = hf.config.n_embd
     dh = d // hf.config.n_head
     attn = hf.transformer.h[1].attn
-    W_v = attn.c_attn.weight[:, 2 * d:3 * d]  # Conv1D: [d_model, 3 d_model], q|k|v
-    torch.testing.assert_close(w.W_V[1, 2], W_v[:, 2 * dh:3 * dh])
-    torch.testing.assert_close(w.W_O[1, 2], attn.c_proj.weight[2 * dh:3 * dh, :])
+    W_v = attn.c_attn.weight[:, 2 * d : 3 * d]  # Conv1D: [d_model, 3 d_model], q|k|v
+    torch.testing.assert_close(w.W_V[1, 2], W_v[:, 2 * dh : 3 * dh])
+    torch.testing.assert_close(w.W_O[1, 2], attn.c_proj.weight[2 * dh : 3 * dh, :])
     torch.testing.assert_close(w.ln1[1], hf.transformer.h[1].ln_1.weight)
     gamma = hf.transformer.ln_f.weight
     torch.testing.assert_close(w.unembed, gamma[:, None] * hf.lm_head.weight.T[:, w.token_ids])
@@ -165,7 +200,9 @@ def test_attention_inputs_are_the_normed_residual_stream(tiny_gpt2):
     with torch.no_grad():
         hidden = hf(tokens, output_hidden_states=True).hidden_states  # residual before each block
         for layer in (0, 1):
-            torch.testing.assert_close(got[layer], hf.transformer.h[layer].ln_1(hidden[layer]), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(
+                got[layer], hf.transformer.h[layer].ln_1(hidden[layer]), atol=1e-5, rtol=1e-5
+            )
 
 
 def test_ov_copying_runs_on_a_repeat_probe(tiny_gpt2):
@@ -188,7 +225,7 @@ def test_smollm2_weights_follow_grouped_query_attention(smollm2):
     v_proj = smollm2.bridge.original_model.model.layers[18].self_attn.v_proj.weight  # [3 * 64, 576]
     for head in (0, 4, 8):
         kv = head // 3
-        torch.testing.assert_close(w.W_V[18, head], v_proj[kv * 64:(kv + 1) * 64].T)
+        torch.testing.assert_close(w.W_V[18, head], v_proj[kv * 64 : (kv + 1) * 64].T)
     assert not w.centre  # RMSNorm
 
 

@@ -1,4 +1,5 @@
-"""The cost of attention (headscope.analysis.cost): the article's arithmetic, the fit shown, measured time."""
+"""The cost of attention (headscope.analysis.cost): the article's arithmetic, the fit shown,
+measured time."""
 
 from __future__ import annotations
 
@@ -23,8 +24,11 @@ from headscope.analysis.timing import fit_quadratic
 
 def test_cost_table_article_numbers():
     K = 1024
-    t = cost_table([4 * K, 128 * K, 1024 * K], d_head=128, n_layers=32, n_heads=32, n_params=8e9).set_index("n")
-    assert t.loc[128 * K, "scores"] / t.loc[4 * K, "scores"] == 1024  # 32x the text, 1,024x the scores
+    t = cost_table(
+        [4 * K, 128 * K, 1024 * K], d_head=128, n_layers=32, n_heads=32, n_params=8e9
+    ).set_index("n")
+    # 32x the text, 1,024x the scores
+    assert t.loc[128 * K, "scores"] / t.loc[4 * K, "scores"] == 1024
     assert round(t.loc[128 * K, "scores"] / 1e9) == 17  # ~17 billion pairs per head per layer
     assert t.loc[128 * K, "grid_size"] == "34.4 GB"
     assert round(t.loc[128 * K, "model_scores"] / 1e12, 1) == 17.6  # 1,024 grids
@@ -41,8 +45,10 @@ def test_cost_table_closed_form():
     assert t["scores"].tolist() == [100, 400]
     assert t["grid_bytes"].tolist() == [200, 800]
     assert t["flops_per_head_layer"].tolist() == [4 * 100 * 64, 4 * 400 * 64]
-    assert t["attn_flops"].tolist() == t["flops_per_head_layer"].tolist()  # one head, one layer, no halving
-    assert cost_table([10], d_head=64)["attn_flops"].tolist() == [2 * 100 * 64]  # causal: half the pairs
+    # one head, one layer, no halving
+    assert t["attn_flops"].tolist() == t["flops_per_head_layer"].tolist()
+    # causal: half the pairs
+    assert cost_table([10], d_head=64)["attn_flops"].tolist() == [2 * 100 * 64]
     assert "weight_flops" not in t
 
 
@@ -70,8 +76,17 @@ def test_timing_figure_draws_measurements_fit_and_terms():
     n = [10, 20, 40]
     table = pd.DataFrame({"n": n, "seconds": [1.0, 2.5, 7.0]})
     fit = fit_quadratic(n, table["seconds"])
-    fig = timing_figure([("scan", table, fit), ("one layer", table.assign(seconds=table["seconds"] / 2),
-                                                  fit_quadratic(n, table["seconds"] / 2))], "timings")
+    fig = timing_figure(
+        [
+            ("scan", table, fit),
+            (
+                "one layer",
+                table.assign(seconds=table["seconds"] / 2),
+                fit_quadratic(n, table["seconds"] / 2),
+            ),
+        ],
+        "timings",
+    )
     assert fig.get_suptitle() == "timings"
     ax, ax2 = fig.axes
     assert (ax.get_title(), ax2.get_title()) == ("scan", "one layer")

@@ -45,10 +45,13 @@ def test_stripe_figure_draws_the_pattern_and_the_offsets():
     ax, ax2, _colour_bar = fig.axes
     np.testing.assert_array_equal(ax.images[0].get_array(), A)
     assert ax.get_title() == "synthetic\nstripe at key = query - 4"
-    rows, cols = ax.lines[0::2], ax.lines[1::2]  # dotted lines around each copy of R, across and down
+    # dotted lines around each copy of R, across and down
+    rows, cols = ax.lines[0::2], ax.lines[1::2]
     assert [line.get_ydata()[0] for line in rows] == [0.5, 5.5]
     assert [line.get_xdata()[0] for line in cols] == [0.5, 5.5]
-    lines = {t.get_text(): line for t, line in zip(ax2.get_legend().get_texts(), ax2.lines, strict=True)}
+    lines = {
+        t.get_text(): line for t, line in zip(ax2.get_legend().get_texts(), ax2.lines, strict=True)
+    }
     assert list(lines) == ["induction", "duplicate", "previous", "first"]
     np.testing.assert_array_equal(lines["induction"].get_xdata(), [6, 7, 8, 9, 10])
     np.testing.assert_array_equal(lines["induction"].get_ydata(), [1] * 5)
@@ -59,11 +62,17 @@ def test_repeat_loss_summary_leaves_out_the_first_token_of_each_copy():
     L = 3
     # columns = loss on positions 1..2L; the first token of each copy gets 100 (must be ignored)
     losses = torch.tensor([[100.0, 6, 6, 100, 2, 2], [100, 4, 4, 100, 0, 0]])
-    assert repeat_loss_summary(losses, L) == {"first_copy": 5.0, "second_copy": 1.0, "difference": -4.0}
+    assert repeat_loss_summary(losses, L) == {
+        "first_copy": 5.0,
+        "second_copy": 1.0,
+        "difference": -4.0,
+    }
 
 
 def test_loss_figure_draws_the_mean_loss_per_position():
-    losses = torch.tensor([[9.0, 9, 9, 9, 1, 1, 1, 1], [7, 7, 7, 7, 3, 3, 3, 3], [8, 8, 8, 8, 2, 2, 2, 2]])
+    losses = torch.tensor(
+        [[9.0, 9, 9, 9, 1, 1, 1, 1], [7, 7, 7, 7, 3, 3, 3, 3], [8, 8, 8, 8, 2, 2, 2, 2]]
+    )
     fig = loss_figure(losses, 4, "t")
     (ax,) = fig.axes
     mean, split = ax.lines
@@ -76,8 +85,16 @@ def test_loss_figure_draws_the_mean_loss_per_position():
 
 
 def test_sweep_figure_draws_each_head_and_chance():
-    sweep = pd.DataFrame({"model": "m", "metric": "induction", "head_name": ["L0H0", "L0H0", "L1H2", "L1H2"],
-                          "repeat_len": [8, 4, 4, 8], "score": [0.5, 0.2, 0.9, 0.8], "chance": [0.2, 0.3, 0.3, 0.2]})
+    sweep = pd.DataFrame(
+        {
+            "model": "m",
+            "metric": "induction",
+            "head_name": ["L0H0", "L0H0", "L1H2", "L1H2"],
+            "repeat_len": [8, 4, 4, 8],
+            "score": [0.5, 0.2, 0.9, 0.8],
+            "chance": [0.2, 0.3, 0.3, 0.2],
+        }
+    )
     fig = sweep_figure(sweep, ["L0H0", "L1H2"])
     (ax,) = fig.axes
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["L0H0", "L1H2", "chance"]
@@ -96,8 +113,9 @@ def test_token_losses_match_a_plain_cross_entropy(tiny_gpt2):
     assert losses.shape == (3, 10)
     tokens = torch.tensor(probe.sequences)
     logits = tiny_gpt2.logits(tokens)
-    expected = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1),
-                                                 reduction="none").view(3, 10)
+    expected = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), reduction="none"
+    ).view(3, 10)
     torch.testing.assert_close(losses, expected, atol=1e-5, rtol=1e-5)
 
 

@@ -1,4 +1,5 @@
-"""From-scratch attention against real models (headscope.analysis.model_checks): tiny GPT-2, then the offline models."""
+"""From-scratch attention against real models (headscope.analysis.model_checks): tiny GPT-2, then
+the offline models."""
 
 from __future__ import annotations
 
@@ -21,10 +22,14 @@ _TEXT = "The river bank flooded after the storm, so the town moved its market up
 
 def test_recompute_layer_shares_kv_heads_and_uses_rotated_keys():
     gen = torch.Generator().manual_seed(0)
-    q, rot_q = torch.randn(2, 6, 5, 4, generator=gen, dtype=torch.float64)  # [head=6, pos=5, d=4] each
-    k, rot_k, v = torch.randn(3, 2, 5, 4, generator=gen, dtype=torch.float64)  # [kv_head=2, pos, d] each
+    # [head=6, pos=5, d=4] each
+    q, rot_q = torch.randn(2, 6, 5, 4, generator=gen, dtype=torch.float64)
+    # [kv_head=2, pos, d] each
+    k, rot_k, v = torch.randn(3, 2, 5, 4, generator=gen, dtype=torch.float64)
     z, w = recompute_layer({"q": q, "k": k, "v": v, "rot_q": rot_q, "rot_k": rot_k}, causal=True)
-    z_ref, w_ref = attention(rot_q, rot_k.repeat_interleave(3, dim=0), v.repeat_interleave(3, dim=0), causal=True)
+    z_ref, w_ref = attention(
+        rot_q, rot_k.repeat_interleave(3, dim=0), v.repeat_interleave(3, dim=0), causal=True
+    )
     torch.testing.assert_close(z, z_ref)
     torch.testing.assert_close(w, w_ref)
     assert (w[:, 0, 1:] == 0).all()  # causal
@@ -32,13 +37,16 @@ def test_recompute_layer_shares_kv_heads_and_uses_rotated_keys():
     torch.testing.assert_close(w_plain, attention(q, repeat_kv(k, 6), repeat_kv(v, 6))[1])
 
 
-# ------------------------------------------------------------------------ a tiny GPT-2 (always available)
+# ------------------------------------------------------------------------ a tiny GPT-2 (always
+# available)
 
 
 def _ids(model, n=12):
     """``BOS`` + ``n`` seeded random ordinary tokens."""
     vocab = model.ordinary_vocab()
-    return model.wrap(vocab[torch.randint(len(vocab), (n,), generator=torch.Generator().manual_seed(0))].tolist())
+    return model.wrap(
+        vocab[torch.randint(len(vocab), (n,), generator=torch.Generator().manual_seed(0))].tolist()
+    )
 
 
 def test_recompute_check_matches_tiny_gpt2(tiny_gpt2):
@@ -53,7 +61,10 @@ def test_all_patterns_and_prefix_check_tiny_gpt2(tiny_gpt2):
     ids = _ids(tiny_gpt2)
     patterns = all_patterns(tiny_gpt2, ids)
     assert sorted(patterns) == list(range(tiny_gpt2.n_layers))
-    assert patterns[0].shape == (tiny_gpt2.n_heads, len(ids), len(ids)) and patterns[0].dtype == torch.float32
+    assert (
+        patterns[0].shape == (tiny_gpt2.n_heads, len(ids), len(ids))
+        and patterns[0].dtype == torch.float32
+    )
     t = prefix_check(tiny_gpt2, ids)
     assert t["layer"].tolist() == list(range(tiny_gpt2.n_layers))
     assert t["prefix_max_abs_diff"].max() < 1e-5
@@ -64,8 +75,11 @@ def test_permutation_table_without_rotary_tiny_gpt2(tiny_gpt2):
     """GPT-2 adds positions to its input, so there is no RoPE row and already its queries move."""
     ids = _ids(tiny_gpt2, n=5)
     t = permutation_table(tiny_gpt2, ids, [0, 3, 4, 1, 2, 5]).set_index("computation")
-    assert t.index.tolist() == ["queries, before positions", "from scratch, no positions, no mask",
-                                "the model (positions + mask)"]
+    assert t.index.tolist() == [
+        "queries, before positions",
+        "from scratch, no positions, no mask",
+        "the model (positions + mask)",
+    ]
     assert math.isnan(t.loc["queries, before positions", "weights_gap"])
     assert t.loc["the model (positions + mask)", "weights_gap"] > 1e-3
 

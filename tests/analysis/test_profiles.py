@@ -16,10 +16,24 @@ def _scores(model="m", n_layers=3, n_heads=2):
         for layer in range(n_layers):
             for head in range(n_heads):
                 score = base + 0.1 * layer + 0.01 * head
-                label = {"sink": "sink head" if score >= 0.6 else "", "entropy": "focused head" if head == 0 else ""}
-                rows.append({"model": model, "metric": metric, "probe": "text", "layer": layer, "head": head,
-                             "head_name": f"L{layer}H{head}", "score": score, "chance": 0.05, "n": 40,
-                             "label": label.get(metric, "")})
+                label = {
+                    "sink": "sink head" if score >= 0.6 else "",
+                    "entropy": "focused head" if head == 0 else "",
+                }
+                rows.append(
+                    {
+                        "model": model,
+                        "metric": metric,
+                        "probe": "text",
+                        "layer": layer,
+                        "head": head,
+                        "head_name": f"L{layer}H{head}",
+                        "score": score,
+                        "chance": 0.05,
+                        "n": 40,
+                        "label": label.get(metric, ""),
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -44,7 +58,8 @@ def test_layer_curves_one_panel_per_run():
     assert [ax.get_title() for ax in fig.axes] == ["a", "b"]
     assert fig.get_suptitle().startswith("mean attention per layer")
     a, b = fig.axes
-    assert len(a.lines) == 7  # per metric: the mean, then its chance value dashed; then the key to the dashes
+    # per metric: the mean, then its chance value dashed; then the key to the dashes
+    assert len(a.lines) == 7
     sink, sink_chance = a.lines[:2]
     np.testing.assert_array_equal(sink.get_xdata(), [0, 1, 2])
     np.testing.assert_allclose(sink.get_ydata(), [0.505, 0.605, 0.705])
@@ -52,7 +67,11 @@ def test_layer_curves_one_panel_per_run():
     assert sink_chance.get_linestyle() == "--" and sink_chance.get_color() == sink.get_color()
     np.testing.assert_allclose(a.lines[2].get_ydata(), [0.105, 0.205, 0.305])  # separator
     np.testing.assert_array_equal(b.lines[0].get_xdata(), [0, 1, 2, 3, 4])
-    assert [t.get_text() for t in a.get_legend().get_texts()][:3] == ["sink", "separator", "punctuation"]
+    assert [t.get_text() for t in a.get_legend().get_texts()][:3] == [
+        "sink",
+        "separator",
+        "punctuation",
+    ]
     assert a.get_legend().get_texts()[3].get_text().startswith("chance (a uniform head)")
     with pytest.raises(HeadscopeError, match="no column"):
         layer_curves(table, panels="nope")
@@ -63,7 +82,10 @@ def test_labelled_heads_strongest_first():
     assert out.loc["sink", "heads"] == 4
     assert out.loc["sink", "names"] == "L2H1, L2H0, L1H1, L1H0"
     assert out.loc["entropy", "names"] == "L0H0, L1H0, L2H0"  # lowest entropy first
-    assert labelled_heads(_scores(), max_names=2).set_index("metric").loc["sink", "names"] == "L2H1, L2H0, ... (2 more)"
+    assert (
+        labelled_heads(_scores(), max_names=2).set_index("metric").loc["sink", "names"]
+        == "L2H1, L2H0, ... (2 more)"
+    )
     assert "stable" not in out.columns  # no bootstrap, no stability
 
 
@@ -73,9 +95,12 @@ def test_labelled_heads_count_stable_labels_and_name_borderline_heads():
     sink = scores["metric"] == "sink"
     scores["stability"] = np.where(sink, scores["head_name"].map(stability), np.nan)
     out = labelled_heads(scores).set_index("metric")
-    assert out.loc["sink", "heads"] == 4 and out.loc["sink", "stable"] == 3  # L1H1 passes in only 60%
-    assert out.loc["sink", "borderline"] == "L1H1 (0.60), L0H1 (0.30)"  # an unlabelled head near the cut too
-    assert out.loc["entropy", "stable"] == 0 and out.loc["entropy", "borderline"] == ""  # NaN stability
+    # L1H1 passes in only 60%
+    assert out.loc["sink", "heads"] == 4 and out.loc["sink", "stable"] == 3
+    # an unlabelled head near the cut too
+    assert out.loc["sink", "borderline"] == "L1H1 (0.60), L0H1 (0.30)"
+    # NaN stability
+    assert out.loc["entropy", "stable"] == 0 and out.loc["entropy", "borderline"] == ""
 
 
 def _grid(n_layers, n_heads, base):
@@ -96,7 +121,9 @@ def test_side_by_side_one_metric_per_panel():
     scores = _scores()
     fig = side_by_side({"first": scores, "then": scores}, {"first": "sink", "then": "separator"})
     first, then, _colour_bar = fig.axes
-    assert first.get_title().startswith("first: sink") and then.get_title().startswith("then: separator")
+    assert first.get_title().startswith("first: sink") and then.get_title().startswith(
+        "then: separator"
+    )
     assert fig.get_suptitle() == "sink, separator"
     np.testing.assert_allclose(first.images[0].get_array(), _grid(3, 2, 0.5))
     np.testing.assert_allclose(then.images[0].get_array(), _grid(3, 2, 0.1))

@@ -35,7 +35,8 @@ def test_it_imports_no_census_code():
 
 @pytest.mark.real
 def test_a_minilm_census_recomputes_from_its_files(minilm, tmp_path):
-    """Every part on all-minilm-l6-v2 (a small census: 60 sentences, 3 sequences), each row recomputed."""
+    """Every part on all-minilm-l6-v2 (a small census: 60 sentences, 3 sequences), each row
+    recomputed."""
     import pandas as pd
 
     from headscope.apps.census import census

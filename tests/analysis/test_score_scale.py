@@ -1,4 +1,5 @@
-"""The sqrt(d_k) simulations (headscope.analysis.score_scale) against theory and the article's numbers."""
+"""The sqrt(d_k) simulations (headscope.analysis.score_scale) against theory and the article's
+numbers."""
 
 from __future__ import annotations
 
@@ -29,11 +30,14 @@ def test_dot_product_uneven_chunks():
 
 
 def test_peak_stats_small_trial_count():
-    """The article: 51% peaked unscaled, never when scaled, top weight ~36% scaled (d_k 128, 8 keys)."""
+    """The article: 51% peaked unscaled, never when scaled, top weight ~36% scaled (d_k 128, 8
+    keys)."""
     t = peak_stats(d_k=128, n_keys=8, n_trials=4_000, seed=0).set_index("scores")
     un, sc = t.loc["unscaled"], t.loc["scaled"]
     assert abs(un["frac_peaked"] - 0.51) < 0.035  # SE ~0.008 at 4,000 trials; large-n value ~0.519
-    assert un["frac_peaked_se"] == pytest.approx(math.sqrt(un["frac_peaked"] * (1 - un["frac_peaked"]) / 4_000))
+    assert un["frac_peaked_se"] == pytest.approx(
+        math.sqrt(un["frac_peaked"] * (1 - un["frac_peaked"]) / 4_000)
+    )
     assert sc["frac_peaked"] == 0.0
     assert sc["mean_top"] == pytest.approx(0.36, abs=0.01)
     assert un["mean_top"] > 0.85

@@ -20,8 +20,17 @@ from headscope.errors import HeadscopeError
 
 def _sink(scores):
     n = len(scores)
-    return pd.DataFrame({"model": "m", "metric": "sink", "layer": [i // 2 for i in range(n)], "head": [i % 2 for i in range(n)],
-                         "head_name": [f"L{i // 2}H{i % 2}" for i in range(n)], "score": scores, "chance": 0.1})
+    return pd.DataFrame(
+        {
+            "model": "m",
+            "metric": "sink",
+            "layer": [i // 2 for i in range(n)],
+            "head": [i % 2 for i in range(n)],
+            "head_name": [f"L{i // 2}H{i % 2}" for i in range(n)],
+            "score": scores,
+            "chance": 0.1,
+        }
+    )
 
 
 def test_sink_rate_counts_heads_strictly_above_the_threshold():
@@ -34,7 +43,9 @@ def test_sink_rate_counts_heads_strictly_above_the_threshold():
 
 
 def test_sink_comparison_one_row_per_run():
-    out = sink_comparison({"BOS first": _sink([0.9, 0.8, 0.7, 0.1]), "word first": _sink([0.1, 0.2, 0.4, 0.0])})
+    out = sink_comparison(
+        {"BOS first": _sink([0.9, 0.8, 0.7, 0.1]), "word first": _sink([0.1, 0.2, 0.4, 0.0])}
+    )
     assert out["run"].tolist() == ["BOS first", "word first"]
     assert out["sink_rate"].tolist() == [0.75, 0.25]
     assert out["top_head"].tolist() == ["L0H0", "L1H0"]
@@ -61,7 +72,9 @@ def test_attention_to_position_zero_is_the_sink_score(fixture, request):
     assert len({len(s) for s in probe.sequences}) > 1
     table = attention_to_position(model, probe, 0, batch_size=3)
     sink = headscope.scan(model, [probe], metrics=["sink"]).scores
-    pd.testing.assert_series_equal(table["score"], sink["score"], check_names=False, atol=1e-5, rtol=0)
+    pd.testing.assert_series_equal(
+        table["score"], sink["score"], check_names=False, atol=1e-5, rtol=0
+    )
     assert table["n"].iloc[0] == sum(len(s) - 1 for s in probe.sequences)
 
 
@@ -88,11 +101,13 @@ def test_first_word_attention_rows(tiny_gpt2):
 
 def _gu_oracle(hf, sequences):
     """Gu et al.'s eval_sink_open_source.py, restated: eager attentions of each sequence,
-    importance = sum over queries of A[q, k] / (T - k); returns importance of key 0 [sequence, layer, head]."""
+    importance = sum over queries of A[q, k] / (T - k); returns importance of key 0 [sequence,
+    layer, head]."""
     out = []
     with torch.no_grad():
         for ids in sequences:
-            att = hf(input_ids=torch.tensor([ids]), output_attentions=True).attentions  # per layer [1, h, T, T]
+            # per layer [1, h, T, T]
+            att = hf(input_ids=torch.tensor([ids]), output_attentions=True).attentions
             A = torch.cat(att).double()  # [layer, head, T, T]
             T = A.shape[-1]
             out.append((A / torch.arange(T, 0, -1, dtype=torch.float64)).sum(-2)[..., 0])
@@ -101,7 +116,9 @@ def _gu_oracle(hf, sequences):
 
 def test_gu_sink_rate_is_their_recipe(tiny_gpt2):
     probe = sinks.gu_probe(tiny_gpt2, n_sequences=5, length=40)
-    assert {len(s) for s in probe.sequences} == {40} and len({tuple(s) for s in probe.sequences}) == 5
+    assert {len(s) for s in probe.sequences} == {40} and len(
+        {tuple(s) for s in probe.sequences}
+    ) == 5
     hf = tiny_gpt2.hf
     hf.set_attn_implementation("eager")
     try:
@@ -110,10 +127,15 @@ def test_gu_sink_rate_is_their_recipe(tiny_gpt2):
         hf.set_attn_implementation("headscope")
     # thresholds between the values: every triple's side of epsilon must agree
     values = alpha.flatten().sort().values
-    cuts = [(values[i] + values[i + 1]).item() / 2 for i in (len(values) // 10, len(values) // 2, 9 * len(values) // 10)]
+    cuts = [
+        (values[i] + values[i + 1]).item() / 2
+        for i in (len(values) // 10, len(values) // 2, 9 * len(values) // 10)
+    ]
     for epsilon in [*cuts, 0.3]:
         want = (alpha > epsilon).double().mean().item()
-        assert sinks.gu_sink_rate(tiny_gpt2, probe, epsilon, batch_size=2) == pytest.approx(want, abs=1e-12), epsilon
+        assert sinks.gu_sink_rate(tiny_gpt2, probe, epsilon, batch_size=2) == pytest.approx(
+            want, abs=1e-12
+        ), epsilon
 
 
 def test_gu_probe_is_running_text_cut_to_length(tiny_gpt2):
@@ -121,10 +143,16 @@ def test_gu_probe_is_running_text_cut_to_length(tiny_gpt2):
     probe = sinks.gu_probe(tiny_gpt2, pairs, n_sequences=3, length=12)
     text = " ".join(f"{a} {b}" for a, b in pairs * 8)
     assert probe.sequences[0] == tiny_gpt2.tokenizer(text)["input_ids"][:12]
-    assert probe.sequences[1] == tiny_gpt2.tokenizer(" ".join(f"{a} {b}" for a, b in (pairs[1:] + pairs) * 8))[
-        "input_ids"][:12]
+    assert (
+        probe.sequences[1]
+        == tiny_gpt2.tokenizer(" ".join(f"{a} {b}" for a, b in (pairs[1:] + pairs) * 8))[
+            "input_ids"
+        ][:12]
+    )
     per_layer = sinks.gu_sink_rate(tiny_gpt2, probe, 0.1, per_layer=True)
-    assert list(per_layer.index) == [0, 1] and per_layer.mean() == pytest.approx(sinks.gu_sink_rate(tiny_gpt2, probe, 0.1))
+    assert list(per_layer.index) == [0, 1] and per_layer.mean() == pytest.approx(
+        sinks.gu_sink_rate(tiny_gpt2, probe, 0.1)
+    )
 
 
 def test_gu_recipe_refusals(tiny_gpt2, tiny_bert):

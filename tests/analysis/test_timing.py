@@ -1,4 +1,5 @@
-"""The one timer and the one quadratic fit (headscope.analysis.timing), on calls and curves with known answers."""
+"""The one timer and the one quadratic fit (headscope.analysis.timing), on calls and curves with
+known answers."""
 
 from __future__ import annotations
 
@@ -22,8 +23,12 @@ def test_docstring_examples():
 def test_timing_is_a_leaf_module():
     """Benchmarks import it without the rest of headscope: nothing but headscope.errors."""
     tree = ast.parse(Path(timing.__file__).read_text())
-    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
-    imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+    imported = {
+        node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+    }
+    imported |= {
+        a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names
+    }
     assert {m for m in imported if m.startswith("headscope")} == {"headscope.errors"}
 
 
@@ -31,7 +36,8 @@ def test_timing_is_a_leaf_module():
 
 
 class _Clock:
-    """A fake ``time.perf_counter``: each call of the timed function lasts the next listed duration."""
+    """A fake ``time.perf_counter``: each call of the timed function lasts the next listed
+    duration."""
 
     def __init__(self, durations):
         self.now, self.durations, self.calls = 0.0, list(durations), 0
@@ -50,6 +56,7 @@ def clock(monkeypatch):
         c = _Clock(durations)
         monkeypatch.setattr(timing.time, "perf_counter", c.perf_counter)
         return c
+
     return make
 
 
@@ -89,7 +96,11 @@ def test_best_time_needs_a_repeat():
 def test_fit_quadratic_recovers_coefficients():
     n = [100, 200, 400, 800, 1600]
     fit = fit_quadratic(n, [0.5 + 1e-3 * x + 2e-6 * x * x for x in n])
-    assert fit["a"] == pytest.approx(0.5) and fit["b"] == pytest.approx(1e-3) and fit["c"] == pytest.approx(2e-6)
+    assert (
+        fit["a"] == pytest.approx(0.5)
+        and fit["b"] == pytest.approx(1e-3)
+        and fit["c"] == pytest.approx(2e-6)
+    )
     assert fit["n_cross"] == pytest.approx(500)  # b / c
 
 
@@ -109,7 +120,8 @@ def test_fit_quadratic_weighs_short_runs_like_long_ones():
     fit = fit_quadratic(n, t)
     assert fit["c"] == pytest.approx(1e-6, rel=0.05)  # the long runs still pin c
     predicted_short = fit["a"] + fit["b"] * 10 + fit["c"] * 100
-    assert predicted_short / t[0] > 0.95  # and the short run is not ignored (plain least squares: 0.85)
+    # and the short run is not ignored (plain least squares: 0.85)
+    assert predicted_short / t[0] > 0.95
 
 
 def test_fit_quadratic_from_two_points():
@@ -119,12 +131,15 @@ def test_fit_quadratic_from_two_points():
     assert min(fit["a"], fit["b"], fit["c"]) >= 0
 
 
-@pytest.mark.parametrize("n, seconds, match", [
-    ([1, 2], [1.0], "as many times as lengths"),
-    ([], [], "at least one"),
-    ([1, 2], [1.0, 0.0], "positive, finite times"),
-    ([1, 2], [1.0, math.nan], "positive, finite times"),
-])
+@pytest.mark.parametrize(
+    "n, seconds, match",
+    [
+        ([1, 2], [1.0], "as many times as lengths"),
+        ([], [], "at least one"),
+        ([1, 2], [1.0, 0.0], "positive, finite times"),
+        ([1, 2], [1.0, math.nan], "positive, finite times"),
+    ],
+)
 def test_fit_quadratic_refuses_bad_input(n, seconds, match):
     with pytest.raises(HeadscopeError, match=match):
         fit_quadratic(n, seconds)

@@ -27,7 +27,8 @@ SMALL = dict(
 
 
 def fake_parses(nlp, text):
-    """Silver-parse stand-ins: real sentences of the prose, random trees (the protocol does not care)."""
+    """Silver-parse stand-ins: real sentences of the prose, random trees (the protocol does not
+    care)."""
     rng = random.Random(0)
     out = []
     for line in text.split("\n\n")[:60]:

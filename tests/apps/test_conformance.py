@@ -1,4 +1,5 @@
-"""The conformance suite: every family's tiny random model, every engine, against HF eager attention.
+"""The conformance suite: every family's tiny random model, every engine, against HF eager
+attention.
 
 Each family runs :func:`scripts.conformance.check` (scan with every engine; compare every score,
 chance and n with the 8 metrics computed from ``output_attentions=True``). A family passes when no
@@ -34,9 +35,13 @@ def test_family_is_exact_or_refused_as_the_table_says(family):
     shipped = SHIPPED[family.name]["engines"]
     exact = [o.engine for o in outcomes if o.status == "exact"]
     for o in outcomes:
-        assert o.status in ("exact", "refused"), f"{family.name} / {o.engine}: {o.status}: {o.detail}"
-        assert shipped[o.engine]["status"] == o.status, f"{family.name} / {o.engine}: table says " \
+        assert o.status in ("exact", "refused"), (
+            f"{family.name} / {o.engine}: {o.status}: {o.detail}"
+        )
+        assert shipped[o.engine]["status"] == o.status, (
+            f"{family.name} / {o.engine}: table says "
             f"{shipped[o.engine]['status']}, the run found {o.status} ({o.detail})"
+        )
         if o.status == "refused":
             assert "\n" not in o.detail and o.detail == shipped[o.engine]["detail"]
             others = [e for e in exact if e != o.engine]
@@ -47,8 +52,14 @@ def test_family_is_exact_or_refused_as_the_table_says(family):
 
 
 def test_the_table_covers_enough_families():
-    assert [f.name for f in conf.FAMILIES] == list(SHIPPED), "support.json is stale: python -m scripts.conformance --write"
-    scored = {n: row for n, row in SHIPPED.items() if any(o["status"] == "exact" for o in row["engines"].values())}
+    assert [f.name for f in conf.FAMILIES] == list(SHIPPED), (
+        "support.json is stale: python -m scripts.conformance --write"
+    )
+    scored = {
+        n: row
+        for n, row in SHIPPED.items()
+        if any(o["status"] == "exact" for o in row["engines"].values())
+    }
     assert len(scored) >= 20
     assert sum(row["kind"] == "encoder" for row in scored.values()) >= 4
     windowed = [n for n, row in scored.items() if "window" in row["note"]]
@@ -84,7 +95,9 @@ def _llama():
     model = headscope.load_model(hf, tok)
     probes = conf.probes_for(model)
     oracle = conf.oracle_scores(hf, tok, probes, model.causal)
-    scores = headscope.scan(model, probes, engine="blocked", bootstrap=0, null=False, examples=False).scores
+    scores = headscope.scan(
+        model, probes, engine="blocked", bootstrap=0, null=False, examples=False
+    ).scores
     return fam, scores, oracle
 
 
@@ -114,8 +127,15 @@ def test_oracle_chance_on_a_sliding_window_is_the_closed_form():
     qs = [q for s in text.sequences for q in range(1, len(s))]
     want_sliding = sum(1 / min(q + 1, conf.WINDOW) for q in qs) / len(qs)
     want_full = sum(1 / (q + 1) for q in qs) / len(qs)
-    res = headscope.scan(model, [text], metrics=["previous_token", "sink"], engine="fused", bootstrap=0,
-                         null=False, examples=False).scores
+    res = headscope.scan(
+        model,
+        [text],
+        metrics=["previous_token", "sink"],
+        engine="fused",
+        bootstrap=0,
+        null=False,
+        examples=False,
+    ).scores
     prev = res[res.metric == "previous_token"].groupby("layer")["chance"].first()
     assert prev.tolist() == pytest.approx([want_sliding, want_sliding, want_full], abs=1e-7)
     # the sink key lies outside the window for q >= 6: chance counts it only where it is visible
@@ -123,6 +143,10 @@ def test_oracle_chance_on_a_sliding_window_is_the_closed_form():
     want_sink = sum(1 / (q + 1) for q in qs if q < conf.WINDOW) / len(qs)
     assert sink.tolist()[:2] == pytest.approx([want_sink] * 2, abs=1e-7)
     assert not math.isclose(sink.tolist()[0], sink.tolist()[2])
-    # and the model's own attention puts exactly 0 on that key from every sliding-layer query past the window
+    # and the model's own attention puts exactly 0 on that key from every sliding-layer query past
+    # the window
     A = conf.eager_attentions(hf, list(text.sequences[0]))
-    assert float(A[:2, :, conf.WINDOW:, 0].abs().max()) == 0.0 and float(A[2, :, conf.WINDOW:, 0].min()) > 0
+    assert (
+        float(A[:2, :, conf.WINDOW :, 0].abs().max()) == 0.0
+        and float(A[2, :, conf.WINDOW :, 0].min()) > 0
+    )

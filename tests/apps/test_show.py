@@ -31,7 +31,9 @@ def reference_pattern(model, ids: list[int], layer: int) -> np.ndarray:
 
 
 def html_data(page: str) -> dict:
-    blob = re.search(r'<script type="application/json" id="hs-data">(.*?)</script>', page, re.S).group(1)
+    blob = re.search(
+        r'<script type="application/json" id="hs-data">(.*?)</script>', page, re.S
+    ).group(1)
     return json.loads(blob)
 
 
@@ -45,13 +47,24 @@ def test_parse_head_forms():
     assert parse_head("0.0") == (0, 0)  # form only, no range known yet
 
 
-@pytest.mark.parametrize("spec, expected", [
-    ("3-2", "Head '3-2' is not LAYER.HEAD; write it like 3.2 (layers 0..29, heads 0..8)."),
-    ("three", "Head 'three' is not LAYER.HEAD; write it like 0.0 (layers 0..29, heads 0..8)."),
-    ("30.1", "Head '30.1' is out of range: the model has layers 0..29, heads 0..8; nearest valid: 29.1."),
-    ("3.9", "Head '3.9' is out of range: the model has layers 0..29, heads 0..8; nearest valid: 3.8."),
-    ("-1.2", "Head '-1.2' is not LAYER.HEAD; write it like 1.2 (layers 0..29, heads 0..8)."),
-])
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("3-2", "Head '3-2' is not LAYER.HEAD; write it like 3.2 (layers 0..29, heads 0..8)."),
+        ("three", "Head 'three' is not LAYER.HEAD; write it like 0.0 (layers 0..29, heads 0..8)."),
+        (
+            "30.1",
+            "Head '30.1' is out of range: the model has layers 0..29, heads 0..8; nearest valid: "
+            "29.1.",
+        ),
+        (
+            "3.9",
+            "Head '3.9' is out of range: the model has layers 0..29, heads 0..8; nearest valid: "
+            "3.8.",
+        ),
+        ("-1.2", "Head '-1.2' is not LAYER.HEAD; write it like 1.2 (layers 0..29, heads 0..8)."),
+    ],
+)
 def test_parse_head_errors_name_the_valid_range(spec, expected):
     with pytest.raises(HeadscopeError) as exc:
         parse_head(spec, 30, 9)
@@ -134,8 +147,16 @@ def test_html_is_self_contained_and_holds_the_pattern(tiny_gpt2):
 
 def test_html_survives_hostile_tokens():
     tokens = ["</script><b>x", "&amp;", '"q"']
-    hp = HeadPattern(model="m<1>", layer=0, head=0, text="<i>t</i>", token_ids=[1, 2, 3], tokens=tokens,
-                     pattern=np.tril(np.full((3, 3), 1 / 3, dtype=np.float32)), causal=True)
+    hp = HeadPattern(
+        model="m<1>",
+        layer=0,
+        head=0,
+        text="<i>t</i>",
+        token_ids=[1, 2, 3],
+        tokens=tokens,
+        pattern=np.tril(np.full((3, 3), 1 / 3, dtype=np.float32)),
+        causal=True,
+    )
     page = pattern_html(hp)
     assert page.count("</script>") == 2  # the data block's and the code block's, nothing else
     assert html_data(page)["tokens"] == tokens
@@ -148,7 +169,9 @@ def test_write_views(tiny_gpt2, tmp_path):
     assert paths == [tmp_path / "sub" / "head.png", tmp_path / "sub" / "head.html"]
     assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     np.testing.assert_allclose(html_data(paths[1].read_text())["pattern"], hp.pattern, atol=1e-6)
-    with pytest.raises(HeadscopeError, match=r"must end in \.png, \.svg, \.pdf; e\.g\. .*head\.png"):
+    with pytest.raises(
+        HeadscopeError, match=r"must end in \.png, \.svg, \.pdf; e\.g\. .*head\.png"
+    ):
         write_views(hp, tmp_path / "head.jpeg")
 
 
@@ -166,10 +189,20 @@ def test_smollm2_induction_head_on_repeated_text(smollm2):
 
 
 def small_pattern(n: int = 3, causal: bool = True) -> HeadPattern:
-    pattern = np.tril(np.ones((n, n), dtype=np.float32)) if causal else np.ones((n, n), dtype=np.float32)
+    pattern = (
+        np.tril(np.ones((n, n), dtype=np.float32)) if causal else np.ones((n, n), dtype=np.float32)
+    )
     pattern /= pattern.sum(-1, keepdims=True)
-    return HeadPattern(model="org/m", layer=2, head=1, text="t", token_ids=list(range(n)),
-                       tokens=[f"t{i}" for i in range(n)], pattern=pattern, causal=causal)
+    return HeadPattern(
+        model="org/m",
+        layer=2,
+        head=1,
+        text="t",
+        token_ids=list(range(n)),
+        tokens=[f"t{i}" for i in range(n)],
+        pattern=pattern,
+        causal=causal,
+    )
 
 
 def test_pattern_figure_writes_weights_on_small_grids():
@@ -177,9 +210,20 @@ def test_pattern_figure_writes_weights_on_small_grids():
     ax = pattern_figure(hp).axes[0]
     written = sorted((t.get_text(), tuple(t.get_position())) for t in ax.texts)
     # (key, query) positions of the non-zero weights of a causal uniform head
-    assert written == sorted([("1.00", (0, 0)), ("0.50", (0, 1)), ("0.50", (1, 1)),
-                              ("0.33", (0, 2)), ("0.33", (1, 2)), ("0.33", (2, 2))])
-    assert ax.get_title() == "org/m: L2H1 attention (causal: grey keys are hidden by the mask, 3 tokens)"
+    assert written == sorted(
+        [
+            ("1.00", (0, 0)),
+            ("0.50", (0, 1)),
+            ("0.50", (1, 1)),
+            ("0.33", (0, 2)),
+            ("0.33", (1, 2)),
+            ("0.33", (2, 2)),
+        ]
+    )
+    assert (
+        ax.get_title()
+        == "org/m: L2H1 attention (causal: grey keys are hidden by the mask, 3 tokens)"
+    )
     assert ax.images[0].origin == "upper"  # query 0 at the top
 
 
@@ -205,7 +249,11 @@ def test_display_token_escapes_control_characters():
 def test_parse_head_more_forms():
     assert parse_head("L 3 H 2", 4, 4) == (3, 2)
     assert parse_head("3 . 2") == (3, 2)
-    with pytest.raises(HeadscopeError, match=r"^Head '3\.2\.1' is not LAYER\.HEAD; write it like 0\.0 "):
+    with pytest.raises(
+        HeadscopeError,
+        match=r"^Head '3\.2\.1' is not LAYER\.HEAD; write it like "
+        r"0\.0 ",
+    ):
         parse_head("3.2.1")
 
 
@@ -218,5 +266,9 @@ def test_write_views_other_formats(tmp_path, suffix):
 
 def test_write_views_refuses_a_directory(tmp_path):
     (tmp_path / "fig.png").mkdir()
-    with pytest.raises(HeadscopeError, match=r"^out \(--out\) '.*fig\.png' is a directory; give a file name such as "):
+    with pytest.raises(
+        HeadscopeError,
+        match=r"^out \(--out\) '.*fig\.png' is a directory; give a "
+        r"file name such as ",
+    ):
         write_views(small_pattern(3), tmp_path / "fig.png")

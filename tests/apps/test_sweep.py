@@ -29,7 +29,8 @@ def run(*args):
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory, tiny_gpt2_dir, tiny_bert_dir):
-    """Two training checkpoints of one run, a broken one (weights unreadable), and a spec over them."""
+    """Two training checkpoints of one run, a broken one (weights unreadable), and a spec over
+    them."""
     root = tmp_path_factory.mktemp("sweep")
     for step in ("step-0000", "step-0010"):
         shutil.copytree(tiny_gpt2_dir, root / "ckpts" / step)
@@ -37,11 +38,16 @@ def ckpts(tmp_path_factory, tiny_gpt2_dir, tiny_bert_dir):
     for weights in (root / "broken" / "step-0020").glob("*.safetensors"):
         weights.write_bytes(b"not weights")
     good = root / "good.toml"
-    good.write_text(f'seeds = [0, 1]\nmodels = ["{tiny_bert_dir}"]\n'
-                    '[[checkpoints]]\nmodel = "tiny-run"\nglob = "ckpts/step-*"\n' + SCAN)
+    good.write_text(
+        f'seeds = [0, 1]\nmodels = ["{tiny_bert_dir}"]\n'
+        '[[checkpoints]]\nmodel = "tiny-run"\nglob = "ckpts/step-*"\n' + SCAN
+    )
     bad = root / "with_broken.toml"
-    bad.write_text('[[checkpoints]]\nmodel = "tiny-run"\nfolders = ["ckpts/step-0000", "ckpts/step-0010", '
-                   '"broken/step-0020"]\n' + SCAN)
+    bad.write_text(
+        '[[checkpoints]]\nmodel = "tiny-run"\nfolders = ["ckpts/step-0000", '
+        '"ckpts/step-0010", '
+        '"broken/step-0020"]\n' + SCAN
+    )
     return root
 
 
@@ -60,7 +66,9 @@ def test_sweep_writes_every_job_an_atlas_and_figures_and_resumes(ckpts, tmp_path
     assert "6 job(s): 6 done (0 already), 0 failed" in res.stdout
     atlas = pd.read_csv(out / "atlas.csv")
     assert set(atlas["status"]) == {"done"} and atlas["job"].nunique() == 6
-    assert {"model", "checkpoint", "step", "seed", "source", "metric", "head_name", "score"} <= set(atlas.columns)
+    assert {"model", "checkpoint", "step", "seed", "source", "metric", "head_name", "score"} <= set(
+        atlas.columns
+    )
     assert sorted(atlas["step"].dropna().unique()) == [0, 10]
     assert pd.read_parquet(out / "atlas.parquet").shape == atlas.shape
     assert (out / "steps.png").stat().st_size > 0 and (out / "models.png").stat().st_size > 0
@@ -80,7 +88,9 @@ def test_sweep_writes_every_job_an_atlas_and_figures_and_resumes(ckpts, tmp_path
     # the spec changed under a finished sweep: its old runs are never passed off as the new scans
     record = (out / "sweep.json").read_text()
     changed = ckpts / "changed.toml"
-    changed.write_text((ckpts / "good.toml").read_text().replace("repeat_len = 6", "repeat_len = 7"))
+    changed.write_text(
+        (ckpts / "good.toml").read_text().replace("repeat_len = 6", "repeat_len = 7")
+    )
     res = run("sweep", changed, "--out", out, "--quiet")
     lines = res.stderr.strip().splitlines()
     assert res.exit_code == 2 and len(lines) == 1, res.output
@@ -122,13 +132,19 @@ def test_a_failed_job_is_retried_then_reported_never_dropped(ckpts, tmp_path, mo
 def test_sweep_on_ray_matches_in_process_and_reports_failures(ray_session, ckpts, tmp_path):
     here, there = tmp_path / "here", tmp_path / "ray"
     run_sweep(ckpts / "with_broken.toml", here)
-    res = run("sweep", ckpts / "with_broken.toml", "--out", there, "--ray", "--workers", "2", "--quiet")
+    res = run(
+        "sweep", ckpts / "with_broken.toml", "--out", there, "--ray", "--workers", "2", "--quiet"
+    )
     assert res.exit_code == 1, res.output
     assert "2 done (0 already), 1 failed" in res.stdout
     assert res.stderr.count("failed after 2 attempt(s)") == 1 and "0020" in res.stderr
     for job in ("tiny-run--step-0000--s0--seed0", "tiny-run--step-0010--s0--seed0"):
-        assert (there / "runs" / job / "scores.csv").read_bytes() == (here / "runs" / job / "scores.csv").read_bytes()
-    res = run("sweep", ckpts / "with_broken.toml", "--out", there, "--ray", "--workers", "2", "--quiet")
+        assert (there / "runs" / job / "scores.csv").read_bytes() == (
+            here / "runs" / job / "scores.csv"
+        ).read_bytes()
+    res = run(
+        "sweep", ckpts / "with_broken.toml", "--out", there, "--ray", "--workers", "2", "--quiet"
+    )
     assert res.exit_code == 1 and "2 done (2 already), 1 failed" in res.stdout
 
 
@@ -138,19 +154,32 @@ def test_bad_sweep_input_exits_2_with_one_line_and_nothing_left(ckpts, tmp_path)
         "malformed.toml": ("models = [", "not valid TOML"),
         "unknown.toml": ('modles = ["x"]', "unknown key 'modles'"),
         "empty.toml": ("seeds = [0]", "no models"),
-        "notckpt.toml": ('[[checkpoints]]\nmodel = "m"\nfolders = ["not_ckpt"]', "has no config.json"),
-        "badscan.toml": ('models = ["smollm2-135m"]\n[scan]\nn_prompts = 0', "n_prompts (--n-prompts) must be at least 1"),
+        "notckpt.toml": (
+            '[[checkpoints]]\nmodel = "m"\nfolders = ["not_ckpt"]',
+            "has no config.json",
+        ),
+        "badscan.toml": (
+            'models = ["smollm2-135m"]\n[scan]\nn_prompts = 0',
+            "n_prompts (--n-prompts) must be at least 1",
+        ),
     }
     out = tmp_path / "out"
     for name, (text, message) in specs.items():
         (tmp_path / name).write_text(text)
         res = run("sweep", tmp_path / name, "--out", out)
-        assert res.exit_code == 2 and res.stderr.count("\n") == 1 and message in res.stderr, (name, res.output)
+        assert res.exit_code == 2 and res.stderr.count("\n") == 1 and message in res.stderr, (
+            name,
+            res.output,
+        )
         assert not out.exists()
-    for extra, message in [(["--ray", "--workers", "0"], "must be at least 1"),
-                           (["--ray", "127.0.0.1:1"], "Cannot reach a Ray head")]:
+    for extra, message in [
+        (["--ray", "--workers", "0"], "must be at least 1"),
+        (["--ray", "127.0.0.1:1"], "Cannot reach a Ray head"),
+    ]:
         res = run("sweep", ckpts / "good.toml", "--out", out, *extra)
-        assert res.exit_code == 2 and res.stderr.count("\n") == 1 and message in res.stderr, res.output
+        assert res.exit_code == 2 and res.stderr.count("\n") == 1 and message in res.stderr, (
+            res.output
+        )
         assert not out.exists()
     (tmp_path / "thesis").mkdir()
     (tmp_path / "thesis" / "chapter1.tex").write_text("x")
@@ -171,30 +200,61 @@ def test_hub_revisions_and_several_probe_settings(tmp_path):
     from tests.tiny_models import install_in_hub_cache, make_tiny_gpt2
 
     hf_home = tmp_path / "hf"
-    install_in_hub_cache(make_tiny_gpt2(tmp_path / "a"), hf_home, repo_ids=("tiny-org/run",), commit="a" * 40,
-                         ref="step10")
-    install_in_hub_cache(make_tiny_gpt2(tmp_path / "b", n_layer=3), hf_home, repo_ids=("tiny-org/run",),
-                         commit="b" * 40, ref="step20")
+    install_in_hub_cache(
+        make_tiny_gpt2(tmp_path / "a"),
+        hf_home,
+        repo_ids=("tiny-org/run",),
+        commit="a" * 40,
+        ref="step10",
+    )
+    install_in_hub_cache(
+        make_tiny_gpt2(tmp_path / "b", n_layer=3),
+        hf_home,
+        repo_ids=("tiny-org/run",),
+        commit="b" * 40,
+        ref="step20",
+    )
     spec = tmp_path / "revs.toml"
-    spec.write_text('[[checkpoints]]\nmodel = "tiny-org/run"\nrevisions = ["step10", "step20"]\n' + SCAN
-                    + "[[settings]]\nrepeat_len = 6\n[[settings]]\nrepeat_len = 8\n")
+    spec.write_text(
+        '[[checkpoints]]\nmodel = "tiny-org/run"\nrevisions = ["step10", "step20"]\n'
+        + SCAN
+        + "[[settings]]\nrepeat_len = 6\n[[settings]]\nrepeat_len = 8\n"
+    )
     out = tmp_path / "sweep"
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_CACHE"}
-    env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    proc = subprocess.run([sys.executable, "-m", "headscope", "sweep", str(spec), "--out", str(out), "--quiet"],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    env.update(
+        HF_HOME=str(hf_home),
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=str(Path(__file__).resolve().parents[2]),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "headscope", "sweep", str(spec), "--out", str(out), "--quiet"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "4 job(s): 4 done (0 already), 0 failed" in proc.stdout
     atlas = pd.read_csv(out / "atlas.csv")
-    jobs = atlas.groupby("job").agg(step=("step", "first"), setting=("setting", "first"), layers=("layer", "max"))
-    assert sorted(zip(jobs["step"], jobs["setting"], jobs["layers"], strict=True)) == [(10, 0, 1), (10, 1, 1), (20, 0, 2),
-                                                                          (20, 1, 2)]
+    jobs = atlas.groupby("job").agg(
+        step=("step", "first"), setting=("setting", "first"), layers=("layer", "max")
+    )
+    assert sorted(zip(jobs["step"], jobs["setting"], jobs["layers"], strict=True)) == [
+        (10, 0, 1),
+        (10, 1, 1),
+        (20, 0, 2),
+        (20, 1, 2),
+    ]
     induction = atlas[atlas["metric"] == "induction"]
-    assert induction.groupby("setting")["n"].max().to_dict() == {0: 3 * 6, 1: 3 * 8}  # R of 6, then 8 tokens
+    # R of 6, then 8 tokens
+    assert induction.groupby("setting")["n"].max().to_dict() == {0: 3 * 6, 1: 3 * 8}
     for job in jobs.index:
         meta = json.loads((out / "runs" / job / "metadata.json").read_text())
         assert meta["source"]["revision"] in ("step10", "step20")
-    assert {p.name for p in out.glob("*.png")} == {"steps.png", "steps-s1.png"}  # one model: no models.png
+    # one model: no models.png
+    assert {p.name for p in out.glob("*.png")} == {"steps.png", "steps-s1.png"}
 
 
 def test_the_shipped_example_spec_reads_as_written():

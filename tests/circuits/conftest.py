@@ -1,4 +1,5 @@
-"""Fixtures of the circuit tests: a tiny random Llama (RMSNorm, no biases, grouped-query attention)."""
+"""Fixtures of the circuit tests: a tiny random Llama (RMSNorm, no biases, grouped-query
+attention)."""
 
 import pytest
 import torch

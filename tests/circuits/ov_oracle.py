@@ -21,7 +21,8 @@ def hidden(hf, tokens, index):
 
 
 def head_logits(hf, x, layer, head):
-    """``x`` ``[n, d_model]`` entering block ``layer``: head ``head``'s direct logits ``[n, vocab]``."""
+    """``x`` ``[n, d_model]`` entering block ``layer``: head ``head``'s direct logits ``[n,
+    vocab]``."""
     cfg = hf.config
     with torch.no_grad():
         if arch(hf) == "gpt2":

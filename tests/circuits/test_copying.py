@@ -1,4 +1,5 @@
-"""The copying rows of a scan: copying@k through each head's OV circuit, as analysis.copying computes it."""
+"""The copying rows of a scan: copying@k through each head's OV circuit, as analysis.copying
+computes it."""
 
 from __future__ import annotations
 
@@ -23,10 +24,17 @@ def test_copying_scores_are_ov_copying_for_every_head(tiny_gpt2):
     got = copying_scores(tiny_gpt2, probe, max_sequences=3)
     table = ov_copying(tiny_gpt2, headscope.repeat_probe(tiny_gpt2, 6, n_sequences=5), k=COPYING_K)
     assert got.metric is COPYING and got.count == 3 * 6
-    first3 = ov_copying(tiny_gpt2, type(probe)(probe.name, probe.sequences[:3], probe.repeat_len), k=COPYING_K)
-    want = torch.tensor(first3.pivot(index="layer", columns="head", values="copying").to_numpy(), dtype=torch.float64)
+    first3 = ov_copying(
+        tiny_gpt2, type(probe)(probe.name, probe.sequences[:3], probe.repeat_len), k=COPYING_K
+    )
+    want = torch.tensor(
+        first3.pivot(index="layer", columns="head", values="copying").to_numpy(),
+        dtype=torch.float64,
+    )
     torch.testing.assert_close(got.score, want)
-    want_null = torch.tensor(first3.pivot(index="layer", columns="head", values="null").to_numpy(), dtype=torch.float64)
+    want_null = torch.tensor(
+        first3.pivot(index="layer", columns="head", values="null").to_numpy(), dtype=torch.float64
+    )
     torch.testing.assert_close(got.null, want_null)
     assert got.chance == COPYING_K / (len(tiny_gpt2.ordinary_vocab())) and len(table) == 8
 
@@ -48,29 +56,39 @@ def test_the_control_tells_a_copier_from_a_head_that_raises_every_token_of_r():
     topic_out[:, :L] = 1.0  # every input raises tokens 0..7 alike
     topic = own_token_ranks(x, cols, eye, topic_out, eye)
     k = 1
-    assert (copier[:, 0] < k).float().mean() == 1 and (copier[:, 1] < k).float().mean() == 0  # copies, null 0
-    assert (topic[:, 0] < k).float().mean() == 1 and (topic[:, 1] < k).float().mean() == 1  # ties: null = score
-    assert torch.equal(copier[:, 0], own_token_ranks(x, cols[:, 0], eye, eye, eye))  # [n] columns: as before
+    # copies, null 0
+    assert (copier[:, 0] < k).float().mean() == 1 and (copier[:, 1] < k).float().mean() == 0
+    # ties: null = score
+    assert (topic[:, 0] < k).float().mean() == 1 and (topic[:, 1] < k).float().mean() == 1
+    # [n] columns: as before
+    assert torch.equal(copier[:, 0], own_token_ranks(x, cols[:, 0], eye, eye, eye))
 
 
 def test_copying_null_is_in_the_scan_table(tiny_gpt2):
     from headscope.effects.heads import EffectSettings
 
     probes = headscope.default_probes(tiny_gpt2, n_prompts=3, repeat_len=6)
-    result = headscope.scan(tiny_gpt2, probes, metrics=["induction"], bootstrap=0,
-                            effects=EffectSettings(mode="exact", n_sequences=3))
+    result = headscope.scan(
+        tiny_gpt2,
+        probes,
+        metrics=["induction"],
+        bootstrap=0,
+        effects=EffectSettings(mode="exact", n_sequences=3),
+    )
     rows = result.scores[result.scores.metric == "copying"]
     direct = copying_scores(tiny_gpt2, probes[1], max_sequences=3)
     assert rows["null"].notna().all()
     torch.testing.assert_close(torch.tensor(rows["null"].to_numpy()).view(2, 4), direct.null)
 
 
-# ------------------------------------------------------------------------------ against plain HF modules
+# ------------------------------------------------------------------------------ against plain HF
+# modules
 
 
 def _oracle_ranks(folder, model, probe, gemma_gain: bool = True):
     """Own-token ranks through each head, read with plain HF modules (tests/circuits/ov_oracle.py):
-    ``{(layer, head): [sequence * L]}``; ``gemma_gain=False`` reads Gemma's norms as ``w`` (the old bug)."""
+    ``{(layer, head): [sequence * L]}``; ``gemma_gain=False`` reads Gemma's norms as ``w`` (the old
+    bug)."""
     from tests.circuits import ov_oracle
 
     hf = ov_oracle.load(folder)
@@ -82,10 +100,10 @@ def _oracle_ranks(folder, model, probe, gemma_gain: bool = True):
     ordinary = model.ordinary_vocab()
     L = probe.repeat_len
     tokens = torch.tensor(probe.sequences)
-    own = torch.searchsorted(ordinary, tokens[:, 1:L + 1].reshape(-1))
+    own = torch.searchsorted(ordinary, tokens[:, 1 : L + 1].reshape(-1))
     out = {}
     for layer in range(model.n_layers):
-        x = ov_oracle.hidden(hf, tokens, layer)[:, 1:L + 1].reshape(-1, model.d_model)
+        x = ov_oracle.hidden(hf, tokens, layer)[:, 1 : L + 1].reshape(-1, model.d_model)
         for h in range(model.n_heads):
             logits = ov_oracle.head_logits(hf, x, layer, h)[:, ordinary]  # [seq * L, V]
             out[(layer, h)] = (logits > logits.gather(1, own[:, None])).sum(-1)
@@ -97,7 +115,9 @@ def test_copying_ranks_equal_plain_hf_modules(which, request):
     """Gemma 3 applies x (1 + w) in its RMSNorms and normalises the attention output before the
     residual add: copying reads both (Model.circuit_weights), so its ranks are the exact ones."""
     got = request.getfixturevalue(which)
-    folder, model = got if isinstance(got, tuple) else (request.getfixturevalue(which + "_dir"), got)
+    folder, model = (
+        got if isinstance(got, tuple) else (request.getfixturevalue(which + "_dir"), got)
+    )
     probe = repeat_probe(model, repeat_len=6, n_sequences=3, seed=1)
     ranks, _ = copying_ranks(model, probe)
     want = _oracle_ranks(folder, model, probe)

@@ -13,12 +13,16 @@ from headscope.circuits.value_weighted import value_norms, value_sink_scores, va
 def test_closed_forms():
     A = torch.tensor([[[[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.2, 0.4, 0.4]]]])  # [1, 1, 3, 3]
     same = torch.ones(1, 1, 3)
-    torch.testing.assert_close(value_weighted_share(A, same)[0, 0], A[0, 0, :, 0].double())  # equal norms: the weight
+    # equal norms: the weight
+    torch.testing.assert_close(value_weighted_share(A, same)[0, 0], A[0, 0, :, 0].double())
     norms = torch.tensor([[[0.0, 1.0, 1.0]]])  # position 0 sends nothing
-    assert value_weighted_share(A, norms)[0, 0].tolist() == [0.0, 0.0, 0.0]  # row 0 weighs nothing: 0
-    W = torch.eye(2)[None].repeat(3, 1, 1) * torch.tensor([1.0, 2.0, 3.0])[:, None, None]  # [head, dim, d_model]
+    # row 0 weighs nothing: 0
+    assert value_weighted_share(A, norms)[0, 0].tolist() == [0.0, 0.0, 0.0]
+    # [head, dim, d_model]
+    W = torch.eye(2)[None].repeat(3, 1, 1) * torch.tensor([1.0, 2.0, 3.0])[:, None, None]
     v = torch.tensor([[[[3.0, 4.0]]]])  # [batch, kv_head=1, key, dim]: |v| = 5
-    assert value_norms(v, W)[0, :, 0].tolist() == [5.0, 10.0, 15.0]  # three query heads share the KV head
+    # three query heads share the KV head
+    assert value_norms(v, W)[0, :, 0].tolist() == [5.0, 10.0, 15.0]
 
 
 def test_value_sink_matches_the_bridges_pattern_and_values(tiny_gpt2):
@@ -30,10 +34,12 @@ def test_value_sink_matches_the_bridges_pattern_and_values(tiny_gpt2):
     for ids in probe.sequences:
         acts = tiny_gpt2.attention_activations(ids, range(tiny_gpt2.n_layers))
         for layer, a in acts.items():
-            f = torch.einsum("hkd,hde->hke", a["v"].double(), W_O[layer])  # [head, key, d_model] (no GQA here)
+            # [head, key, d_model] (no GQA here)
+            f = torch.einsum("hkd,hde->hke", a["v"].double(), W_O[layer])
             norms = f.norm(dim=-1)  # [head, key]
             p = a["pattern"].double()  # [head, query, key]
-            share = p[:, :, 0] * norms[:, None, 0] / (p * norms[:, None, :]).sum(-1)  # [head, query]
+            # [head, query]
+            share = p[:, :, 0] * norms[:, None, 0] / (p * norms[:, None, :]).sum(-1)
             total[layer] += share[:, 1:].sum(-1)
         count += len(ids) - 1
     torch.testing.assert_close(got.score, total / count, atol=1e-5, rtol=0)

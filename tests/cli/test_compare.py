@@ -1,4 +1,5 @@
-"""``headscope compare``: saved runs side by side, the table printed and written, bad input refused."""
+"""``headscope compare``: saved runs side by side, the table printed and written, bad input
+refused."""
 
 from __future__ import annotations
 
@@ -33,9 +34,7 @@ def one_error_line(result) -> str:
     return errors[0]
 
 
-
 # ------------------------------------------------------------------------------ show --layer
-
 
 
 def test_compare_prints_and_writes_the_table(cli, runs, tmp_path, no_model):
@@ -52,7 +51,13 @@ def test_compare_prints_and_writes_the_table(cli, runs, tmp_path, no_model):
         assert fields[4] == f"{r.labelled}/{r.heads}"
     assert any(line.startswith("largest per-head differences") for line in lines)  # both 2 x 4
     written = [Path(line) for line in lines if line.startswith(str(out))]
-    assert [p.name for p in written] == ["compare.csv", "head_diffs.csv", "distributions.png", "difference.png"]  # tables first
+    # tables first
+    assert [p.name for p in written] == [
+        "compare.csv",
+        "head_diffs.csv",
+        "distributions.png",
+        "difference.png",
+    ]
     back = pd.read_csv(out / "compare.csv", keep_default_na=False, na_values=["NaN"])
     pd.testing.assert_frame_equal(back, table, check_dtype=False, rtol=1e-7)
 
@@ -71,11 +76,19 @@ def test_compare_bad_input(cli, runs, tmp_path, case):
     (tmp_path / "plain").mkdir()
     (tmp_path / "file.txt").write_text("x")
     out = tmp_path / ("file.txt" if case == "out-is-a-file" else "cmp")
-    args = {"missing": [runs["gpt2"], tmp_path / "nope"], "same": [runs["gpt2"], runs["gpt2"]],
-            "one": [runs["gpt2"]], "not-a-run": [runs["gpt2"], tmp_path / "plain"],
-            "out-is-a-file": [runs["gpt2"], runs["bert"]]}[case]
+    args = {
+        "missing": [runs["gpt2"], tmp_path / "nope"],
+        "same": [runs["gpt2"], runs["gpt2"]],
+        "one": [runs["gpt2"]],
+        "not-a-run": [runs["gpt2"], tmp_path / "plain"],
+        "out-is-a-file": [runs["gpt2"], runs["bert"]],
+    }[case]
     line = one_error_line(invoke(cli, "compare", *args, "--out", out))
-    assert {"missing": "does not exist", "same": "are the same run directory",
-            "one": "at least two run directories, got 1", "not-a-run": "no scores.csv",
-            "out-is-a-file": "exists and is not a directory"}[case] in line
+    assert {
+        "missing": "does not exist",
+        "same": "are the same run directory",
+        "one": "at least two run directories, got 1",
+        "not-a-run": "no scores.csv",
+        "out-is-a-file": "exists and is not a directory",
+    }[case] in line
     assert not (tmp_path / "cmp").exists()

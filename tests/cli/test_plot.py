@@ -32,9 +32,7 @@ def one_error_line(result) -> str:
     return errors[0]
 
 
-
 # ------------------------------------------------------------------------------ show --layer
-
 
 
 def test_plot_redraws_the_run_figures(cli, runs, tmp_path, no_model):
@@ -46,7 +44,8 @@ def test_plot_redraws_the_run_figures(cli, runs, tmp_path, no_model):
     written = [Path(line) for line in result.stdout.splitlines()]
     assert sorted(p.name for p in written) == original
     assert all(p.parent == tmp_path / "again" for p in written)
-    for name in ("induction.png", "summary.png"):  # same pixels: same data, same titles (n included)
+    # same pixels: same data, same titles (n included)
+    for name in ("induction.png", "summary.png"):
         a, b = imread(run / name), imread(tmp_path / "again" / name)
         assert a.shape == b.shape and np.abs(a - b).mean() < 1e-3
 
@@ -56,7 +55,9 @@ def test_plot_into_the_run_directory(cli, runs, no_model):
     assert not list(run.glob("*.png"))
     result = invoke(cli, "plot", run)
     assert result.exit_code == 0, result.output
-    assert sorted(Path(p).name for p in result.stdout.splitlines()) == sorted(p.name for p in run.glob("*.png"))
+    assert sorted(Path(p).name for p in result.stdout.splitlines()) == sorted(
+        p.name for p in run.glob("*.png")
+    )
     assert len(list(run.glob("*.png"))) == 10
 
 

@@ -21,7 +21,18 @@ from headscope.cli.main import main
 
 pytestmark = pytest.mark.cuda
 
-FAST = ["--n-prompts", "4", "--repeat-len", "8", "--batch-size", "2", "--bootstrap", "20", "--quiet", "--no-figures"]
+FAST = [
+    "--n-prompts",
+    "4",
+    "--repeat-len",
+    "8",
+    "--batch-size",
+    "2",
+    "--bootstrap",
+    "20",
+    "--quiet",
+    "--no-figures",
+]
 
 
 def _device_args(accel: torch.device) -> list[str]:
@@ -74,7 +85,9 @@ def test_bfloat16_weights_keep_float32_statistics(tiny_gpt2_dir, tmp_path, accel
     of the float32 scan (5e-2 on SmolLM2; a tiny random model moves less)."""
     f32, bf16 = tmp_path / "f32", tmp_path / "bf16"
     assert _cli("scan", tiny_gpt2_dir, "--out", f32, *FAST, *_device_args(accel)).exit_code == 0
-    r = _cli("scan", tiny_gpt2_dir, "--out", bf16, *FAST, "--dtype", "bfloat16", *_device_args(accel))
+    r = _cli(
+        "scan", tiny_gpt2_dir, "--out", bf16, *FAST, "--dtype", "bfloat16", *_device_args(accel)
+    )
     assert r.exit_code == 0, r.output
     assert json.loads((bf16 / "metadata.json").read_text())["dtype"] == "bfloat16"
     assert (_scores(f32) - _scores(bf16)).abs().max() <= 5e-2
@@ -85,8 +98,20 @@ def test_effects_on_the_device(tiny_gpt2_dir, tmp_path, accel):
     repeated batches and the backward pass on the device) and agree with the CPU's."""
     cpu, dev = tmp_path / "cpu", tmp_path / "dev"
     for out, args in ((cpu, ["--device", "cpu"]), (dev, _device_args(accel))):
-        r = _cli("scan", tiny_gpt2_dir, "--out", out, *FAST, "--effects", "both", "--effects-sequences", "4",
-                 "--engine", "blocked", *args)
+        r = _cli(
+            "scan",
+            tiny_gpt2_dir,
+            "--out",
+            out,
+            *FAST,
+            "--effects",
+            "both",
+            "--effects-sequences",
+            "4",
+            "--engine",
+            "blocked",
+            *args,
+        )
         assert r.exit_code == 0, r.output
     a, b = _scores(cpu), _scores(dev)
     effects = [i for i in a.index if i[0].startswith(("effect_", "attribution_"))]
@@ -96,9 +121,33 @@ def test_effects_on_the_device(tiny_gpt2_dir, tmp_path, accel):
 def test_kvplan_on_the_device(tiny_gpt2_dir, tmp_path, accel):
     """A KV plan verified on the device: restricted heads by masks (the CPU kernel is not there)."""
     out = tmp_path / "run"
-    r = _cli("kvplan", tiny_gpt2_dir, "--out", out, "--budgets", "0.5", "--seeds", "1", "--window", "16",
-             "--seq-len", "128", "--texts", "1", "--depths", "0.5", "--needles-per-depth", "1", "--needle-tokens",
-             "4", "--scan-sequences", "2", "--scan-bootstrap", "0", "-q")
+    r = _cli(
+        "kvplan",
+        tiny_gpt2_dir,
+        "--out",
+        out,
+        "--budgets",
+        "0.5",
+        "--seeds",
+        "1",
+        "--window",
+        "16",
+        "--seq-len",
+        "128",
+        "--texts",
+        "1",
+        "--depths",
+        "0.5",
+        "--needles-per-depth",
+        "1",
+        "--needle-tokens",
+        "4",
+        "--scan-sequences",
+        "2",
+        "--scan-bootstrap",
+        "0",
+        "-q",
+    )
     assert r.exit_code == 0, r.output
     assert (out / "kvplan" / "kvplan.csv").is_file()
 
@@ -113,12 +162,24 @@ def test_show_on_the_device(tiny_gpt2_dir, tmp_path, accel):
 
 
 def test_ray_workers_get_a_gpu_each(tiny_gpt2_dir, tmp_path, accel):
-    """--ray with GPU workers: each actor holds a replica on its GPU; the scores are the plain scan's."""
+    """--ray with GPU workers: each actor holds a replica on its GPU; the scores are the plain
+    scan's."""
     pytest.importorskip("ray")
     if accel.type != "cuda":
         pytest.skip("GPU workers need a GPU")
     plain, sharded = tmp_path / "plain", tmp_path / "sharded"
     assert _cli("scan", tiny_gpt2_dir, "--out", plain, *FAST, "--device", "cuda").exit_code == 0
-    r = _cli("scan", tiny_gpt2_dir, "--out", sharded, *FAST, "--device", "cuda", "--ray", "--workers", "1")
+    r = _cli(
+        "scan",
+        tiny_gpt2_dir,
+        "--out",
+        sharded,
+        *FAST,
+        "--device",
+        "cuda",
+        "--ray",
+        "--workers",
+        "1",
+    )
     assert r.exit_code == 0, r.output
     assert (sharded / "scores.csv").read_bytes() == (plain / "scores.csv").read_bytes()

@@ -1,5 +1,6 @@
 """Effects recomputed with plain transformers: forward pre-hooks on each layer's output projection,
-one sequence at a time, no padding. Shares no code with headscope.effects.heads or the attention seam."""
+one sequence at a time, no padding. Shares no code with headscope.effects.heads or the attention
+seam."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import torch.nn.functional as F
 
 
 def output_projection(hf, layer: int):
-    """The module whose input is the concatenated per-head attention outputs ``[.., head * dim]``."""
+    """The module whose input is the concatenated per-head attention outputs ``[.., head *
+    dim]``."""
     name = type(hf).__name__
     if name.startswith("GPT2"):
         return hf.transformer.h[layer].attn.c_proj
@@ -37,8 +39,10 @@ def head_means(hf, sequences, n_layers, n_heads, d_head, token_types=None):
     count = 0
     handles = []
     for layer in range(n_layers):
+
         def pre(module, args, layer=layer):
             sums[layer] += args[0][0].double().reshape(-1, n_heads, d_head).sum(0)
+
         handles.append(output_projection(hf, layer).register_forward_pre_hook(pre))
     try:
         for ids, types in zip(sequences, _types(token_types, sequences), strict=True):
@@ -65,13 +69,15 @@ def target_sums(hf, sequences, target: str, repeat_len=None, token_types=None):
     return out
 
 
-def ablated_effect(hf, sequences, target, layer, head, d_head, value, repeat_len=None, token_types=None) -> float:
+def ablated_effect(
+    hf, sequences, target, layer, head, d_head, value, repeat_len=None, token_types=None
+) -> float:
     """The pooled effect of replacing head ``head``'s slice by ``value`` at every position."""
     clean = target_sums(hf, sequences, target, repeat_len, token_types)
 
     def pre(module, args):
         x = args[0].clone()
-        x[..., head * d_head:(head + 1) * d_head] = value.to(x.dtype)
+        x[..., head * d_head : (head + 1) * d_head] = value.to(x.dtype)
         return (x,)
 
     handle = output_projection(hf, layer).register_forward_pre_hook(pre)
@@ -80,5 +86,8 @@ def ablated_effect(hf, sequences, target, layer, head, d_head, value, repeat_len
     finally:
         handle.remove()
     if target == "embedding":
-        return float(sum(1 - F.cosine_similarity(a, b, dim=0) for a, b in zip(clean, ablated, strict=True)) / len(clean))
+        return float(
+            sum(1 - F.cosine_similarity(a, b, dim=0) for a, b in zip(clean, ablated, strict=True))
+            / len(clean)
+        )
     return (sum(s for s, _ in ablated) - sum(s for s, _ in clean)) / sum(c for _, c in clean)

@@ -20,13 +20,23 @@ def _check(model, probe, target_name, heads, ablation, atol):
     hf = model.hf
     hf.set_attn_implementation("eager")  # the oracle runs the model as transformers ships it
     try:
-        ref_means = oracle.head_means(hf, probe.sequences, model.n_layers, model.n_heads, model.d_head,
-                                      probe.token_types)
+        ref_means = oracle.head_means(
+            hf, probe.sequences, model.n_layers, model.n_heads, model.d_head, probe.token_types
+        )
         torch.testing.assert_close(means, ref_means, atol=1e-5, rtol=0)
         for layer, head in heads:
             value = ref_means[layer, head] if ablation == "mean" else torch.zeros(model.d_head)
-            want = oracle.ablated_effect(hf, probe.sequences, target_name, layer, head, model.d_head, value,
-                                         probe.repeat_len, probe.token_types)
+            want = oracle.ablated_effect(
+                hf,
+                probe.sequences,
+                target_name,
+                layer,
+                head,
+                model.d_head,
+                value,
+                probe.repeat_len,
+                probe.token_types,
+            )
             s, c = got[(layer, head)]  # per sequence
             assert s.shape == c.shape == (len(probe),)
             assert float(s.sum() / c.sum()) == pytest.approx(want, abs=atol), (layer, head)
@@ -55,15 +65,19 @@ def test_encoder_effects_with_token_types_match_plain_hooks(tiny_bert):
 
 
 def test_reusing_the_prefix_and_sharing_forwards_change_nothing(tiny_gpt2):
-    """All heads of a layer in one forward from the kept block output == one full forward per head."""
+    """All heads of a layer in one forward from the kept block output == one full forward per
+    head."""
     _, repeat = headscope.default_probes(tiny_gpt2, n_prompts=3, repeat_len=5)
     target = TARGETS["repeat_loss"]
     means = head_means(tiny_gpt2, repeat, batch_size=2)
     heads = [(layer, h) for layer in range(2) for h in range(4)]
-    shared = exact_effects(tiny_gpt2, repeat, target, heads, means, batch_size=2, rows_per_forward=64)
+    shared = exact_effects(
+        tiny_gpt2, repeat, target, heads, means, batch_size=2, rows_per_forward=64
+    )
     alone = exact_effects(tiny_gpt2, repeat, target, heads, means, batch_size=1, rows_per_forward=1)
     for key in heads:
-        torch.testing.assert_close(shared[key][0], alone[key][0], atol=1e-6, rtol=0)  # sequence by sequence
+        # sequence by sequence
+        torch.testing.assert_close(shared[key][0], alone[key][0], atol=1e-6, rtol=0)
         assert torch.equal(shared[key][1], alone[key][1])
 
 

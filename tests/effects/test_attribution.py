@@ -57,11 +57,16 @@ def tiny_gpt2_fp64():
 @pytest.mark.parametrize("target_name", ["repeat_loss", "text_loss"])
 def test_attribution_is_the_derivative_along_the_ablation(tiny_gpt2_fp64, target_name):
     model, target = tiny_gpt2_fp64, TARGETS[target_name]
-    probe = headscope.default_probes(model, n_prompts=3, repeat_len=6, seed=3)[target.probe == "repeat"]
+    probe = headscope.default_probes(model, n_prompts=3, repeat_len=6, seed=3)[
+        target.probe == "repeat"
+    ]
     means = head_means(model, probe, batch_size=2)
     per_seq, counts, pass_means = attribution_effects(model, probe, target, None, batch_size=2)
-    torch.testing.assert_close(pass_means, means.double(), atol=1e-7, rtol=0)  # the same pass gives the means
-    assert per_seq.shape == (len(probe), 2, 4) and counts.shape == (len(probe),) and (counts > 0).all()
+    # the same pass gives the means
+    torch.testing.assert_close(pass_means, means.double(), atol=1e-7, rtol=0)
+    assert (
+        per_seq.shape == (len(probe), 2, 4) and counts.shape == (len(probe),) and (counts > 0).all()
+    )
     estimate = per_seq.sum(0) / counts.sum()  # the pooled estimate
     given, _, _ = attribution_effects(model, probe, target, means, batch_size=3)
     torch.testing.assert_close(given.sum(0) / counts.sum(), estimate, atol=1e-6, rtol=1e-5)

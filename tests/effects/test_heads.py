@@ -1,4 +1,5 @@
-"""head_effects: modes, which heads get exact ablation, the tables it returns, and what it refuses."""
+"""head_effects: modes, which heads get exact ablation, the tables it returns, and what it
+refuses."""
 
 from __future__ import annotations
 
@@ -20,13 +21,21 @@ def test_modes_say_which_estimator_gave_each_row(tiny_gpt2, probes):
     exact = {r.metric.name: r for r in head_effects(tiny_gpt2, probes, EffectSettings("exact"))}
     assert set(exact) == {"effect_repeat_loss", "effect_text_loss"}
     assert all((r.estimator == "exact").all() for r in exact.values())
-    attr = {r.metric.name: r for r in head_effects(tiny_gpt2, probes, EffectSettings("attribution"))}
+    attr = {
+        r.metric.name: r for r in head_effects(tiny_gpt2, probes, EffectSettings("attribution"))
+    }
     assert set(attr) == {"effect_repeat_loss", "effect_text_loss"}
     assert all((r.estimator == "attribution").all() for r in attr.values())
     both = {r.metric.name: r for r in head_effects(tiny_gpt2, probes, EffectSettings("both"))}
-    assert set(both) == {"effect_repeat_loss", "attribution_repeat_loss", "effect_text_loss", "attribution_text_loss"}
+    assert set(both) == {
+        "effect_repeat_loss",
+        "attribution_repeat_loss",
+        "effect_text_loss",
+        "attribution_text_loss",
+    }
     for name in ("effect_repeat_loss", "effect_text_loss"):
-        torch.testing.assert_close(both[name].score, exact[name].score)  # exact is exact, whatever the mode
+        # exact is exact, whatever the mode
+        torch.testing.assert_close(both[name].score, exact[name].score)
         assert both[name].count == exact[name].count == attr[name].count
         torch.testing.assert_close(both["attribution_" + name[7:]].score, attr[name].score)
         assert both[name].chance == 0.0
@@ -39,33 +48,47 @@ def test_auto_ablates_exactly_the_top_heads_and_estimates_the_rest(tiny_gpt2, pr
     res = {r.metric.name: r for r in head_effects(tiny_gpt2, probes, EffectSettings("auto"))}
     assert (res["effect_repeat_loss"].estimator == "exact").all()
     attribution = torch.tensor([[0.1, -3.0, 0.0, 0.2], [0.0, 0.0, 2.0, 0.0]])
-    assert set(choose_heads(attribution, None, "repeat")) == {(la, h) for la in range(2) for h in range(4)}
+    assert set(choose_heads(attribution, None, "repeat")) == {
+        (la, h) for la in range(2) for h in range(4)
+    }
     big = torch.zeros(10, 10)
     big[3, 4], big[7, 1] = 5.0, -6.0
-    scores = pd.DataFrame([{"metric": "induction", "probe": "repeat", "layer": 9, "head": 9, "score": 0.9},
-                           {"metric": "entropy", "probe": "text", "layer": 0, "head": 0, "score": 0.01},
-                           {"metric": "induction", "probe": "repeat", "layer": 0, "head": 1, "score": 0.1}])
+    scores = pd.DataFrame(
+        [
+            {"metric": "induction", "probe": "repeat", "layer": 9, "head": 9, "score": 0.9},
+            {"metric": "entropy", "probe": "text", "layer": 0, "head": 0, "score": 0.01},
+            {"metric": "induction", "probe": "repeat", "layer": 0, "head": 1, "score": 0.1},
+        ]
+    )
     chosen = choose_heads(big, scores, "repeat")
     assert len(chosen) == 12  # 10 by |attribution| (ties by index) + 2 induction heads
     assert (3, 4) in chosen and (7, 1) in chosen and (9, 9) in chosen and (0, 0) not in chosen[:0]
 
 
 def test_estimators_and_labels_in_the_table(tiny_gpt2, probes):
-    result = headscope.scan(tiny_gpt2, probes, effects=EffectSettings("both"),
-                            thresholds={"effect_repeat_loss": -10.0})
+    result = headscope.scan(
+        tiny_gpt2, probes, effects=EffectSettings("both"), thresholds={"effect_repeat_loss": -10.0}
+    )
     s = result.scores
     assert list(s.columns)[-1] == "estimator"
     assert set(s.loc[s.metric == "effect_repeat_loss", "estimator"]) == {"exact"}
     assert set(s.loc[s.metric == "attribution_repeat_loss", "estimator"]) == {"attribution"}
     assert set(s.loc[s.metric == "induction", "estimator"]) == {""}
-    assert (s.loc[s.metric == "effect_repeat_loss", "label"] == "matters for copying").all()  # threshold -10
-    assert (s.loc[s.metric == "attribution_repeat_loss", "label"] == "").all()  # estimates are never labelled
+    # threshold -10
+    assert (s.loc[s.metric == "effect_repeat_loss", "label"] == "matters for copying").all()
+    # estimates are never labelled
+    assert (s.loc[s.metric == "attribution_repeat_loss", "label"] == "").all()
     assert {"copying", "value_sink"} <= set(s.metric)
-    assert result.metadata["effects"]["exact_heads"] == {"effect_repeat_loss": 8, "effect_text_loss": 8}
+    assert result.metadata["effects"]["exact_heads"] == {
+        "effect_repeat_loss": 8,
+        "effect_text_loss": 8,
+    }
 
 
 def test_what_effects_refuse(tiny_bert, tiny_gpt2, probes):
-    with pytest.raises(headscope.HeadscopeError, match="Unknown effects mode 'exactly'. Did you mean: exact"):
+    with pytest.raises(
+        headscope.HeadscopeError, match="Unknown effects mode 'exactly'. Did you mean: exact"
+    ):
         EffectSettings("exactly").validate()
     with pytest.raises(headscope.HeadscopeError, match="Unknown ablation 'half'"):
         EffectSettings(ablation="half").validate()
@@ -73,7 +96,9 @@ def test_what_effects_refuse(tiny_bert, tiny_gpt2, probes):
     with pytest.raises(headscope.HeadscopeError, match="is an encoder: .*use --effects exact"):
         head_effects(tiny_bert, text, EffectSettings("attribution"))
     bridge_model = headscope.load_model(tiny_gpt2.bridge)
-    with pytest.raises(headscope.HeadscopeError, match="effects ablate heads at the attention seam"):
+    with pytest.raises(
+        headscope.HeadscopeError, match="effects ablate heads at the attention seam"
+    ):
         headscope.scan(bridge_model, probes, effects=EffectSettings())
     from transformers import GPT2Model
 

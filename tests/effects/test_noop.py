@@ -129,7 +129,8 @@ def test_noop_effects_match_patched_hf_eager(which, request):
     for (layer, head), (sums, counts) in got.items():
         want = torch.tensor(oracle(folder, model, probe, layer, head), dtype=torch.float64)
         # float32 forwards, sdpa against eager: losses differ by ~1e-6 nats; 1 - cos is second order
-        # in the change of the embedding (~1e-4 relative on a random tiny BERT), so its noise is relative
+        # in the change of the embedding (~1e-4 relative on a random tiny BERT), so its noise is
+        # relative
         tol = dict(rtol=1e-3, atol=1e-5) if model.causal else dict(rtol=2e-2, atol=1e-12)
         torch.testing.assert_close(sums, want, **tol)
         sizes.append(float(want.abs().max()))

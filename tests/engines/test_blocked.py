@@ -1,5 +1,6 @@
 """The blocked engine: exact pattern blocks from q and k, equal to eager attention and to the
-hook_pattern path; it stops the forward after the last layer and refuses softmaxes it cannot model."""
+hook_pattern path; it stops the forward after the last layer and refuses softmaxes it cannot
+model."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def test_blocks_with_padding_masks_bool_and_additive():
     q, k = torch.randn(b, h, n, d, generator=g), torch.randn(b, h, n, d, generator=g)
     real = torch.tensor([[1] * 7, [1] * 4 + [0] * 3], dtype=torch.bool)
     causal = torch.tril(torch.ones(n, n, dtype=torch.bool))
-    bool_mask = (real[:, None, None, :] & causal)  # [b, 1, q, k]
+    bool_mask = real[:, None, None, :] & causal  # [b, 1, q, k]
     want = reference(q, k, bool_mask, 0.5, True)
     got = assemble(pattern_blocks(q, k, bool_mask, 0.5, True, 2), n)
     torch.testing.assert_close(got, want)
@@ -90,12 +91,20 @@ def test_token_types_reach_every_engine(tiny_bert):
     """Segment ids change the patterns, and every engine feeds them the same way (the recompute
     test checks them against transformers' own eager attention)."""
     typed = headscope.text_probe(tiny_bert, n_prompts=5, token_types=True)
-    assert_engines_agree(tiny_bert, None, None, batch_size=2, engines=("blocked", "fused"), probes=[typed])
+    assert_engines_agree(
+        tiny_bert, None, None, batch_size=2, engines=("blocked", "fused"), probes=[typed]
+    )
     metrics = [m for m in REGISTRY.values() if m.probe == "text"]
     with_types = score_probe(tiny_bert, typed, metrics, batch_size=2, engine="blocked")
-    without = score_probe(tiny_bert, headscope.text_probe(tiny_bert, n_prompts=5), metrics, batch_size=2,
-                          engine="blocked")
-    assert (with_types["sink"].score - without["sink"].score).abs().max() > 1e-6  # they reach the model
+    without = score_probe(
+        tiny_bert,
+        headscope.text_probe(tiny_bert, n_prompts=5),
+        metrics,
+        batch_size=2,
+        engine="blocked",
+    )
+    # they reach the model
+    assert (with_types["sink"].score - without["sink"].score).abs().max() > 1e-6
 
 
 def test_small_blocks_change_nothing(tiny_gpt2, monkeypatch):
@@ -114,9 +123,12 @@ def test_small_blocks_change_nothing(tiny_gpt2, monkeypatch):
     monkeypatch.setattr(blocked, "BLOCK_BYTES", 1)
     monkeypatch.setattr(blocked, "pattern_blocks", blocks)
     got = score_probe(tiny_gpt2, probe, metrics, batch_size=2, engine="blocked")
-    assert {rows for rows, _ in starts} == {16} and max(q for _, q in starts) == 96  # really blocked
+    # really blocked
+    assert {rows for rows, _ in starts} == {16} and max(q for _, q in starts) == 96
     for name in got:
-        torch.testing.assert_close(got[name].score, want[name].score, atol=1e-5, rtol=0, equal_nan=True)
+        torch.testing.assert_close(
+            got[name].score, want[name].score, atol=1e-5, rtol=0, equal_nan=True
+        )
 
 
 def test_blocked_forward_stops_after_the_last_layer(tiny_gpt2):
@@ -125,8 +137,14 @@ def test_blocked_forward_stops_after_the_last_layer(tiny_gpt2):
     handle = mlp.register_forward_hook(lambda *a: fired.append("mlp0"))
     try:
         layers = []
-        blocked.ENGINE.run(tiny_gpt2, torch.tensor([[0, 5, 6]]), torch.ones(1, 3, dtype=torch.bool), None,
-                           lambda layer, rows, qs: layers.append((layer, rows.shape, qs)), layers=[0])
+        blocked.ENGINE.run(
+            tiny_gpt2,
+            torch.tensor([[0, 5, 6]]),
+            torch.ones(1, 3, dtype=torch.bool),
+            None,
+            lambda layer, rows, qs: layers.append((layer, rows.shape, qs)),
+            layers=[0],
+        )
     finally:
         handle.remove()
     assert layers == [(0, (1, tiny_gpt2.n_heads, 3, 3), 0)] and fired == []
@@ -140,9 +158,20 @@ def test_blocked_and_fused_equal_hooks_on_real_models(fixture, request):
 
 @pytest.mark.parametrize("kwarg", ["softcap", "s_aux", "position_bias"])
 def test_attention_it_cannot_model_is_refused_not_mis_scored(kwarg):
-    """Logit soft-capping, learned sinks and position biases change the pattern; say so, never guess."""
+    """Logit soft-capping, learned sinks and position biases change the pattern; say so, never
+    guess."""
     q = torch.randn(1, 2, 4, 8)
-    call = AttentionCall(layer=0, query=q, key=q, value=q, mask=None, scale=0.5, causal=True,
-                         extras={kwarg: torch.ones(1)})
-    with pytest.raises(headscope.HeadscopeError, match=f"uses {kwarg}.*blocked engine.*use --engine hooks"):
+    call = AttentionCall(
+        layer=0,
+        query=q,
+        key=q,
+        value=q,
+        mask=None,
+        scale=0.5,
+        causal=True,
+        extras={kwarg: torch.ones(1)},
+    )
+    with pytest.raises(
+        headscope.HeadscopeError, match=f"uses {kwarg}.*blocked engine.*use --engine hooks"
+    ):
         BlockHandler(lambda *a: None, [0])(call)

@@ -35,7 +35,9 @@ def reference_scores(model, probe: Probe) -> dict[str, torch.Tensor]:
                 continue
             for layer, p in enumerate(pats):
                 r = m(p, b)
-                totals.setdefault(m.name, torch.zeros(model.n_layers, model.n_heads, dtype=torch.float64))
+                totals.setdefault(
+                    m.name, torch.zeros(model.n_layers, model.n_heads, dtype=torch.float64)
+                )
                 totals[m.name][layer] += r.total[0]
             counts[m.name] = counts.get(m.name, 0) + r.count.item()
     return {k: totals[k] / counts[k] for k in totals}
@@ -71,7 +73,11 @@ def test_patterns_are_post_softmax_and_causal(tiny_gpt2, tiny_bert):
 
 def test_batch_size_zero_is_refused(tiny_gpt2):
     probe = headscope.default_probes(tiny_gpt2, n_prompts=2)[0]
-    with pytest.raises(headscope.HeadscopeError, match=r"batch_size \(--batch-size\) must be at least 1"):
+    with pytest.raises(
+        headscope.HeadscopeError,
+        match=r"batch_size \(--batch-size\) must be at "
+        r"least 1",
+    ):
         score_probe(tiny_gpt2, probe, list(REGISTRY.values()), batch_size=0)
 
 
@@ -86,7 +92,9 @@ def test_shards_of_a_probe_pool_to_the_whole(tiny_gpt2):
         for name, res in whole.items():
             merged = sum([a[name], b[name]])  # sum() starts from 0
             torch.testing.assert_close(merged.score, res.score, atol=1e-12, rtol=0, equal_nan=True)
-            assert merged.count == res.count and merged.chance == pytest.approx(res.chance, nan_ok=True)
+            assert merged.count == res.count and merged.chance == pytest.approx(
+                res.chance, nan_ok=True
+            )
     with pytest.raises(ValueError, match="Cannot pool"):
         a["induction"] + a["duplicate_token"]
 

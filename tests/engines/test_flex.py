@@ -30,8 +30,12 @@ from headscope.probes.pairs import packed_text_probe
 from headscope.result import Probe
 
 TOL = 1e-5
-FUSED_EXACT = [f for f in conf.FAMILIES
-               if json.loads(SUPPORT_JSON.read_text())["families"][f.name]["engines"]["fused"]["status"] == "exact"]
+FUSED_EXACT = [
+    f
+    for f in conf.FAMILIES
+    if json.loads(SUPPORT_JSON.read_text())["families"][f.name]["engines"]["fused"]["status"]
+    == "exact"
+]
 
 
 @pytest.fixture(autouse=True)
@@ -65,15 +69,19 @@ def tile_semantics(block, n_q: int, n_k: int) -> torch.Tensor:
         dense = block.mask_mod(torch.tensor(b), torch.tensor(0), qi, ki).expand(n_q, n_k)
         for t in range(block.kv_num_blocks.shape[2]):
             rows = slice(t * bs, min(n_q, (t + 1) * bs))
-            for kind, num, idx in (("partial", block.kv_num_blocks, block.kv_indices),
-                                   ("full", block.full_kv_num_blocks, block.full_kv_indices)):
+            for kind, num, idx in (
+                ("partial", block.kv_num_blocks, block.kv_indices),
+                ("full", block.full_kv_num_blocks, block.full_kv_indices),
+            ):
                 for j in idx[b, 0, t, : int(num[b, 0, t])].tolist():
                     cols = slice(j * bs, min(n_k, (j + 1) * bs))
                     out[b, rows, cols] = dense[rows, cols] if kind == "partial" else True
     return out
 
 
-def masks(n_q: int, n_k: int, lengths=(None,), window: int | None = None, causal: bool = True) -> torch.Tensor:
+def masks(
+    n_q: int, n_k: int, lengths=(None,), window: int | None = None, causal: bool = True
+) -> torch.Tensor:
     """A boolean call mask ``[batch, 1, q, k]`` as transformers builds one: causality, a sliding
     window, right padding (keys past each length hidden)."""
     q = torch.arange(n_q)[:, None] + (n_k - n_q)
@@ -97,7 +105,14 @@ SHAPES = [  # (n_q, n_k, lengths, window, causal, dense)
     (300, 300, (None,), None, True, True),  # plain causal, lengths not a multiple of the tile
     (300, 300, (None,), None, True, False),  # ... without a mask (causality from the call)
     (300, 300, (None, 170), 70, True, True),  # sliding window + padding, two sequences
-    (257, 257, (200,), 130, False, True),  # a bidirectional sliding window (ModernBERT's local layers)
+    (
+        257,
+        257,
+        (200,),
+        130,
+        False,
+        True,
+    ),  # a bidirectional sliding window (ModernBERT's local layers)
     (129, 385, (None,), None, True, True),  # a KV cache: keys before the first query
     (129, 385, (None,), None, True, False),
     (128, 128, (None,), None, False, True),
@@ -123,7 +138,9 @@ def test_tiles_are_exactly_what_the_mask_mod_says(n_q, n_k, lengths, window, cau
         want &= (q - k < band[1]) & (k >= band[0])
     assert torch.equal(got, want.expand_as(got))
     any_, all_ = vis.tiles(window=band)
-    assert bool(all_.any()) or band is not None or window is not None  # full tiles exist: they are skipped work
+    assert (
+        bool(all_.any()) or band is not None or window is not None
+    )  # full tiles exist: they are skipped work
     if causal and n_q > fs.BLOCK and band is None:
         assert not bool(any_[:, 0, -1].any())  # the first query tile never reads the last key tile
 
@@ -158,13 +175,17 @@ def test_layer_stats_equal_a_hand_written_softmax(causal):
     A, s = softmax64(q, k, visible, scale)  # [b, h, q, k]
     seen = visible.any(-1).expand(A.shape[:3])  # [b, h, q]
     g = q.shape[1] // k.shape[1]
-    torch.testing.assert_close(out.double(), A @ v.double().repeat_interleave(g, 1), atol=TOL, rtol=0)
+    torch.testing.assert_close(
+        out.double(), A @ v.double().repeat_interleave(g, 1), atol=TOL, rtol=0
+    )
     ent = -torch.special.xlogy(A, A).sum(-1)
     torch.testing.assert_close(st.entropy, ent, atol=TOL, rtol=0)
     lse = torch.where(seen, torch.logsumexp(s, -1), float("-inf"))
     torch.testing.assert_close(st.lse, lse, atol=TOL, rtol=0)
     for name, f in flags.items():
-        torch.testing.assert_close(st.masses[name], (A * f[:, None, None, :].double()).sum(-1), atol=TOL, rtol=0)
+        torch.testing.assert_close(
+            st.masses[name], (A * f[:, None, None, :].double()).sum(-1), atol=TOL, rtol=0
+        )
     qi, ki = torch.arange(150)[:, None], torch.arange(150)[None, :]
     in_band = (ki < band[0]) | ((qi - ki < band[1]) & (ki <= qi))
     torch.testing.assert_close(st.band[1], (A * in_band).sum(-1), atol=TOL, rtol=0)
@@ -177,7 +198,10 @@ def test_layer_stats_equal_a_hand_written_softmax(causal):
     for off in (-1, 0, 5, -7):
         keys = torch.arange(150) + off
         inside = (keys >= 0) & (keys < 150)
-        want = A.gather(-1, keys.clamp(0, 149)[None, None, :, None].expand(2, 6, 150, 1)).squeeze(-1) * inside
+        want = (
+            A.gather(-1, keys.clamp(0, 149)[None, None, :, None].expand(2, 6, 150, 1)).squeeze(-1)
+            * inside
+        )
         torch.testing.assert_close(st.at(keys), want, atol=TOL, rtol=0)
 
 
@@ -191,8 +215,12 @@ def test_half_precision_inputs_are_scored_in_float32():
         assert out.dtype == dtype and st.entropy.dtype == torch.float64
         A, _ = softmax64(q, k, m & torch.ones(150, 150, dtype=torch.bool).tril(), scale)
         torch.testing.assert_close(st.entropy, -torch.special.xlogy(A, A).sum(-1), atol=TOL, rtol=0)
-        torch.testing.assert_close(st.masses["punctuation"], (A * flags["punctuation"][:, None, None].double()).sum(-1),
-                                   atol=TOL, rtol=0)
+        torch.testing.assert_close(
+            st.masses["punctuation"],
+            (A * flags["punctuation"][:, None, None].double()).sum(-1),
+            atol=TOL,
+            rtol=0,
+        )
         want = (A @ v.double().repeat_interleave(3, 1)).to(dtype)
         torch.testing.assert_close(out, want, atol=2e-2, rtol=0)
 
@@ -227,7 +255,9 @@ def test_heads_are_processed_in_chunks_that_give_the_same_statistics(monkeypatch
     assert torch.equal(parts.argmax, whole.argmax)
     # channels wider than one pass takes (CUDA: 256) are split into passes over the same tiles
     calls.clear()
-    monkeypatch.setitem(fs.MAX_VALUE_DIM, "cpu", 16)  # 12 + 16 + 1 + 2 + 1 = 32 channels: two passes
+    monkeypatch.setitem(
+        fs.MAX_VALUE_DIM, "cpu", 16
+    )  # 12 + 16 + 1 + 2 + 1 = 32 channels: two passes
     out2, split = fs.layer_stats(q, k, v, vis, scale, req)
     assert calls == [3, 3, 3] * 2
     torch.testing.assert_close(out2, out, atol=1e-6, rtol=0)
@@ -245,11 +275,18 @@ def _instrumented(monkeypatch):
     """Record each scanned layer: ('flex', layer) through FlexAttention, ('blocks', layer) through pattern blocks."""
     seen = []
     real = flex.layer_stats
-    monkeypatch.setattr(flex, "layer_stats", lambda *a, **k: (seen.append("flex"), real(*a, **k))[1])
+    monkeypatch.setattr(
+        flex, "layer_stats", lambda *a, **k: (seen.append("flex"), real(*a, **k))[1]
+    )
     score = BlockHandler.score
-    monkeypatch.setattr(BlockHandler, "score",
-                        lambda self, call: (seen.append("blocks" if self.engine == "flex" else "blocked"),
-                                            score(self, call))[1])
+    monkeypatch.setattr(
+        BlockHandler,
+        "score",
+        lambda self, call: (
+            seen.append("blocks" if self.engine == "flex" else "blocked"),
+            score(self, call),
+        )[1],
+    )
     return seen
 
 
@@ -260,8 +297,14 @@ def assert_flex_equals_blocked(model, probes, batch_size, tol=TOL):
         want = score_probe(model, probe, metrics, batch_size=batch_size, engine="blocked")
         assert set(got) == set(want) == {m.name for m in metrics}
         for name in want:
-            torch.testing.assert_close(got[name].score, want[name].score, atol=tol, rtol=0, equal_nan=True,
-                                       msg=lambda msg, n=name, p=probe.name: f"{p}/{n}: {msg}")
+            torch.testing.assert_close(
+                got[name].score,
+                want[name].score,
+                atol=tol,
+                rtol=0,
+                equal_nan=True,
+                msg=lambda msg, n=name, p=probe.name: f"{p}/{n}: {msg}",
+            )
             assert got[name].count == want[name].count
             assert got[name].chance == pytest.approx(want[name].chance, nan_ok=True)
 
@@ -277,7 +320,13 @@ def test_flex_equals_blocked_on_every_family_the_fused_engine_scores(family, mon
     seen = _instrumented(monkeypatch)
     for probe in probes:  # every layer of every batch went through FlexAttention, none fell back
         seen.clear()
-        score_probe(model, probe, [m for m in REGISTRY.values() if m.probe == probe.name], batch_size=4, engine="flex")
+        score_probe(
+            model,
+            probe,
+            [m for m in REGISTRY.values() if m.probe == probe.name],
+            batch_size=4,
+            engine="flex",
+        )
         assert seen and set(seen) == {"flex"}, seen
     assert_flex_equals_blocked(model, probes, batch_size=4)
 
@@ -290,8 +339,11 @@ def test_streaming_and_retrieval_equal_blocked(model_type):
     hf, tok = conf.tiny_model(family)
     model = headscope.load_model(hf, tok, name=f"tiny-{model_type}")
     long = long_text_probe(model, 160, n_sequences=3)
-    ragged = Probe("text", [s[: 100 + 7 * i] for i, s in enumerate(long.sequences)],
-                   settings=dict(long.settings, band=[2, 9]))
+    ragged = Probe(
+        "text",
+        [s[: 100 + 7 * i] for i, s in enumerate(long.sequences)],
+        settings=dict(long.settings, band=[2, 9]),
+    )
     needles = needle_probe(model, [120, 160], depths=(0.2, 0.8), k=4)
     assert_flex_equals_blocked(model, [long, ragged, needles], batch_size=3)
 
@@ -302,16 +354,24 @@ def test_a_per_head_mask_falls_back_to_blocks_for_that_layer(tiny_gpt2):
     probe = packed_text_probe(tiny_gpt2, None, seq_len=21, n_sequences=1)
     batch = pattern_batch(tiny_gpt2, probe, tokens, mask, lengths)
     kinds, lines = [], []
-    handler = flex.FlexHandler(lambda layer, rows, qs: kinds.append((layer, type(rows))), [0, 1],
-                               flex.flex_request(batch, tokens.shape[1]))
-    restrict = RestrictKeys(layer=0, heads=[1], keep=lambda call: torch.ones(call.shape[-2:], dtype=torch.bool).tril())
+    handler = flex.FlexHandler(
+        lambda layer, rows, qs: kinds.append((layer, type(rows))),
+        [0, 1],
+        flex.flex_request(batch, tokens.shape[1]),
+    )
+    restrict = RestrictKeys(
+        layer=0, heads=[1], keep=lambda call: torch.ones(call.shape[-2:], dtype=torch.bool).tril()
+    )
     from headscope.errors import listening
 
     with listening(lines.append):
         tiny_gpt2.run(tokens, mask, handler=handler, interventions=[restrict])
     assert kinds == [(0, DenseRows), (1, HeadStats)]
-    assert lines == ["layer 0's attention has a per-head mask, which the flex engine does not take: scored from "
-                     "exact pattern blocks (same scores, slower)."]
+    assert lines == [
+        "layer 0's attention has a per-head mask, which the flex engine does not "
+        "take: scored from "
+        "exact pattern blocks (same scores, slower)."
+    ]
 
 
 def test_a_key_only_padding_mask_is_read_per_row():
@@ -321,12 +381,16 @@ def test_a_key_only_padding_mask_is_read_per_row():
     mask = torch.ones(2, 1, 1, 40, dtype=torch.bool)
     mask[1, ..., 31:] = False
     got = []
-    handler = flex.FlexHandler(lambda layer, rows, qs: got.append(rows), [0, 1], fs.StatsRequest({}))
+    handler = flex.FlexHandler(
+        lambda layer, rows, qs: got.append(rows), [0, 1], fs.StatsRequest({})
+    )
     call = AttentionCall(layer=0, query=q, key=k, value=v, mask=mask, scale=0.35, causal=False)
     out = handler(call)  # [b, q, h, dv]
     A, _ = softmax64(q, k, mask.expand(2, 4, 40, 40), 0.35)
     torch.testing.assert_close(got[0].entropy, -torch.special.xlogy(A, A).sum(-1), atol=TOL, rtol=0)
-    torch.testing.assert_close(out.transpose(1, 2).double(), A @ v.double().repeat_interleave(2, 1), atol=TOL, rtol=0)
+    torch.testing.assert_close(
+        out.transpose(1, 2).double(), A @ v.double().repeat_interleave(2, 1), atol=TOL, rtol=0
+    )
 
 
 def test_a_scan_under_an_intervention_equals_blocked(tiny_gpt2):
@@ -336,20 +400,36 @@ def test_a_scan_under_an_intervention_equals_blocked(tiny_gpt2):
     ablate = [ReplaceHeadOutput(layer=0, head=1, value=0.0)]
     metrics = [REGISTRY["induction"], REGISTRY["duplicate_token"]]
     got = score_probe(tiny_gpt2, probe, metrics, batch_size=2, engine="flex", interventions=ablate)
-    want = score_probe(tiny_gpt2, probe, metrics, batch_size=2, engine="blocked", interventions=ablate)
+    want = score_probe(
+        tiny_gpt2, probe, metrics, batch_size=2, engine="blocked", interventions=ablate
+    )
     plain = score_probe(tiny_gpt2, probe, metrics, batch_size=2, engine="flex")
     for name in want:
         torch.testing.assert_close(got[name].score, want[name].score, atol=TOL, rtol=0)
-    assert (got["induction"].score[1] - plain["induction"].score[1]).abs().max() > 1e-6  # layer 1 saw the ablation
+    assert (
+        got["induction"].score[1] - plain["induction"].score[1]
+    ).abs().max() > 1e-6  # layer 1 saw the ablation
 
 
 @pytest.mark.parametrize("kwarg", ["softcap", "s_aux", "position_bias"])
 def test_attention_it_cannot_model_is_refused_in_one_line(kwarg):
     q = torch.randn(1, 2, 4, 8)
-    call = AttentionCall(layer=0, query=q, key=q, value=q, mask=None, scale=0.5, causal=True,
-                         extras={kwarg: torch.ones(1)})
-    with pytest.raises(headscope.HeadscopeError, match=f"^This model's attention uses {kwarg}, which the flex engine "
-                                                       r"does not model; use --engine hooks\.$"):
+    call = AttentionCall(
+        layer=0,
+        query=q,
+        key=q,
+        value=q,
+        mask=None,
+        scale=0.5,
+        causal=True,
+        extras={kwarg: torch.ones(1)},
+    )
+    with pytest.raises(
+        headscope.HeadscopeError,
+        match=f"^This model's attention uses {kwarg}, "
+        "which the flex engine "
+        r"does not model; use --engine hooks\.$",
+    ):
         flex.FlexHandler(lambda *a: None, [0], fs.StatsRequest({}))(call)
 
 
@@ -358,8 +438,12 @@ def test_a_soft_capped_family_is_refused_naming_the_engine_that_can():
     hf, tok = conf.tiny_model(family)
     model = headscope.load_model(hf, tok)
     probe = conf.probes_for(model)[0]
-    with pytest.raises(headscope.HeadscopeError, match=r"uses softcap, which the flex engine does not model; "
-                                                       r"use --engine hooks\.$"):
+    with pytest.raises(
+        headscope.HeadscopeError,
+        match=r"uses softcap, which the flex engine does "
+        r"not model; "
+        r"use --engine hooks\.$",
+    ):
         score_probe(model, probe, [REGISTRY["sink"]], engine="flex")
 
 
@@ -374,8 +458,14 @@ def test_auto_never_takes_flex_on_the_cpu_but_a_named_flex_runs(tiny_gpt2, monke
     assert resolve_engine(tiny_gpt2, "flex", metrics).name == "flex"
     monkeypatch.setattr(kernels, "_module", None)
     monkeypatch.setattr(kernels, "_reason", "no compiler")
-    assert resolve_engine(tiny_gpt2, "auto", metrics).name == "blocked"  # not flex: CPU speed unchanged
-    with pytest.raises(headscope.HeadscopeError, match=r"^The fused engine cannot run here: .*; use --engine blocked\.$"):
+    assert (
+        resolve_engine(tiny_gpt2, "auto", metrics).name == "blocked"
+    )  # not flex: CPU speed unchanged
+    with pytest.raises(
+        headscope.HeadscopeError,
+        match=r"^The fused engine cannot run here: .*; "
+        r"use --engine blocked\.$",
+    ):
         resolve_engine(tiny_gpt2, "fused", metrics)  # the hint names what auto would take, not flex
 
 
@@ -384,8 +474,11 @@ def test_auto_takes_flex_for_a_model_on_cuda(tiny_gpt2, monkeypatch):
     monkeypatch.setattr(tiny_gpt2, "device", torch.device("cuda", 0))
     metrics = list(REGISTRY.values())
     assert resolve_engine(tiny_gpt2, "auto", metrics).name == "flex"
-    own = [m for m in metrics] + [REGISTRY["sink"].__class__(name="own", probe="text", fn=lambda p, b: None,
-                                                                definition="", label="", threshold=0.5)]
+    own = [m for m in metrics] + [
+        REGISTRY["sink"].__class__(
+            name="own", probe="text", fn=lambda p, b: None, definition="", label="", threshold=0.5
+        )
+    ]
     assert resolve_engine(tiny_gpt2, "auto", own).name == "blocked"  # a metric needing the pattern
     monkeypatch.setattr(tiny_gpt2, "device", torch.device("mps"))
     assert "not mps" in flex.ENGINE.unavailable(tiny_gpt2, metrics)
@@ -397,7 +490,10 @@ def test_auto_takes_flex_for_a_model_on_cuda(tiny_gpt2, monkeypatch):
 @pytest.mark.real
 def test_flex_equals_blocked_on_smollm2(smollm2):
     probes = headscope.default_probes(smollm2, n_prompts=4, repeat_len=30, seed=2)
-    probes += [long_text_probe(smollm2, 200, n_sequences=2), needle_probe(smollm2, [160, 200], depths=(0.5,), k=6)]
+    probes += [
+        long_text_probe(smollm2, 200, n_sequences=2),
+        needle_probe(smollm2, [160, 200], depths=(0.5,), k=6),
+    ]
     assert_flex_equals_blocked(smollm2, probes, batch_size=4)
 
 
@@ -423,8 +519,9 @@ def synthetic_long_probes(model, lengths=(250, 220, 180), k: int = 5, seed: int 
 def test_the_synthetic_long_probes_exercise_streaming_and_retrieval(tiny_gpt2):
     text, needles = synthetic_long_probes(tiny_gpt2, lengths=(120, 100, 90))
     assert needles.targets(0) == {120 - 5 + j - 1: 1 + 119 // 3 + j for j in range(5)}
-    assert [needles.sequences[0][q + 1] for q in needles.targets(0)] == \
-        [needles.sequences[0][t] for t in needles.targets(0).values()]  # each answer's next token is the needle's
+    assert [needles.sequences[0][q + 1] for q in needles.targets(0)] == [
+        needles.sequences[0][t] for t in needles.targets(0).values()
+    ]  # each answer's next token is the needle's
     got = score_probe(tiny_gpt2, text, [REGISTRY["streaming"]], engine="blocked")["streaming"]
     assert got.count == sum(n - 68 for n in (120, 100, 90))
 
@@ -442,15 +539,23 @@ def test_compiled_flex_on_cuda_equals_blocked(model_type, accel):
     assert model.device.type == accel.type
     if accel.type == "cuda":
         assert resolve_engine(model, "auto", list(REGISTRY.values())).name == "flex"
-    assert_flex_equals_blocked(model, conf.probes_for(model) + synthetic_long_probes(model), batch_size=3)
+    assert_flex_equals_blocked(
+        model, conf.probes_for(model) + synthetic_long_probes(model), batch_size=3
+    )
 
 
 @pytest.mark.cuda
 def test_compiled_layer_stats_on_cuda_equal_a_hand_written_softmax(accel):
-    q, k, v, m, flags, targets, scale = (x.to(accel) if isinstance(x, torch.Tensor) else x for x in _case())
+    q, k, v, m, flags, targets, scale = (
+        x.to(accel) if isinstance(x, torch.Tensor) else x for x in _case()
+    )
     flags = {n: f.to(accel) for n, f in flags.items()}
     vis = fs.Visibility(150, 150, True, m[:, 0], q.device)
     out, st = fs.layer_stats(q, k, v, vis, scale, fs.StatsRequest(flags, (3, 10), targets))
-    A, _ = softmax64(q, k, m & torch.ones(150, 150, dtype=torch.bool, device=q.device).tril(), scale)
+    A, _ = softmax64(
+        q, k, m & torch.ones(150, 150, dtype=torch.bool, device=q.device).tril(), scale
+    )
     torch.testing.assert_close(st.entropy, -torch.special.xlogy(A, A).sum(-1), atol=TOL, rtol=0)
-    torch.testing.assert_close(out.double(), A @ v.double().repeat_interleave(3, 1), atol=TOL, rtol=0)
+    torch.testing.assert_close(
+        out.double(), A @ v.double().repeat_interleave(3, 1), atol=TOL, rtol=0
+    )

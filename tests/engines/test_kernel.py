@@ -19,8 +19,9 @@ from headscope.metrics.base import at_key, at_offset, key_set_mass, row_entropy
 from headscope.metrics.rows import Rows
 from headscope.metrics.stats import HeadStats
 
-pytestmark = pytest.mark.skipif(os.environ.get("HEADSCOPE_KERNEL") == "0",
-                                reason="fused kernel disabled by HEADSCOPE_KERNEL=0")
+pytestmark = pytest.mark.skipif(
+    os.environ.get("HEADSCOPE_KERNEL") == "0", reason="fused kernel disabled by HEADSCOPE_KERNEL=0"
+)
 
 
 def test_kernel_builds():
@@ -44,7 +45,8 @@ def reference(q, k, mask, causal):
 
 
 def test_uniform_rows_give_closed_forms():
-    """All scores equal: row q of a causal head sees q+1 keys, so entropy = ln(q+1), lse = ln(q+1)."""
+    """All scores equal: row q of a causal head sees q+1 keys, so entropy = ln(q+1), lse =
+    ln(q+1)."""
     n = 700  # two key tiles, a partial query tile, a tail of 700 % 8 = 4 keys
     q, k = torch.zeros(1, 2, n, 8), torch.zeros(1, 1, n, 8)
     flag = torch.zeros(1, n, dtype=torch.bool)
@@ -65,17 +67,22 @@ def test_a_row_that_sees_nothing_attends_nowhere():
     mask = torch.ones(1, 1, 4, 4, dtype=torch.bool)
     mask[0, 0, 2] = False
     st = kernel.head_stats(q, k, mask, 1.0, False, {"f": torch.ones(1, 4)})
-    assert st.entropy[0, 0, 2] == 0 and st.masses["f"][0, 0, 2] == 0 and st.lse[0, 0, 2] == -math.inf
+    assert (
+        st.entropy[0, 0, 2] == 0 and st.masses["f"][0, 0, 2] == 0 and st.lse[0, 0, 2] == -math.inf
+    )
     assert st.at(torch.zeros(4, dtype=torch.long))[0, 0, 2] == 0
     assert torch.isfinite(st.entropy).all()
 
 
-@pytest.mark.parametrize("b,h,kvh,n_q,n_k,d,causal,padded", [
-    (1, 9, 3, 600, 600, 64, True, False),   # SmolLM2's grouping, two key tiles
-    (2, 4, 4, 37, 37, 16, False, True),     # bidirectional with padding (BERT)
-    (3, 6, 2, 130, 130, 32, True, True),    # causal with padding
-    (1, 2, 1, 5, 1030, 8, True, False),     # a KV cache: queries at the end of 1,030 keys
-])
+@pytest.mark.parametrize(
+    "b,h,kvh,n_q,n_k,d,causal,padded",
+    [
+        (1, 9, 3, 600, 600, 64, True, False),  # SmolLM2's grouping, two key tiles
+        (2, 4, 4, 37, 37, 16, False, True),  # bidirectional with padding (BERT)
+        (3, 6, 2, 130, 130, 32, True, True),  # causal with padding
+        (1, 2, 1, 5, 1030, 8, True, False),  # a KV cache: queries at the end of 1,030 keys
+    ],
+)
 def test_kernel_equals_the_pattern(b, h, kvh, n_q, n_k, d, causal, padded):
     g = torch.Generator().manual_seed(n_k)
     q = torch.randn(b, h, n_q, d, generator=g)
@@ -96,16 +103,25 @@ def test_kernel_equals_the_pattern(b, h, kvh, n_q, n_k, d, causal, padded):
     finite = torch.isfinite(lse)
     torch.testing.assert_close(st.lse[finite], lse[finite], atol=1e-5, rtol=0)
     for name, f in flags.items():
-        torch.testing.assert_close(st.masses[name], (p * f.double()[:, None, None, :]).sum(-1), atol=1e-5, rtol=0)
-    for key in (torch.zeros(n_q, dtype=torch.long), torch.arange(n_q) + (n_k - n_q) - 1, torch.arange(n_q) - 3):
-        want = p.gather(-1, key.clamp(0, n_k - 1).view(1, 1, n_q, 1).expand(b, h, n_q, 1)).squeeze(-1)
+        torch.testing.assert_close(
+            st.masses[name], (p * f.double()[:, None, None, :]).sum(-1), atol=1e-5, rtol=0
+        )
+    for key in (
+        torch.zeros(n_q, dtype=torch.long),
+        torch.arange(n_q) + (n_k - n_q) - 1,
+        torch.arange(n_q) - 3,
+    ):
+        want = p.gather(-1, key.clamp(0, n_k - 1).view(1, 1, n_q, 1).expand(b, h, n_q, 1)).squeeze(
+            -1
+        )
         want = want * ((key >= 0) & (key < n_k))
         # entries are exp(float64 score - lse of the kernel's float32 scores): same rounding story
         torch.testing.assert_close(st.at(key), want, atol=1e-5, rtol=0)
 
 
 def test_every_fused_metric_scores_stats_like_the_pattern():
-    """The same metric function on HeadStats and on the pattern: same per-sequence sums and counts."""
+    """The same metric function on HeadStats and on the pattern: same per-sequence sums and
+    counts."""
     g = torch.Generator().manual_seed(3)
     for causal in (True, False):
         b, h, n = 3, 4, 600  # more than one 512-key tile: the band and arg-max cross tiles
@@ -115,14 +131,23 @@ def test_every_fused_metric_scores_stats_like_the_pattern():
         if causal:
             mask = mask & torch.ones(n, n, dtype=torch.bool).tril()
         targets = torch.full((b, n), -1)
-        for row, length in enumerate(lengths.tolist()):  # answer queries near the end copy keys far back
+        # answer queries near the end copy keys far back
+        for row, length in enumerate(lengths.tolist()):
             qs = torch.arange(length - 8, length)
             targets[row, qs] = torch.randint(0, length - 20, (8,), generator=g)
-        batch = PatternBatch(lengths=lengths, causal=causal, separator=torch.rand(b, n, generator=g) < 0.2,
-                             punctuation=torch.rand(b, n, generator=g) < 0.3, repeat_len=5, band=(3, 40),
-                             targets=targets)
+        batch = PatternBatch(
+            lengths=lengths,
+            causal=causal,
+            separator=torch.rand(b, n, generator=g) < 0.2,
+            punctuation=torch.rand(b, n, generator=g) < 0.3,
+            repeat_len=5,
+            band=(3, 40),
+            targets=targets,
+        )
         p, _ = reference(q, k, mask, causal)
-        st = kernel.head_stats(q, k, mask, 1.0, causal, fused_flags(batch, n), band=(3, 40), argmax=True)
+        st = kernel.head_stats(
+            q, k, mask, 1.0, causal, fused_flags(batch, n), band=(3, 40), argmax=True
+        )
         fused = [m for m in REGISTRY.values() if m.fused]
         assert {m.name for m in fused} == set(REGISTRY)  # every built-in metric runs fused
         for m in fused:
@@ -135,12 +160,25 @@ def test_selectors_read_head_stats_through_the_rows_protocol():
     st = kernel.head_stats(torch.zeros(1, 1, 3, 4), torch.zeros(1, 1, 3, 4), None, 1.0, True, {})
     batch = PatternBatch(lengths=torch.tensor([3]), causal=True)
     assert isinstance(st, HeadStats) and isinstance(st, Rows) and st.shape == (1, 1, 3, 3)
-    torch.testing.assert_close(at_key(st, batch, 0)[0, 0], torch.tensor([1, 1 / 2, 1 / 3], dtype=torch.float64))
-    torch.testing.assert_close(at_offset(st, batch, -1)[0, 0], torch.tensor([0, 1 / 2, 1 / 3], dtype=torch.float64))
-    torch.testing.assert_close(row_entropy(st, batch)[0, 0], torch.log(torch.tensor([1.0, 2, 3], dtype=torch.float64)))
-    with pytest.raises(HeadscopeError, match="summed attention only over no key sets, not 'separator'"):
-        key_set_mass(st, PatternBatch(lengths=torch.tensor([3]), causal=True, separator=torch.ones(1, 3, dtype=torch.bool)),
-                     "separator")  # the kernel was not asked for that set
+    torch.testing.assert_close(
+        at_key(st, batch, 0)[0, 0], torch.tensor([1, 1 / 2, 1 / 3], dtype=torch.float64)
+    )
+    torch.testing.assert_close(
+        at_offset(st, batch, -1)[0, 0], torch.tensor([0, 1 / 2, 1 / 3], dtype=torch.float64)
+    )
+    torch.testing.assert_close(
+        row_entropy(st, batch)[0, 0], torch.log(torch.tensor([1.0, 2, 3], dtype=torch.float64))
+    )
+    with pytest.raises(
+        HeadscopeError, match="summed attention only over no key sets, not 'separator'"
+    ):
+        key_set_mass(
+            st,
+            PatternBatch(
+                lengths=torch.tensor([3]), causal=True, separator=torch.ones(1, 3, dtype=torch.bool)
+            ),
+            "separator",
+        )  # the kernel was not asked for that set
 
 
 def test_blas_and_aten_gemm_paths_agree():
@@ -158,12 +196,15 @@ def test_blas_and_aten_gemm_paths_agree():
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("b,h,kvh,n_q,n_k,d,dv,causal,padded", [
-    (1, 9, 3, 600, 600, 64, 64, True, False),
-    (2, 4, 4, 37, 37, 16, 19, False, True),
-    (3, 6, 2, 130, 130, 32, 32, True, True),
-    (1, 2, 1, 5, 1030, 8, 8, True, False),
-])
+@pytest.mark.parametrize(
+    "b,h,kvh,n_q,n_k,d,dv,causal,padded",
+    [
+        (1, 9, 3, 600, 600, 64, 64, True, False),
+        (2, 4, 4, 37, 37, 16, 19, False, True),
+        (3, 6, 2, 130, 130, 32, 32, True, True),
+        (1, 2, 1, 5, 1030, 8, 8, True, False),
+    ],
+)
 def test_kernel_output_is_the_attention_output(b, h, kvh, n_q, n_k, d, dv, causal, padded):
     """The fused engine lets the kernel's A v replace sdpa's: it must be the same output."""
     g = torch.Generator().manual_seed(d)
@@ -179,11 +220,18 @@ def test_kernel_output_is_the_attention_output(b, h, kvh, n_q, n_k, d, dv, causa
     p, _ = reference(q * 0.3, k, mask, causal)
     want = p @ v.repeat_interleave(h // kvh, 1).double()
     torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=0)
-    torch.testing.assert_close(stats.entropy, kernel.head_stats(q, k, mask, 0.3, causal, {}).entropy)
+    torch.testing.assert_close(
+        stats.entropy, kernel.head_stats(q, k, mask, 0.3, causal, {}).entropy
+    )
     if dv == d and n_q == n_k:  # torch's own fused attention (its is_causal aligns top-left)
         sdpa = torch.nn.functional.scaled_dot_product_attention(
-            q, k.repeat_interleave(h // kvh, 1), v.repeat_interleave(h // kvh, 1),
-            attn_mask=mask, is_causal=causal and mask is None, scale=0.3)
+            q,
+            k.repeat_interleave(h // kvh, 1),
+            v.repeat_interleave(h // kvh, 1),
+            attn_mask=mask,
+            is_causal=causal and mask is None,
+            scale=0.3,
+        )
         torch.testing.assert_close(out, sdpa, atol=1e-5, rtol=0)
 
 
@@ -200,7 +248,8 @@ def test_a_stale_build_lock_is_cleared_a_fresh_one_kept(tmp_path):
 
 
 def test_a_failed_build_falls_back_with_one_line(monkeypatch, capsys):
-    """No compiler (or any build error): available() is False, the reason is kept, auto -> blocked."""
+    """No compiler (or any build error): available() is False, the reason is kept, auto ->
+    blocked."""
     from torch.utils import cpp_extension
 
     def broken(**kwargs):
@@ -209,7 +258,8 @@ def test_a_failed_build_falls_back_with_one_line(monkeypatch, capsys):
     monkeypatch.setattr(kernel, "_module", None)
     monkeypatch.setattr(kernel, "_reason", None)
     monkeypatch.setattr(cpp_extension, "load", broken)
-    monkeypatch.setattr(kernel, "_built", lambda *a: None)  # as on a machine where it was never built
+    # as on a machine where it was never built
+    monkeypatch.setattr(kernel, "_built", lambda *a: None)
     assert not kernel.available()
     assert "c++: not found" in kernel.unavailable_reason()
     err = capsys.readouterr().err.strip().splitlines()
@@ -255,7 +305,8 @@ def _sliding_mask(b, n, reach, causal=True, lengths=None):
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_sliding_window_skips_tiles_and_stays_exact(causal):
-    """A window of 100 keys over 1,300: the kernel skips the 512-key tiles no row of a query tile can
+    """A window of 100 keys over 1,300: the kernel skips the 512-key tiles no row of a query tile
+    can
     see, and every statistic and the output equal the textbook softmax (and the mask-only pass)."""
     torch.manual_seed(0)
     b, n, reach = 2, 1300, 100
@@ -273,9 +324,10 @@ def test_sliding_window_skips_tiles_and_stays_exact(causal):
     torch.testing.assert_close(st.masses["f"], want_mass, atol=1e-5, rtol=0)
     ent = -torch.special.xlogy(p, p).sum(-1)
     torch.testing.assert_close(st.entropy, ent, atol=1e-4, rtol=0)
-    want_out = (p.float() @ v.repeat_interleave(2, 1))
+    want_out = p.float() @ v.repeat_interleave(2, 1)
     torch.testing.assert_close(out, want_out, atol=1e-5, rtol=0)
-    torch.testing.assert_close(out, out_all, atol=5e-6, rtol=0)  # tiles skipped: another summation order
+    # tiles skipped: another summation order
+    torch.testing.assert_close(out, out_all, atol=5e-6, rtol=0)
     torch.testing.assert_close(st.entropy, st_all.entropy, atol=5e-6, rtol=0)  # tile order only
 
 
@@ -294,14 +346,17 @@ def test_a_declared_window_the_mask_lacks_is_never_skipped():
 
 @pytest.mark.parametrize("n", [300, 1300])
 def test_restricted_heads_see_only_sinks_and_window(n):
-    """Heads 1 and 3 restricted to 4 sinks + a 100-key window (a KV-plan run): output, statistics and
-    arg-max equal the textbook softmax with those keys masked for those heads only; at 1,300 keys
+    """Heads 1 and 3 restricted to 4 sinks + a 100-key window (a KV-plan run): output, statistics
+    and arg-max equal the textbook softmax with those keys masked for those heads only; at 1,300
+    keys
     the kernel skips the restricted heads' middle tiles."""
     torch.manual_seed(2)
     b, h, sinks, window = 2, 4, 4, 100
     q, k, v = torch.randn(b, h, n, 8), torch.randn(b, 2, n, 8), torch.randn(b, 2, n, 8)
     restrict = torch.tensor([False, True, False, True])
-    out, st = kernel.attention(q, k, v, None, 1.0, True, {}, band=(sinks, window), argmax=True, restrict=restrict)
+    out, st = kernel.attention(
+        q, k, v, None, 1.0, True, {}, band=(sinks, window), argmax=True, restrict=restrict
+    )
     i = torch.arange(n)
     band = (i[None, :] < sinks) | (i[:, None] - i[None, :] < window)  # [q, k]
     s = (q @ k.repeat_interleave(2, 1).transpose(-1, -2)).double()

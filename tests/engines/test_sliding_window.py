@@ -41,18 +41,23 @@ def test_sliding_layer_gives_no_attention_outside_its_window(tiny_gemma3, tiny_g
     ids = _ids(m)
     n = len(ids)
     heads = [(layer, h) for layer in range(2) for h in range(m.n_heads)]
-    pattern = example_patterns(m, [Probe(name="text", sequences=[ids])], heads, engine=engine)[0]["pattern"]
+    pattern = example_patterns(m, [Probe(name="text", sequences=[ids])], heads, engine=engine)[0][
+        "pattern"
+    ]
     q, k = np.arange(n)[:, None], np.arange(n)[None, :]
     outside = (q - k >= WINDOW) | (k > q)
-    sliding, full = pattern[: m.n_heads], pattern[m.n_heads:]  # [head, query, key] each
+    sliding, full = pattern[: m.n_heads], pattern[m.n_heads :]  # [head, query, key] each
     assert np.abs(pattern.sum(-1) - 1).max() < 1e-5
     assert sliding[:, outside].max() == 0.0
     assert (sliding[:, (q - k == WINDOW - 1)] > 0).all()  # the window's far edge is still seen
-    # the global layer does look beyond the window (so the window above is the layer's, not the test's)
+    # the global layer does look beyond the window (so the window above is the layer's, not the
+    # test's)
     assert full[:, (q - k >= WINDOW)].sum(-1).min() > 0.05
     assert full[:, k > q].max() == 0.0
     # and both are the model's own eager attention
-    eager = AutoModelForCausalLM.from_pretrained(str(tiny_gemma3_dir), attn_implementation="eager").eval()
+    eager = AutoModelForCausalLM.from_pretrained(
+        str(tiny_gemma3_dir), attn_implementation="eager"
+    ).eval()
     with torch.no_grad():
         att = eager.model(input_ids=torch.tensor([ids]), output_attentions=True).attentions
     np.testing.assert_allclose(sliding, att[0][0].numpy(), atol=1e-5, rtol=0)
@@ -60,14 +65,24 @@ def test_sliding_layer_gives_no_attention_outside_its_window(tiny_gemma3, tiny_g
 
 
 def test_engines_agree_on_a_sliding_window_model(tiny_gemma3):
-    """Sequences (2 x 10 + 1 and text pairs) longer than the window: same scores from all three engines."""
+    """Sequences (2 x 10 + 1 and text pairs) longer than the window: same scores from all three
+    engines."""
     probes = headscope.default_probes(tiny_gemma3, n_prompts=6, repeat_len=10)
     assert max(len(s) for p in probes for s in p.sequences) > 2 * WINDOW
-    scores = {e: headscope.scan(tiny_gemma3, probes, engine=e, null=False, examples=False, bootstrap=0).scores
-              for e in ("fused", "blocked", "hooks")}
+    scores = {
+        e: headscope.scan(
+            tiny_gemma3, probes, engine=e, null=False, examples=False, bootstrap=0
+        ).scores
+        for e in ("fused", "blocked", "hooks")
+    }
     base = scores["hooks"].set_index(["metric", "layer", "head"]).sort_index()
     for engine in ("fused", "blocked"):
         other = scores[engine].set_index(["metric", "layer", "head"]).sort_index()
-        np.testing.assert_allclose(other["score"].to_numpy(float), base["score"].to_numpy(float),
-                                   atol=1e-5, rtol=0, err_msg=engine)
+        np.testing.assert_allclose(
+            other["score"].to_numpy(float),
+            base["score"].to_numpy(float),
+            atol=1e-5,
+            rtol=0,
+            err_msg=engine,
+        )
         assert (other["n"] == base["n"]).all()

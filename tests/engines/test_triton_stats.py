@@ -20,14 +20,18 @@ from headscope.metrics import REGISTRY
 from tests.engines.test_flex import TOL, _case, softmax64
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-pytestmark = pytest.mark.skipif(ts.triton_reason(DEVICE) is not None,
-                                reason=f"{ts.triton_reason(DEVICE)} (set TRITON_INTERPRET=1 with Triton installed)")
+pytestmark = pytest.mark.skipif(
+    ts.triton_reason(DEVICE) is not None,
+    reason=f"{ts.triton_reason(DEVICE)} (set TRITON_INTERPRET=1 with Triton installed)",
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _interpreter_numpy_shim():
-    """Triton 3.6's interpreter takes int() of a one-element array for a scalar used as a loop bound,
-    which NumPy >= 2.4 refuses; give it the element. Interpreter only; compiled kernels are untouched."""
+    """Triton 3.6's interpreter takes int() of a one-element array for a scalar used as a loop
+    bound,
+    which NumPy >= 2.4 refuses; give it the element. Interpreter only; compiled kernels are
+    untouched."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         yield
         return
@@ -44,15 +48,18 @@ def _interpreter_numpy_shim():
     it._patch_lang_tensor = orig
 
 
-# bf16 matmuls are wrong in Triton 3.6's interpreter (NumPy has no bfloat16); fp16 stands for half precision there
+# bf16 matmuls are wrong in Triton 3.6's interpreter (NumPy has no bfloat16); fp16 stands for half
+# precision there
 HALF = torch.bfloat16 if DEVICE.type == "cuda" else torch.float16
 
 
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, HALF])
 def test_triton_statistics_equal_a_hand_written_softmax(causal, dtype):
-    q, k, v, m, flags, targets, scale = (x.to(DEVICE) if isinstance(x, torch.Tensor) else x
-                                         for x in _case(dtype=dtype, causal=causal))
+    q, k, v, m, flags, targets, scale = (
+        x.to(DEVICE) if isinstance(x, torch.Tensor) else x
+        for x in _case(dtype=dtype, causal=causal)
+    )
     flags = {n: f.to(DEVICE) for n, f in flags.items()}
     band = (3, 10)
     vis = fs.Visibility(q.shape[2], k.shape[2], causal, m[:, 0], DEVICE)
@@ -62,15 +69,22 @@ def test_triton_statistics_equal_a_hand_written_softmax(causal, dtype):
     A, s = softmax64(q, k, visible, scale)  # [b, h, q, k], from the same (half-precision) values
     seen = visible.any(-1).expand(A.shape[:3])
     torch.testing.assert_close(st.entropy, -torch.special.xlogy(A, A).sum(-1), atol=TOL, rtol=0)
-    torch.testing.assert_close(st.lse, torch.where(seen, torch.logsumexp(s, -1), float("-inf")), atol=TOL, rtol=0)
+    torch.testing.assert_close(
+        st.lse, torch.where(seen, torch.logsumexp(s, -1), float("-inf")), atol=TOL, rtol=0
+    )
     for name, f in flags.items():
-        torch.testing.assert_close(st.masses[name], (A * f[:, None, None, :].double()).sum(-1), atol=TOL, rtol=0)
+        torch.testing.assert_close(
+            st.masses[name], (A * f[:, None, None, :].double()).sum(-1), atol=TOL, rtol=0
+        )
     qi = torch.arange(150, device=DEVICE)[:, None]
     ki = torch.arange(150, device=DEVICE)[None, :]
     in_band = (ki < band[0]) | ((qi - ki < band[1]) & (ki <= qi))
     torch.testing.assert_close(st.band[1], (A * in_band).sum(-1), atol=TOL, rtol=0)
-    want = A @ v.double().repeat_interleave(3, 1)  # the output: weights rounded to the value dtype, as flash does
-    torch.testing.assert_close(out.double(), want, atol=TOL if dtype == torch.float32 else 4e-3, rtol=0)
+    # the output: weights rounded to the value dtype, as flash does
+    want = A @ v.double().repeat_interleave(3, 1)
+    torch.testing.assert_close(
+        out.double(), want, atol=TOL if dtype == torch.float32 else 4e-3, rtol=0
+    )
     assert out.dtype == dtype and out.shape == (2, 6, 150, 12)
     assert torch.equal(st.argmax[0][:, [20, 77, 149]], A[0][:, [20, 77, 149]].argmax(-1))
 
@@ -94,4 +108,6 @@ def test_the_triton_route_scans_a_tiny_model_like_the_blocked_engine():
             sums.add(headscope.engines.extract.score_batch(model, probe, metrics, index, engine))
         got = sums.result()
         for name in want:
-            torch.testing.assert_close(got[name].score, want[name].score, atol=TOL, rtol=0, equal_nan=True)
+            torch.testing.assert_close(
+                got[name].score, want[name].score, atol=TOL, rtol=0, equal_nan=True
+            )

@@ -19,7 +19,8 @@ def batch(n: int, causal: bool = True, **kw) -> PatternBatch:
 
 
 def shifted(n: int, offset: int, fallback: int = 0) -> torch.Tensor:
-    """Row q puts all its weight on key q+offset (or on `fallback` where that key does not exist)."""
+    """Row q puts all its weight on key q+offset (or on `fallback` where that key does not
+    exist)."""
     A = torch.zeros(1, 1, n, n)
     for q in range(n):
         k = q + offset
@@ -31,7 +32,9 @@ def random_causal(b: int, h: int, n: int, seed: int = 0) -> torch.Tensor:
     """A random causal softmax pattern [b, h, n, n]."""
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(b, h, n, n, generator=g)
-    return logits.masked_fill(torch.triu(torch.ones(n, n, dtype=torch.bool), 1), -torch.inf).softmax(-1)
+    return logits.masked_fill(
+        torch.triu(torch.ones(n, n, dtype=torch.bool), 1), -torch.inf
+    ).softmax(-1)
 
 
 def repeat_pattern(L: int, offset: int, n: int | None = None) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""What every metric shares (headscope/metrics/base.py): selectors, pooling, the uniform head, the registry."""
+"""What every metric shares (headscope/metrics/base.py): selectors, pooling, the uniform head, the
+registry."""
 
 from __future__ import annotations
 
@@ -45,12 +46,18 @@ def test_query_range_bounds_and_padding():
     two = PatternBatch(lengths=torch.tensor([4, 2]), causal=True)
     A2 = torch.zeros(2, 1, 4, 4)
     # per-sequence upper bounds, and padding rows never qualify
-    assert query_range(A2, two, 0, torch.tensor([3, 3])).tolist() == [[True] * 4, [True, True, False, False]]
+    assert query_range(A2, two, 0, torch.tensor([3, 3])).tolist() == [
+        [True] * 4,
+        [True, True, False, False],
+    ]
 
 
 def test_visible_keys():
     A = causal_uniform(4)
-    assert visible_keys(A, batch(4))[0].tolist() == torch.tril(torch.ones(4, 4, dtype=torch.bool)).tolist()
+    assert (
+        visible_keys(A, batch(4))[0].tolist()
+        == torch.tril(torch.ones(4, 4, dtype=torch.bool)).tolist()
+    )
     enc = visible_keys(torch.zeros(1, 1, 3, 4), batch(3, causal=False))[0]
     assert enc.tolist() == [[True, True, True, False]] * 3  # key 3 is padding
 
@@ -84,7 +91,8 @@ def test_key_set_mass_in_a_query_block():
     flags = torch.tensor([[False, False, True, False, True, False]])
     full = key_set_mass(A, batch(6, separator=flags), "separator")
     block = key_set_mass(A[:, :, 3:], batch(6, q_start=3, separator=flags), "separator")
-    assert full.count.item() == 4 and block.count.item() == 3  # queries 2..5, of which 3..5 in the block
+    # queries 2..5, of which 3..5 in the block
+    assert full.count.item() == 4 and block.count.item() == 3
     assert block.total.item() == pytest.approx(1 / 4 + 2 / 5 + 2 / 6)
 
 
@@ -120,12 +128,23 @@ def test_uniform_pattern_rows(causal):
     assert U[1, 0, 1].tolist() == [0.5, 0.5, 0.0, 0.0]
 
 
-# ------------------------------------------------------------------------------ Metric and the registry
+# ------------------------------------------------------------------------------ Metric and the
+# registry
 
 
 def test_metric_passes():
-    above = Metric(name="x", probe="text", fn=lambda A, b: None, definition="d", label="l", threshold=0.5)
-    below = Metric(name="y", probe="text", fn=lambda A, b: None, definition="d", label="l", threshold=0.5, below=True)
+    above = Metric(
+        name="x", probe="text", fn=lambda A, b: None, definition="d", label="l", threshold=0.5
+    )
+    below = Metric(
+        name="y",
+        probe="text",
+        fn=lambda A, b: None,
+        definition="d",
+        label="l",
+        threshold=0.5,
+        below=True,
+    )
     assert above.passes(0.5) and not above.passes(0.49) and above.passes(0.3, threshold=0.2)
     assert below.passes(0.5) and not below.passes(0.51) and not below.passes(0.3, threshold=0.2)
     assert not above.passes(float("nan")) and not below.passes(float("nan"))
@@ -133,20 +152,31 @@ def test_metric_passes():
 
 def test_metric_calls_its_function():
     seen = []
-    m = Metric(name="x", probe="text", fn=lambda A, b: seen.append((A, b)) or "out", definition="", label="",
-               threshold=0.0)
+    m = Metric(
+        name="x",
+        probe="text",
+        fn=lambda A, b: seen.append((A, b)) or "out",
+        definition="",
+        label="",
+        threshold=0.0,
+    )
     b = batch(1)
     assert m("A", b) == "out" and seen == [("A", b)]
 
 
 def test_register_refuses_duplicates_and_bad_probes(monkeypatch):
-    monkeypatch.setattr("headscope.metrics.base.REGISTRY", dict(REGISTRY))  # keep the real one clean
+    # keep the real one clean
+    monkeypatch.setattr("headscope.metrics.base.REGISTRY", dict(REGISTRY))
     from headscope.metrics import base
 
     m = REGISTRY["sink"]
     with pytest.raises(ValueError, match="^A metric named 'sink' is already registered.$"):
         register(Metric(name="sink", probe="text", fn=m.fn, definition="", label="", threshold=0.5))
-    with pytest.raises(ValueError, match=r"^Metric 'new': probe must be one of text, repeat, needle, not 'image'\.$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^Metric 'new': probe must be one of text, repeat, "
+        r"needle, not 'image'\.$",
+    ):
         register(Metric(name="new", probe="image", fn=m.fn, definition="", label="", threshold=0.5))
     new = Metric(name="new", probe="repeat", fn=m.fn, definition="", label="", threshold=0.5)
     assert register(new) is new and base.REGISTRY["new"] is new
@@ -155,8 +185,12 @@ def test_register_refuses_duplicates_and_bad_probes(monkeypatch):
 
 def test_get_metric_suggests_names():
     assert get_metric("sink") is REGISTRY["sink"]
-    with pytest.raises(HeadscopeError, match=r"^Unknown metric 'inductoin'\. Did you mean: induction\? Known: "
-                                             r"previous_token, next_token, "):
+    with pytest.raises(
+        HeadscopeError,
+        match=r"^Unknown metric 'inductoin'\. Did you mean: "
+        r"induction\? Known: "
+        r"previous_token, next_token, ",
+    ):
         get_metric("inductoin")
     with pytest.raises(HeadscopeError, match=r"^Unknown metric 'zzz'\. Known: "):
         get_metric("zzz")

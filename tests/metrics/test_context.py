@@ -17,12 +17,28 @@ def test_defaults():
 
 def test_to_keeps_every_field():
     flags = torch.tensor([[False, True, False]])
-    b = PatternBatch(lengths=torch.tensor([3]), causal=False, q_start=2, separator=flags, punctuation=~flags,
-                     repeat_len=1, reach=5)
+    b = PatternBatch(
+        lengths=torch.tensor([3]),
+        causal=False,
+        q_start=2,
+        separator=flags,
+        punctuation=~flags,
+        repeat_len=1,
+        reach=5,
+    )
     moved = b.to("cpu")
-    assert [f.name for f in dataclasses.fields(moved)] == ["lengths", "causal", "q_start", "separator",
-                                                          "punctuation", "repeat_len", "reach", "band", "targets",
-                                                          "key_counts"]
+    assert [f.name for f in dataclasses.fields(moved)] == [
+        "lengths",
+        "causal",
+        "q_start",
+        "separator",
+        "punctuation",
+        "repeat_len",
+        "reach",
+        "band",
+        "targets",
+        "key_counts",
+    ]
     assert (moved.causal, moved.q_start, moved.repeat_len, moved.reach) == (False, 2, 1, 5)
     assert torch.equal(moved.lengths, b.lengths) and torch.equal(moved.separator, flags)
     assert torch.equal(moved.punctuation, ~flags)

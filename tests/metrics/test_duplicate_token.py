@@ -1,4 +1,5 @@
-"""duplicate_token (headscope/metrics/duplicate_token.py): on BOS+R+R, f(A, q) = A[q, q-L] over queries L+1..2L."""
+"""duplicate_token (headscope/metrics/duplicate_token.py): on BOS+R+R, f(A, q) = A[q, q-L] over
+queries L+1..2L."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ METRIC = get_metric("duplicate_token")
 
 def test_definition():
     assert (METRIC.probe, METRIC.label, METRIC.threshold, METRIC.below) == (
-        "repeat", "duplicate-token head", 0.4, False)
+        "repeat",
+        "duplicate-token head",
+        0.4,
+        False,
+    )
 
 
 def test_perfect_duplicate_head():
@@ -24,7 +29,9 @@ def test_perfect_duplicate_head():
 
 def test_induction_head_is_not_duplicate():
     L = 4
-    assert METRIC(repeat_pattern(L, -(L - 1)), batch(2 * L + 1, repeat_len=L)).score().item() == pytest.approx(0.0)
+    assert METRIC(
+        repeat_pattern(L, -(L - 1)), batch(2 * L + 1, repeat_len=L)
+    ).score().item() == pytest.approx(0.0)
 
 
 def test_encoder_chance():

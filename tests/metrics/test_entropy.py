@@ -1,4 +1,5 @@
-"""entropy (headscope/metrics/entropy.py): -sum_k A ln A in nats over queries 1..n-1; labels low scores."""
+"""entropy (headscope/metrics/entropy.py): -sum_k A ln A in nats over queries 1..n-1; labels low
+scores."""
 
 from __future__ import annotations
 
@@ -14,7 +15,12 @@ METRIC = get_metric("entropy")
 
 
 def test_definition():
-    assert (METRIC.probe, METRIC.label, METRIC.threshold, METRIC.below) == ("text", "focused head", 0.3, True)
+    assert (METRIC.probe, METRIC.label, METRIC.threshold, METRIC.below) == (
+        "text",
+        "focused head",
+        0.3,
+        True,
+    )
     assert METRIC.passes(0.3) and METRIC.passes(0.0) and not METRIC.passes(0.31)
 
 

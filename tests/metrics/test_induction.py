@@ -1,4 +1,5 @@
-"""induction (headscope/metrics/induction.py): on BOS+R+R, f(A, q) = A[q, q-L+1] over queries L+1..2L."""
+"""induction (headscope/metrics/induction.py): on BOS+R+R, f(A, q) = A[q, q-L+1] over queries
+L+1..2L."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ METRIC = get_metric("induction")
 
 
 def test_definition():
-    assert (METRIC.probe, METRIC.label, METRIC.threshold, METRIC.below) == ("repeat", "induction head", 0.4, False)
+    assert (METRIC.probe, METRIC.label, METRIC.threshold, METRIC.below) == (
+        "repeat",
+        "induction head",
+        0.4,
+        False,
+    )
 
 
 def test_perfect_induction_head():
@@ -24,7 +30,9 @@ def test_perfect_induction_head():
 
 def test_duplicate_head_is_not_induction():
     L = 4
-    assert METRIC(repeat_pattern(L, -L), batch(2 * L + 1, repeat_len=L)).score().item() == pytest.approx(0.0)
+    assert METRIC(
+        repeat_pattern(L, -L), batch(2 * L + 1, repeat_len=L)
+    ).score().item() == pytest.approx(0.0)
 
 
 def test_encoder_trailing_sep_is_not_a_query():
@@ -45,5 +53,9 @@ def test_causal_chance():
 
 @pytest.mark.parametrize("repeat_len", [None, 0])
 def test_needs_repeat_len(repeat_len):
-    with pytest.raises(HeadscopeError, match=r"^Repeat-probe metrics need PatternBatch\.repeat_len \(L >= 1\)\.$"):
+    with pytest.raises(
+        HeadscopeError,
+        match=r"^Repeat-probe metrics need PatternBatch\.repeat_len "
+        r"\(L >= 1\)\.$",
+    ):
         METRIC(repeat_pattern(2, -1), batch(5, repeat_len=repeat_len))

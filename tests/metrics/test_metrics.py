@@ -1,5 +1,5 @@
-"""Properties every registered metric shares (headscope/metrics/__init__.py): one module per behaviour,
-padding never counts, query blocks add up to the whole, the pattern is never written.
+"""Properties every registered metric shares (headscope/metrics/__init__.py): one module per
+behaviour, padding never counts, query blocks add up to the whole, the pattern is never written.
 
 Each metric's own closed-form cases live in ``test_<metric>.py``; the selectors in ``test_base.py``.
 """
@@ -15,8 +15,16 @@ import torch
 from headscope.metrics import REGISTRY, PatternBatch, default_metrics, uniform_pattern
 from tests.metrics.patterns import causal_uniform, random_causal
 
-NAMES = ["previous_token", "next_token", "sink", "separator", "punctuation", "entropy", "induction",
-         "duplicate_token"]
+NAMES = [
+    "previous_token",
+    "next_token",
+    "sink",
+    "separator",
+    "punctuation",
+    "entropy",
+    "induction",
+    "duplicate_token",
+]
 
 
 def test_every_behaviour_is_registered_from_its_own_module():
@@ -30,7 +38,9 @@ def test_every_behaviour_is_registered_from_its_own_module():
 
 
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("name", ["previous_token", "next_token", "sink", "separator", "punctuation", "entropy"])
+@pytest.mark.parametrize(
+    "name", ["previous_token", "next_token", "sink", "separator", "punctuation", "entropy"]
+)
 def test_padding_gives_same_scores_as_unpadded(name, causal):
     """A sequence padded to a longer batch must score exactly as it does alone."""
     g = torch.Generator().manual_seed(1)
@@ -46,8 +56,11 @@ def test_padding_gives_same_scores_as_unpadded(name, causal):
     big = torch.rand(1, 2, n + pad, n + pad, generator=g)
     big[..., :n, :n] = A
     big[..., :n, n:] = 0.0  # what a masked softmax gives real queries
-    flags_big = torch.cat([flags, torch.ones(1, pad, dtype=torch.bool)], 1)  # padded flags ignored too
-    padded = m(big, PatternBatch(torch.tensor([n]), causal, separator=flags_big, punctuation=flags_big))
+    # padded flags ignored too
+    flags_big = torch.cat([flags, torch.ones(1, pad, dtype=torch.bool)], 1)
+    padded = m(
+        big, PatternBatch(torch.tensor([n]), causal, separator=flags_big, punctuation=flags_big)
+    )
     assert padded.count.item() == alone.count.item()
     torch.testing.assert_close(padded.total, alone.total, equal_nan=True)
 
@@ -67,7 +80,8 @@ def test_repeat_metrics_ignore_padding(name):
 
 
 def test_blocked_queries_sum_to_the_full_pattern():
-    """Splitting the query axis into blocks (q_start) gives the same totals: the long-context path."""
+    """Splitting the query axis into blocks (q_start) gives the same totals: the long-context
+    path."""
     g = torch.Generator().manual_seed(2)
     n, L = 9, 4
     A = random_causal(2, 3, n, seed=2)
@@ -75,8 +89,15 @@ def test_blocked_queries_sum_to_the_full_pattern():
     lengths = torch.tensor([n, n - 2])
     for m in REGISTRY.values():
         full = m(A, PatternBatch(lengths, True, separator=flags, punctuation=flags, repeat_len=L))
-        parts = [m(A[:, :, s:s + 4], PatternBatch(lengths, True, q_start=s, separator=flags, punctuation=flags, repeat_len=L))
-                 for s in range(0, n, 4)]
+        parts = [
+            m(
+                A[:, :, s : s + 4],
+                PatternBatch(
+                    lengths, True, q_start=s, separator=flags, punctuation=flags, repeat_len=L
+                ),
+            )
+            for s in range(0, n, 4)
+        ]
         torch.testing.assert_close(sum(p.total for p in parts), full.total, equal_nan=True)
         torch.testing.assert_close(sum(p.count for p in parts), full.count)
 
@@ -86,13 +107,17 @@ def test_metrics_never_write_into_the_pattern():
     before = A.clone()
     flags = torch.ones(1, 6, dtype=torch.bool)
     for m in REGISTRY.values():
-        m(A, PatternBatch(torch.tensor([6]), True, separator=flags, punctuation=flags, repeat_len=2))
+        m(
+            A,
+            PatternBatch(torch.tensor([6]), True, separator=flags, punctuation=flags, repeat_len=2),
+        )
     assert torch.equal(A, before)
 
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_every_metric_has_a_chance_value_in_range(causal):
-    """A uniform head gives each metric its chance value: a probability, or for entropy up to ln(n)."""
+    """A uniform head gives each metric its chance value: a probability, or for entropy up to
+    ln(n)."""
     n = 7
     flags = torch.tensor([[False, True, False, False, True, False, True]])
     b = PatternBatch(torch.tensor([n]), causal, separator=flags, punctuation=flags, repeat_len=3)

@@ -1,4 +1,5 @@
-"""next_token (headscope/metrics/next_token.py): f(A, q) = A[q, q+1] over queries 0..n-2; NaN on causal models."""
+"""next_token (headscope/metrics/next_token.py): f(A, q) = A[q, q+1] over queries 0..n-2; NaN on
+causal models."""
 
 from __future__ import annotations
 
@@ -15,7 +16,12 @@ METRIC = get_metric("next_token")
 
 
 def test_definition():
-    assert (METRIC.probe, METRIC.label, METRIC.threshold, METRIC.below) == ("text", "next-token head", 0.5, False)
+    assert (METRIC.probe, METRIC.label, METRIC.threshold, METRIC.below) == (
+        "text",
+        "next-token head",
+        0.5,
+        False,
+    )
     assert METRIC.nan_reason == CAUSAL_REASON and CAUSAL_REASON.startswith("causal model:")
 
 

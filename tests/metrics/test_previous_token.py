@@ -13,7 +13,12 @@ METRIC = get_metric("previous_token")
 
 def test_definition():
     assert (METRIC.probe, METRIC.label, METRIC.threshold, METRIC.below, METRIC.fused) == (
-        "text", "previous-token head", 0.5, False, True)
+        "text",
+        "previous-token head",
+        0.5,
+        False,
+        True,
+    )
     assert METRIC.nan_reason is None
 
 

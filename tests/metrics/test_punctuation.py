@@ -13,7 +13,12 @@ METRIC = get_metric("punctuation")
 
 
 def test_definition():
-    assert (METRIC.probe, METRIC.label, METRIC.threshold, METRIC.below) == ("text", "punctuation head", 0.5, False)
+    assert (METRIC.probe, METRIC.label, METRIC.threshold, METRIC.below) == (
+        "text",
+        "punctuation head",
+        0.5,
+        False,
+    )
 
 
 def test_mass_on_an_encoder():
@@ -38,7 +43,9 @@ def test_causal_queries_before_the_first_punctuation_do_not_qualify():
 def test_docstring_case():
     A = torch.tensor([[0.5, 0.5, 0], [0.5, 0.25, 0.25], [0.2, 0.2, 0.6]])[None, None]
     punct = torch.tensor([[False, False, True]])
-    assert METRIC(A, batch(3, causal=False, punctuation=punct)).score().item() == pytest.approx(0.85 / 3)
+    assert METRIC(A, batch(3, causal=False, punctuation=punct)).score().item() == pytest.approx(
+        0.85 / 3
+    )
 
 
 def test_needs_punctuation_flags():

@@ -1,4 +1,5 @@
-"""rare_word: closed forms on hand-built patterns, every engine agrees, and an independent recount."""
+"""rare_word: closed forms on hand-built patterns, every engine agrees, and an independent
+recount."""
 
 import os
 
@@ -15,7 +16,8 @@ INF = float("inf")
 
 
 def test_closed_forms_causal_with_ties_specials_and_padding():
-    # one sequence of 5 real tokens + 1 padding; key 3 is special (inf), keys 1 and 4 tie as the rarest
+    # one sequence of 5 real tokens + 1 padding; key 3 is special (inf), keys 1 and 4 tie as the
+    # rarest
     counts = torch.tensor([[INF, 2.0, 7.0, INF, 2.0, 1.0]])
     A = torch.zeros(1, 2, 6, 6)
     A[0, :, 0, 0] = 1
@@ -27,7 +29,8 @@ def test_closed_forms_causal_with_ties_specials_and_padding():
         A[0, 1, q, k] = 1.0
     b = PatternBatch(lengths=torch.tensor([5]), causal=True, key_counts=counts)
     pooled = rare_word(A, b)
-    # qualifying: q = 2 (counts key 1), q = 3 (keys 1, 2; 3 is special), q = 4 (keys 1, 2; not itself)
+    # qualifying: q = 2 (counts key 1), q = 3 (keys 1, 2; 3 is special), q = 4 (keys 1, 2; not
+    # itself)
     assert pooled.count.tolist() == [3.0]
     # head 1: q=2 -> key 1 (rarest) hit; q=3 -> key 1 hit; q=4 -> key 4 is the query itself: miss
     assert pooled.score().tolist() == [[0.0, 2 / 3]]

@@ -1,4 +1,5 @@
-"""Reading attention rows (headscope/metrics/rows.py): DenseRows on whole patterns and query blocks."""
+"""Reading attention rows (headscope/metrics/rows.py): DenseRows on whole patterns and query
+blocks."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def test_row_entropy_ignores_padding_keys():
 
 def test_row_entropy_from_a_given_log():
     A = random_causal(1, 2, 5)
-    log = torch.log(A.clamp_min(torch.finfo(A.dtype).tiny))  # finite where masked, as an engine hands it
+    # finite where masked, as an engine hands it
+    log = torch.log(A.clamp_min(torch.finfo(A.dtype).tiny))
     b = batch(5)
     torch.testing.assert_close(DenseRows(A, log).row_entropy(b), DenseRows(A).row_entropy(b))
 
@@ -53,5 +55,7 @@ def test_mass_of_a_block_equals_the_rows_of_the_whole(causal):
     want = (A * keys[:, None, None, :] * vis).sum(-1)
     torch.testing.assert_close(whole, want)
     for start in (1, 4):
-        block = DenseRows(A[:, :, start:]).mass(PatternBatch(b.lengths, causal, q_start=start), "separator", keys)
+        block = DenseRows(A[:, :, start:]).mass(
+            PatternBatch(b.lengths, causal, q_start=start), "separator", keys
+        )
         torch.testing.assert_close(block, whole[:, :, start:])

@@ -13,7 +13,12 @@ METRIC = get_metric("separator")
 
 
 def test_definition():
-    assert (METRIC.probe, METRIC.label, METRIC.threshold, METRIC.below) == ("text", "separator head", 0.5, False)
+    assert (METRIC.probe, METRIC.label, METRIC.threshold, METRIC.below) == (
+        "text",
+        "separator head",
+        0.5,
+        False,
+    )
 
 
 def test_mass_and_qualifying_queries():
@@ -51,5 +56,9 @@ def test_encoder_query_zero_qualifies():
 
 
 def test_needs_separator_flags():
-    with pytest.raises(HeadscopeError, match=r"^This metric needs key flags 'separator' in its PatternBatch\.$"):
+    with pytest.raises(
+        HeadscopeError,
+        match=r"^This metric needs key flags 'separator' in its "
+        r"PatternBatch\.$",
+    ):
         METRIC(causal_uniform(3), batch(3))

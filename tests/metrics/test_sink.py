@@ -13,7 +13,12 @@ METRIC = get_metric("sink")
 
 def test_definition():
     assert (METRIC.probe, METRIC.label, METRIC.threshold, METRIC.below, METRIC.fused) == (
-        "text", "sink head", 0.5, False, True)
+        "text",
+        "sink head",
+        0.5,
+        False,
+        True,
+    )
 
 
 def test_perfect_and_query_zero_excluded():

@@ -1,4 +1,5 @@
-"""Per-row statistics standing in for a pattern (headscope/metrics/stats.py): built here by hand from q and k,
+"""Per-row statistics standing in for a pattern (headscope/metrics/stats.py): built here by hand
+from q and k,
 they answer every metric exactly as the dense pattern does."""
 
 from __future__ import annotations
@@ -30,16 +31,37 @@ def make(causal: bool, mask: torch.Tensor | None = None, seed: int = 0):
     A = torch.nan_to_num(s.softmax(-1), nan=0.0)
     flags = torch.rand(B, N, generator=g) > 0.4
     targets = torch.full((B, N), -1)
-    targets[0, 4], targets[0, 5], targets[1, 3] = 1, 2, 0  # needle answer queries -> the keys they copy
-    batch = PatternBatch(lengths=torch.tensor([N, N]), causal=causal, separator=flags, punctuation=~flags,
-                         repeat_len=2, band=(1, 2), targets=targets)
-    masses = {name: (A * key_set_flags(batch, name, N)[:, None, None, :]).sum(-1).double()
-              for name in ("separator", "punctuation")}
+    # needle answer queries -> the keys they copy
+    targets[0, 4], targets[0, 5], targets[1, 3] = 1, 2, 0
+    batch = PatternBatch(
+        lengths=torch.tensor([N, N]),
+        causal=causal,
+        separator=flags,
+        punctuation=~flags,
+        repeat_len=2,
+        band=(1, 2),
+        targets=targets,
+    )
+    masses = {
+        name: (A * key_set_flags(batch, name, N)[:, None, None, :]).sum(-1).double()
+        for name in ("separator", "punctuation")
+    }
     entropy = torch.special.entr(A).sum(-1).double()
     i = torch.arange(N)
-    band = ((i[None, :] < 1) | ((i[:, None] - i[None, :] < 2) & (i[None, :] <= i[:, None]))).float()  # [q, k]
-    stats = HeadStats(shape=(B, H, N, N), entropy=entropy, masses=masses, lse=lse, query=q, key=k,
-                      causal=causal, mask=mask, band=((1, 2), (A * band).sum(-1).double()), argmax=A.argmax(-1))
+    # [q, k]
+    band = ((i[None, :] < 1) | ((i[:, None] - i[None, :] < 2) & (i[None, :] <= i[:, None]))).float()
+    stats = HeadStats(
+        shape=(B, H, N, N),
+        entropy=entropy,
+        masses=masses,
+        lse=lse,
+        query=q,
+        key=k,
+        causal=causal,
+        mask=mask,
+        band=((1, 2), (A * band).sum(-1).double()),
+        argmax=A.argmax(-1),
+    )
     return stats, A, batch
 
 

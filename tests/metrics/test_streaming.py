@@ -17,10 +17,12 @@ LONG = ["sink", "streaming", "retrieval", "retrieval_soft"]
 
 @pytest.fixture(scope="module")
 def llama():
-    """A tiny random Llama with grouped-query attention (4 query heads, 2 KV heads), 256 positions."""
+    """A tiny random Llama with grouped-query attention (4 query heads, 2 KV heads), 256
+    positions."""
     fam = next(f for f in conf.FAMILIES if f.model_type == "llama")
     hf, tok = conf.tiny_model(fam)
     return headscope.load_model(hf, tok, name="tiny-llama")
+
 
 # ------------------------------------------------------------------------------ the KV plan
 
@@ -29,8 +31,12 @@ def test_streaming_and_retrieval_agree_across_engines(llama):
     text = long_text_probe(llama, 240, 2)
     text.settings["band"] = [2, 16]
     needle = needle_probe(llama, [150, 240], depths=(0.2, 0.8), k=4)
-    got = {e: headscope.scan(llama, [text, needle], metrics=LONG, engine=e, bootstrap=0, null=False,
-                             examples=False).scores for e in ("fused", "blocked", "hooks")}
+    got = {
+        e: headscope.scan(
+            llama, [text, needle], metrics=LONG, engine=e, bootstrap=0, null=False, examples=False
+        ).scores
+        for e in ("fused", "blocked", "hooks")
+    }
     ref = got["fused"]
     for e in ("blocked", "hooks"):
         assert np.allclose(got[e].score, ref.score, atol=1e-5, equal_nan=True), e
@@ -42,13 +48,21 @@ def test_streaming_and_retrieval_agree_across_engines(llama):
     assert stream.chance.iloc[0] == pytest.approx(want, abs=1e-6)
     assert int(ref[ref.metric == "retrieval"].n.iloc[0]) == 4 * 4
 
+
 def test_long_context_metrics_are_registered_but_not_default():
     from headscope.metrics import retrieval, streaming
 
-    assert [n for n in REGISTRY if not REGISTRY[n].default] == ["streaming", "retrieval", "retrieval_soft",
-                                                                 "rare_word"]
+    assert [n for n in REGISTRY if not REGISTRY[n].default] == [
+        "streaming",
+        "retrieval",
+        "retrieval_soft",
+        "rare_word",
+    ]
     assert REGISTRY["streaming"] is streaming.METRIC and REGISTRY["retrieval"] is retrieval.METRIC
-    assert REGISTRY["retrieval_soft"] is retrieval.SOFT and retrieval.METRIC.chance_fn is retrieval.retrieval_soft
+    assert (
+        REGISTRY["retrieval_soft"] is retrieval.SOFT
+        and retrieval.METRIC.chance_fn is retrieval.retrieval_soft
+    )
     assert streaming.METRIC.needs == ("band",) and retrieval.METRIC.needs == ("argmax",)
     assert REGISTRY["retrieval"].probe == "needle" and REGISTRY["streaming"].probe == "text"
 
@@ -64,5 +78,8 @@ def test_long_context_chance_closed_forms():
     want = sum(3 / (q + 1) for q in range(3, n)) / (n - 3)
     assert REGISTRY["streaming"](U, b).score().item() == pytest.approx(want)
     assert REGISTRY["retrieval_soft"](U, b).score().item() == pytest.approx((1 / 7 + 1 / 9) / 2)
-    assert REGISTRY["retrieval"].chance_fn(U, b).score().item() == pytest.approx((1 / 7 + 1 / 9) / 2)
-    assert REGISTRY["retrieval"](U, b).score().item() == 0.0  # the arg-max of equal weights is key 0
+    assert REGISTRY["retrieval"].chance_fn(U, b).score().item() == pytest.approx(
+        (1 / 7 + 1 / 9) / 2
+    )
+    # the arg-max of equal weights is key 0
+    assert REGISTRY["retrieval"](U, b).score().item() == 0.0

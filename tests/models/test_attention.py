@@ -12,10 +12,12 @@ from headscope.models.attention import AttentionCall, ReplaceHeadOutput, Restric
 
 
 def _zero_head_oracle(hf, proj, head: int, d_head: int, value=None):
-    """A pre-hook on ``proj`` (the output projection) overwriting head ``head``'s slice of its input."""
+    """A pre-hook on ``proj`` (the output projection) overwriting head ``head``'s slice of its
+    input."""
+
     def pre(module, args):
         x = args[0].clone()  # [batch, pos, head * d_head]
-        x[..., head * d_head:(head + 1) * d_head] = 0.0 if value is None else value
+        x[..., head * d_head : (head + 1) * d_head] = 0.0 if value is None else value
         return (x,)
 
     return proj.register_forward_pre_hook(pre)
@@ -26,8 +28,12 @@ def test_zero_and_mean_ablation_equal_a_plain_hook_on_the_output_projection(tiny
     proj = tiny_gpt2.hf.transformer.h[1].attn.c_proj
     mean = torch.linspace(-1, 1, 8)  # a [d_head] vector, as mean-ablation uses
     for value in (0.0, mean):
-        got = tiny_gpt2.run(tokens, interventions=[ReplaceHeadOutput(layer=1, head=2, value=value)], output="logits")
-        handle = _zero_head_oracle(tiny_gpt2.hf, proj, 2, 8, None if isinstance(value, float) else value)
+        got = tiny_gpt2.run(
+            tokens, interventions=[ReplaceHeadOutput(layer=1, head=2, value=value)], output="logits"
+        )
+        handle = _zero_head_oracle(
+            tiny_gpt2.hf, proj, 2, 8, None if isinstance(value, float) else value
+        )
         try:
             want = tiny_gpt2.logits(tokens)
         finally:
@@ -45,9 +51,17 @@ def tiny_gqa_llama():
     from tests.tiny_models import _bpe_tokenizer
 
     tok = _bpe_tokenizer()
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     torch.manual_seed(0)
     return headscope.load_model(LlamaForCausalLM(cfg).eval(), tok, name="tiny-gqa-llama")
 
@@ -71,7 +85,9 @@ def test_grouped_query_attention_ablates_a_query_head_never_its_kv_head(tiny_gqa
     got = model.run(tokens, interventions=[ReplaceHeadOutput(0, 1, 0.0), Record()], output="logits")
     assert (outputs[0][:, :, 1] == 0).all() and (clean_out[:, :, 1] != 0).any()
     # head 0 shares KV head 0 with head 1 and is untouched: the KV head itself was not ablated
-    torch.testing.assert_close(outputs[0][:, :, [0, 2, 3]], clean_out[:, :, [0, 2, 3]], atol=0, rtol=0)
+    torch.testing.assert_close(
+        outputs[0][:, :, [0, 2, 3]], clean_out[:, :, [0, 2, 3]], atol=0, rtol=0
+    )
     proj = model.hf.model.layers[0].self_attn.o_proj
     handle = _zero_head_oracle(model.hf, proj, 1, model.d_head)
     try:
@@ -99,24 +115,32 @@ def test_restricted_keys_give_the_softmax_over_the_kept_keys_only(tiny_gpt2):
         return outs[call.layer]
 
     tiny_gpt2.run(torch.tensor([ids]), handler=record, interventions=[RestrictKeys(1, [1], keep)])
-    acts = tiny_gpt2.attention_activations(ids, [1])[1]  # the bridge's q, k, v: upstream of layer 1's change
+    # the bridge's q, k, v: upstream of layer 1's change
+    acts = tiny_gpt2.attention_activations(ids, [1])[1]
     q, k, v = acts["q"][1], acts["k"][1], acts["v"][1]  # [pos, d_head] for head 1
     s = (q @ k.T) / 8**0.5
-    allowed = keep(AttentionCall(1, torch.zeros(1, 4, n, 8), torch.zeros(1, 4, n, 8), None, None, 1.0, True))
+    allowed = keep(
+        AttentionCall(1, torch.zeros(1, 4, n, 8), torch.zeros(1, 4, n, 8), None, None, 1.0, True)
+    )
     allowed &= torch.ones(n, n, dtype=torch.bool).tril()
     want = s.masked_fill(~allowed, float("-inf")).softmax(-1) @ v  # [pos, d_head]
     torch.testing.assert_close(outs[1][0, :, 1], want, atol=1e-5, rtol=0)
     # the other heads keep the model's own attention: the bridge's z
-    torch.testing.assert_close(outs[1][0, :, [0, 2, 3]].transpose(0, 1), acts["z"][[0, 2, 3]], atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        outs[1][0, :, [0, 2, 3]].transpose(0, 1), acts["z"][[0, 2, 3]], atol=1e-5, rtol=0
+    )
 
 
 def test_full_mask_closed_forms():
     z = torch.zeros(1, 2, 3, 4)  # [batch, head, pos, dim]
-    causal = AttentionCall(0, z[:, :, :2], z, z, None, 1.0, True).full_mask()  # 2 queries, 3 keys (a cache)
+    # 2 queries, 3 keys (a cache)
+    causal = AttentionCall(0, z[:, :, :2], z, z, None, 1.0, True).full_mask()
     assert causal.tolist() == [[[[True, True, False], [True, True, True]]]]  # bottom-right aligned
     assert AttentionCall(0, z, z, z, None, 1.0, False).full_mask().all()
     additive = torch.tensor([[[[0.0, torch.finfo(torch.float32).min, 0.0]]]])
-    assert AttentionCall(0, z, z, z, additive, 1.0, False).full_mask().tolist() == [[[[True, False, True]]]]
+    assert AttentionCall(0, z, z, z, additive, 1.0, False).full_mask().tolist() == [
+        [[[True, False, True]]]
+    ]
 
 
 def test_the_handler_is_active_only_inside_intercept(tiny_gpt2):
@@ -134,7 +158,11 @@ def test_the_handler_is_active_only_inside_intercept(tiny_gpt2):
     with pytest.raises(RuntimeError, match="inside the forward"):
         tiny_gpt2.run(torch.tensor([[0, 5, 6]]), handler=boom)
     assert attention.active() is None
-    assert tiny_gpt2.run(torch.tensor([[0, 5, 6]]), output="logits").shape == (1, 3, tiny_gpt2.hf.config.vocab_size)
+    assert tiny_gpt2.run(torch.tensor([[0, 5, 6]]), output="logits").shape == (
+        1,
+        3,
+        tiny_gpt2.hf.config.vocab_size,
+    )
 
 
 def test_interpolate_is_replace_at_one_and_nothing_at_zero(tiny_gpt2):
@@ -143,9 +171,17 @@ def test_interpolate_is_replace_at_one_and_nothing_at_zero(tiny_gpt2):
     tokens = torch.tensor([[0, 5, 6, 7, 8]])
     value = torch.linspace(-1, 1, 8)
     full = tiny_gpt2.run(tokens, interventions=[ReplaceHeadOutput(1, 2, value)], output="logits")
-    torch.testing.assert_close(tiny_gpt2.run(tokens, interventions=[Interpolate(1, 2, value, 1.0)], output="logits"),
-                               full, atol=1e-6, rtol=0)
-    torch.testing.assert_close(tiny_gpt2.run(tokens, interventions=[Interpolate(1, 2, value, 0.0)], output="logits"),
-                               tiny_gpt2.logits(tokens), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        tiny_gpt2.run(tokens, interventions=[Interpolate(1, 2, value, 1.0)], output="logits"),
+        full,
+        atol=1e-6,
+        rtol=0,
+    )
+    torch.testing.assert_close(
+        tiny_gpt2.run(tokens, interventions=[Interpolate(1, 2, value, 0.0)], output="logits"),
+        tiny_gpt2.logits(tokens),
+        atol=1e-6,
+        rtol=0,
+    )
     half = tiny_gpt2.run(tokens, interventions=[Interpolate(1, 2, value, 0.5)], output="logits")
     assert (half - full).abs().max() > 1e-5 and (half - tiny_gpt2.logits(tokens)).abs().max() > 1e-5

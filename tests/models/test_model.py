@@ -1,5 +1,6 @@
 """Model: its shape, its forward passes, and models a user already holds in memory (a Hugging Face
-model + tokenizer, or a transformer-lens bridge), which must scan exactly like their saved folder."""
+model + tokenizer, or a transformer-lens bridge), which must scan exactly like their saved
+folder."""
 
 from __future__ import annotations
 
@@ -15,13 +16,21 @@ from tests.tiny_models import tiny_gpt2_in_memory
 
 def test_shape_of_tiny_models(tiny_gpt2, tiny_bert):
     cfg = tiny_gpt2.hf.config
-    assert (tiny_gpt2.n_layers, tiny_gpt2.n_heads, tiny_gpt2.n_kv_heads) == (cfg.n_layer, cfg.n_head, cfg.n_head)
+    assert (tiny_gpt2.n_layers, tiny_gpt2.n_heads, tiny_gpt2.n_kv_heads) == (
+        cfg.n_layer,
+        cfg.n_head,
+        cfg.n_head,
+    )
     assert (tiny_gpt2.d_model, tiny_gpt2.d_head, tiny_gpt2.n_ctx) == (32, 8, 128)
     assert tiny_gpt2.causal and not tiny_bert.causal
     assert tiny_gpt2.attention_interface and tiny_bert.attention_interface
     # tied embedding/unembedding counted once
     unique = {p.data_ptr(): p.numel() for p in tiny_gpt2.hf.parameters()}
-    assert tiny_gpt2.n_params == sum(unique.values()) < sum(p.numel() for p in tiny_gpt2.hf.state_dict().values())
+    assert (
+        tiny_gpt2.n_params
+        == sum(unique.values())
+        < sum(p.numel() for p in tiny_gpt2.hf.state_dict().values())
+    )
 
 
 @pytest.mark.real
@@ -56,8 +65,12 @@ def test_a_handler_sees_every_layer_and_may_stop_the_forward(tiny_gpt2):
     assert tiny_gpt2.run(tokens, handler=handler, output="logits") is None  # stopped: no logits
     assert seen == [(0, (1, 4, 4, 4), True, 1)]
     seen.clear()
-    torch.testing.assert_close(tiny_gpt2.run(tokens, handler=lambda c: (seen.append(c.layer), c.output())[1],
-                                             output="logits"), tiny_gpt2.logits(tokens))
+    torch.testing.assert_close(
+        tiny_gpt2.run(
+            tokens, handler=lambda c: (seen.append(c.layer), c.output())[1], output="logits"
+        ),
+        tiny_gpt2.logits(tokens),
+    )
     assert seen == [0, 1]
 
 
@@ -81,7 +94,9 @@ def test_run_patterns_leaves_no_hook_and_no_pattern_behind(tiny_gpt2):
     before = n_hooks()
     tokens = torch.tensor([[0, 5, 6, 7, 8], [0, 9, 10, 11, 12]])
     shapes = []
-    tiny_gpt2.run_patterns(tokens, torch.ones_like(tokens, dtype=torch.bool), lambda la, p: shapes.append(p.shape))
+    tiny_gpt2.run_patterns(
+        tokens, torch.ones_like(tokens, dtype=torch.bool), lambda la, p: shapes.append(p.shape)
+    )
     assert shapes == [torch.Size([2, 4, 5, 5])] * 2
     assert n_hooks() == before and pattern_like_tensors((2, 4, 5, 5)) == []
 
@@ -98,13 +113,19 @@ def test_run_patterns_stops_after_the_last_wanted_layer(tiny_gpt2):
     bridge = tiny_gpt2.bridge
     bridge.blocks[0].hook_mlp_out.add_hook(lambda t, hook: fired.append(hook.name))
     try:
-        tiny_gpt2.run_patterns(torch.tensor([[0, 5, 6]]), torch.ones(1, 3, dtype=torch.bool),
-                               lambda layer, p: seen.append(layer), layers=[0])
+        tiny_gpt2.run_patterns(
+            torch.tensor([[0, 5, 6]]),
+            torch.ones(1, 3, dtype=torch.bool),
+            lambda layer, p: seen.append(layer),
+            layers=[0],
+        )
     finally:
         bridge.blocks[0].hook_mlp_out.remove_hooks()
     assert seen == [0] and fired == []  # the MLP of the last wanted block never ran
     with pytest.raises(headscope.HeadscopeError, match=r"not in 0\.\.1"):
-        tiny_gpt2.run_patterns(torch.tensor([[0, 5]]), torch.ones(1, 2, dtype=torch.bool), print, layers=[2])
+        tiny_gpt2.run_patterns(
+            torch.tensor([[0, 5]]), torch.ones(1, 2, dtype=torch.bool), print, layers=[2]
+        )
 
 
 def test_attention_activations_and_inputs_are_heads_first(tiny_gpt2):
@@ -135,7 +156,8 @@ def saved_and_in_memory(tmp_path_factory):
 def test_an_in_memory_model_scans_like_its_saved_folder(saved_and_in_memory):
     hf, tok, saved = saved_and_in_memory
     before = (_state_sha256(hf), hf.config._attn_implementation, hf.training)
-    hf.train()  # a model handed over in training mode is scored in eval mode, and given back as it was
+    # a model handed over in training mode is scored in eval mode, and given back as it was
+    hf.train()
     model = headscope.load_model(hf, tok, name="my-gpt2")
     assert model.name == "my-gpt2" and model.source.kind == "memory" and model.attention_interface
     assert model.fingerprint() == before[0]
@@ -144,8 +166,13 @@ def test_an_in_memory_model_scans_like_its_saved_folder(saved_and_in_memory):
     for engine in ("fused", "blocked", "hooks"):
         got = _scores(model, probes, engine)
         assert got["model"].eq("my-gpt2").all()
-        assert (got["score"] - want["score"]).abs().max() < (1e-12 if engine == "fused" else 1e-5), engine
-        assert got["n"].tolist() == want["n"].tolist() and got["label"].tolist() == want["label"].tolist()
+        assert (got["score"] - want["score"]).abs().max() < (
+            1e-12 if engine == "fused" else 1e-5
+        ), engine
+        assert (
+            got["n"].tolist() == want["n"].tolist()
+            and got["label"].tolist() == want["label"].tolist()
+        )
     assert (_state_sha256(hf), hf.config._attn_implementation) == before[:2] and hf.training
     hf.eval()
 
@@ -154,7 +181,9 @@ def test_a_transformer_lens_bridge_is_scanned_with_the_hooks_engine(saved_and_in
     _, _, saved = saved_and_in_memory
     model = headscope.load_model(saved.bridge)
     assert not model.attention_interface and resolve_engine(model).name == "hooks"
-    with pytest.raises(headscope.HeadscopeError, match="The blocked engine cannot run here: .*use --engine hooks"):
+    with pytest.raises(
+        headscope.HeadscopeError, match="The blocked engine cannot run here: .*use --engine hooks"
+    ):
         resolve_engine(model, "blocked")
     probes = headscope.default_probes(saved, n_prompts=3, repeat_len=5)
     got, want = _scores(model, probes, "auto"), _scores(saved, probes, "fused")
@@ -163,7 +192,11 @@ def test_a_transformer_lens_bridge_is_scanned_with_the_hooks_engine(saved_and_in
 
 def test_what_load_model_refuses(saved_and_in_memory, tiny_gpt2_dir):
     hf, tok, _ = saved_and_in_memory
-    with pytest.raises(headscope.HeadscopeError, match=r"needs its tokenizer: load_model\(model, tokenizer\)"):
+    with pytest.raises(
+        headscope.HeadscopeError,
+        match=r"needs its tokenizer: load_model\(model, "
+        r"tokenizer\)",
+    ):
         headscope.load_model(hf)
     with pytest.raises(headscope.HeadscopeError, match="tokenizer= goes with an in-memory model"):
         headscope.load_model(str(tiny_gpt2_dir), tok)
@@ -193,7 +226,9 @@ def test_a_class_transformers_cannot_switch_is_scanned_with_hooks(saved_and_in_m
     model = headscope.load_model(hf, tok)
     assert not model.attention_interface and resolve_engine(model).name == "hooks"
     model.attention_interface = True  # pretend: the switch is attempted, refused, and reported
-    with pytest.raises(headscope.HeadscopeError, match="would not switch this model's attention implementation"):
+    with pytest.raises(
+        headscope.HeadscopeError, match="would not switch this model's attention implementation"
+    ):
         model.run(torch.tensor([[0, 5, 6]]), handler=lambda call: call.output())
 
 
@@ -205,10 +240,22 @@ def tiny_gemma2():
     from tests.tiny_models import _bpe_tokenizer
 
     tok = _bpe_tokenizer()
-    cfg = Gemma2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, attn_logit_softcapping=2.0,
-                       query_pre_attn_scalar=8, sliding_window=4, max_position_embeddings=256,
-                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+    cfg = Gemma2Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        attn_logit_softcapping=2.0,
+        query_pre_attn_scalar=8,
+        sliding_window=4,
+        max_position_embeddings=256,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.eos_token_id,
+    )
     torch.manual_seed(0)
     hf = Gemma2ForCausalLM(cfg).eval()
     hf.set_attn_implementation("eager")
@@ -226,12 +273,20 @@ def test_the_models_own_attention_is_kept_when_sdpa_cannot_do_it(tiny_gemma2):
     model = headscope.load_model(hf, tok)
     torch.testing.assert_close(model.logits(tokens), want)
     seen = []
-    torch.testing.assert_close(model.run(tokens, handler=lambda c: (seen.append(sorted(c.extras)), c.output())[1],
-                                         output="logits"), want)
+    torch.testing.assert_close(
+        model.run(
+            tokens,
+            handler=lambda c: (seen.append(sorted(c.extras)), c.output())[1],
+            output="logits",
+        ),
+        want,
+    )
     assert seen == [["softcap"], ["softcap"]]
     probe = headscope.default_probes(model, n_prompts=2, repeat_len=3)[0]
-    with pytest.raises(headscope.HeadscopeError, match="uses softcap, which the (fused|blocked) engine does not "
-                                                       "model; use --engine hooks"):
+    with pytest.raises(
+        headscope.HeadscopeError,
+        match="uses softcap, which the (fused|blocked) engine does not model; use --engine hooks",
+    ):
         headscope.scan(model, [probe], engine="blocked")
 
 
@@ -253,14 +308,17 @@ def test_an_intervention_that_edits_the_scale_changes_the_output(tiny_gpt2):
 
     tiny_gpt2.run(tokens, interventions=[Sharpen()])
     call = got["call"]
-    want = torch.nn.functional.scaled_dot_product_attention(call.query, call.key, call.value, is_causal=True,
-                                                            scale=8 ** -0.5 * 3).transpose(1, 2)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        call.query, call.key, call.value, is_causal=True, scale=8**-0.5 * 3
+    ).transpose(1, 2)
     torch.testing.assert_close(got["out"], want, atol=1e-6, rtol=0)
 
 
 def test_restricting_every_key_of_a_row_is_refused(tiny_gpt2):
     from headscope.models.attention import RestrictKeys
 
-    nothing = RestrictKeys(layer=0, heads=[0], keep=lambda call: torch.zeros(call.shape[-2:], dtype=torch.bool))
+    nothing = RestrictKeys(
+        layer=0, heads=[0], keep=lambda call: torch.zeros(call.shape[-2:], dtype=torch.bool)
+    )
     with pytest.raises(headscope.HeadscopeError, match="leaves a query with no key"):
         tiny_gpt2.run(torch.tensor([[0, 5, 6]]), interventions=[nothing])

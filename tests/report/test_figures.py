@@ -1,4 +1,5 @@
-"""Figures (headscope/report/figures.py): the drawn data, colour ranges, annotations, titles, files written."""
+"""Figures (headscope/report/figures.py): the drawn data, colour ranges, annotations, titles, files
+written."""
 
 from __future__ import annotations
 
@@ -29,8 +30,12 @@ SCORES = {  # [layer][head]
 
 @pytest.fixture(scope="module")
 def scores() -> pd.DataFrame:
-    res = [MetricScores(get_metric(name), torch.tensor(s, dtype=torch.float64) * COUNT, COUNT, 0.25 * COUNT)
-           for name, s in SCORES.items()]
+    res = [
+        MetricScores(
+            get_metric(name), torch.tensor(s, dtype=torch.float64) * COUNT, COUNT, 0.25 * COUNT
+        )
+        for name, s in SCORES.items()
+    ]
     return to_frame("org/tiny-gpt2", N_LAYERS, N_HEADS, res, {})
 
 
@@ -89,9 +94,11 @@ def test_annotations_only_on_labelled_cells(scores):
 def test_annotations_follow_the_runs_thresholds(scores):
     relabelled = relabel(scores, {"induction": 0.25, "entropy": 1.0})
     assert sorted(texts(heatmap(relabelled, "induction").axes[0])) == sorted(
-        [("0.60", (0, 1)), ("0.30", (0, 2)), ("0.99", (1, 2))])
+        [("0.60", (0, 1)), ("0.30", (0, 2)), ("0.99", (1, 2))]
+    )
     assert sorted(texts(heatmap(relabelled, "entropy").axes[0])) == sorted(
-        [("0.20", (0, 0)), ("1.00", (0, 1)), ("0.31", (1, 1)), ("0.30", (0, 2))])
+        [("0.20", (0, 0)), ("1.00", (0, 1)), ("0.31", (1, 1)), ("0.30", (0, 2))]
+    )
 
 
 def test_annotations_for_a_below_metric_are_the_low_cells(scores):
@@ -102,8 +109,21 @@ def test_annotations_for_a_below_metric_are_the_low_cells(scores):
 
 def test_no_annotations_on_large_grids():
     n_layers, n_heads = 21, 20  # 420 cells > 400
-    rows = [{"model": "m", "metric": "sink", "probe": "text", "layer": la, "head": h, "score": 0.9,
-             "chance": 0.1, "n": 3, "label": ""} for la in range(n_layers) for h in range(n_heads)]
+    rows = [
+        {
+            "model": "m",
+            "metric": "sink",
+            "probe": "text",
+            "layer": la,
+            "head": h,
+            "score": 0.9,
+            "chance": 0.1,
+            "n": 3,
+            "label": "",
+        }
+        for la in range(n_layers)
+        for h in range(n_heads)
+    ]
     ax = heatmap(pd.DataFrame(rows), "sink").axes[0]
     assert len(ax.texts) == 0 and ax.images[0].get_array().shape == (21, 20)
 
@@ -117,17 +137,28 @@ def test_layer_zero_is_at_the_top(scores):
 
 
 def test_title_has_model_metric_and_n(scores):
-    assert heatmap(scores, "induction").axes[0].get_title() == "org/tiny-gpt2: induction\nn = 8 queries"
+    assert (
+        heatmap(scores, "induction").axes[0].get_title()
+        == "org/tiny-gpt2: induction\nn = 8 queries"
+    )
     assert heatmap(scores, "induction", n_sequences=16).axes[0].get_title() == (
-        "org/tiny-gpt2: induction\n16 seqs, n = 8 queries")
-    assert heatmap(scores, "entropy", 4).axes[0].get_title() == "org/tiny-gpt2: entropy (nats)\n4 seqs, n = 8 queries"
+        "org/tiny-gpt2: induction\n16 seqs, n = 8 queries"
+    )
+    assert (
+        heatmap(scores, "entropy", 4).axes[0].get_title()
+        == "org/tiny-gpt2: entropy (nats)\n4 seqs, n = 8 queries"
+    )
 
 
 def test_all_nan_metric_says_why(scores):
     ax = heatmap(scores, "next_token").axes[0]
     assert np.isnan(np.asarray(ax.images[0].get_array(), dtype=float)).all()
-    assert [t.get_text() for t in ax.texts] == ["NaN: causal model"]  # nan_reason up to its first ':'
-    assert ax.texts[0].get_transform() == ax.transAxes and tuple(ax.texts[0].get_position()) == (0.5, 0.5)
+    # nan_reason up to its first ':'
+    assert [t.get_text() for t in ax.texts] == ["NaN: causal model"]
+    assert ax.texts[0].get_transform() == ax.transAxes and tuple(ax.texts[0].get_position()) == (
+        0.5,
+        0.5,
+    )
 
 
 def test_all_nan_unregistered_metric(scores):
@@ -148,7 +179,9 @@ def test_summary_figure_one_panel_per_metric(scores):
     panels = main_axes(fig)
     assert [ax.get_title() for ax in panels] == list(SCORES)
     for ax, metric in zip(panels, SCORES, strict=True):
-        np.testing.assert_array_equal(np.asarray(ax.images[0].get_array()), matrix(scores, metric).to_numpy())
+        np.testing.assert_array_equal(
+            np.asarray(ax.images[0].get_array()), matrix(scores, metric).to_numpy()
+        )
         expected = ["NaN: causal model"] if metric == "next_token" else []  # no value annotations
         assert [t.get_text() for t in ax.texts] == expected
     assert len(fig.axes) == 2 * len(SCORES)  # a colour bar per panel
@@ -167,7 +200,10 @@ def test_summary_figure_grid_is_at_most_four_wide(scores):
 
 def test_save_figures_writes_one_png_per_metric_and_a_summary(scores, tmp_path):
     paths = save_figures(scores, tmp_path, dpi=40)
-    assert paths == [tmp_path / f"{m}.png" for m in SCORES] + [tmp_path / "summary.png", tmp_path / "thresholds.png"]
+    assert paths == [tmp_path / f"{m}.png" for m in SCORES] + [
+        tmp_path / "summary.png",
+        tmp_path / "thresholds.png",
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in paths)
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -192,15 +228,19 @@ def test_save_figures_titles_get_n_sequences_per_probe(scores, tmp_path, monkeyp
     assert seen == [(m, None) for m in SCORES]
 
 
-
 def test_threshold_sweep_counts_labelled_heads_at_every_cut(scores):
     fig = plots.threshold_sweep(scores, {"induction": 0.25})
     panels = {ax.get_title().split(":")[0]: ax for ax in fig.axes}
-    assert set(panels) == {"previous_token", "entropy", "induction"}  # next_token is all NaN: no panel
+    # next_token is all NaN: no panel
+    assert set(panels) == {"previous_token", "entropy", "induction"}
     ax = panels["induction"]
     assert ax.get_title() == "induction: 3 at >= 0.25"  # 0.3, 0.6, 0.99 of the six heads
     counts = ax.lines[0].get_ydata()
-    assert counts[0] == 6 and counts[-1] == 0 and (np.diff(counts) <= 0).all()  # fewer heads as the cut rises
+    # fewer heads as the cut rises
+    assert counts[0] == 6 and counts[-1] == 0 and (np.diff(counts) <= 0).all()
     assert ax.lines[1].get_xdata()[0] == 0.25  # the run's threshold, marked
     entropy = panels["entropy"]
-    assert entropy.get_title() == "entropy: 2 at <= 0.3" and (np.diff(entropy.lines[0].get_ydata()) >= 0).all()
+    assert (
+        entropy.get_title() == "entropy: 2 at <= 0.3"
+        and (np.diff(entropy.lines[0].get_ydata()) >= 0).all()
+    )

@@ -1,5 +1,6 @@
 """report.html: one self-contained page per run, rebuilt from the saved files alone; the notebook
-summary of a scan result; ``headscope report``'s refusals; and the page in a real headless browser."""
+summary of a scan result; ``headscope report``'s refusals; and the page in a real headless
+browser."""
 
 from __future__ import annotations
 
@@ -34,14 +35,20 @@ def test_every_run_directory_has_its_page_and_metadata_lists_it(runs):
 def test_the_page_is_self_contained_and_shows_the_run(runs):
     page = (runs["gpt2"] / REPORT).read_text()
     run = load_run(runs["gpt2"])
-    assert page.startswith("<!DOCTYPE html>") and '<meta name="generator" content="headscope">' in page
-    assert "<script src" not in page and "@import" not in page and "url(" not in page  # scripts inline only
+    assert (
+        page.startswith("<!DOCTYPE html>") and '<meta name="generator" content="headscope">' in page
+    )
+    # scripts inline only
+    assert "<script src" not in page and "@import" not in page and "url(" not in page
     urls = _urls(page)
-    assert urls and all(u.startswith(("data:image/png;base64,", "#m-", "#views")) for u in urls), urls
+    assert urls and all(u.startswith(("data:image/png;base64,", "#m-", "#views")) for u in urls), (
+        urls
+    )
     for metric in run.scores["metric"].unique():  # a section per behaviour, linked from the top
         assert f'id="m-{metric}"' in page and f'href="#m-{metric}"' in page
     measured = run.scores.groupby("metric")["score"].apply(lambda s: s.notna().any()).sum()
-    assert page.count("data:image/png") == measured + 1  # a heatmap per measured behaviour + the threshold sweep
+    # a heatmap per measured behaviour + the threshold sweep
+    assert page.count("data:image/png") == measured + 1
     top = headscope.top_heads(run.scores, "previous_token", 1).iloc[0]
     assert f"<td>{top.head_name}</td>" in page and f"{top.score:.3f}" in page
     assert f"[{top.ci_low:.3f}, {top.ci_high:.3f}]" in page  # the interval beside the score
@@ -50,7 +57,7 @@ def test_the_page_is_self_contained_and_shows_the_run(runs):
 
 def test_a_causal_model_page_says_why_next_token_is_nan(runs):
     page = (runs["gpt2"] / REPORT).read_text()
-    section = page[page.index('id="m-next_token"'):page.index('id="m-sink"')]
+    section = page[page.index('id="m-next_token"') : page.index('id="m-sink"')]
     assert "NaN for every head" in section and "causal" in section and "<img" not in section
 
 
@@ -71,8 +78,20 @@ def test_page_text_is_escaped():
 
     from headscope.result import ScanResult
 
-    scores = pd.DataFrame({"model": "<b>m</b>", "metric": "sink", "probe": "text", "layer": [0], "head": [0],
-                           "head_name": ["L0H0"], "score": [0.9], "chance": [0.1], "n": [3], "label": ["sink head"]})
+    scores = pd.DataFrame(
+        {
+            "model": "<b>m</b>",
+            "metric": "sink",
+            "probe": "text",
+            "layer": [0],
+            "head": [0],
+            "head_name": ["L0H0"],
+            "score": [0.9],
+            "chance": [0.1],
+            "n": [3],
+            "label": ["sink head"],
+        }
+    )
     page = report_html(ScanResult("<script>x</script>", scores, probes=[]), figures=False)
     assert "<script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
 
@@ -83,7 +102,9 @@ def test_a_scan_result_shows_itself_as_html_in_a_notebook(tiny_gpt2):
 
     shell = InteractiveShell.instance()
     headscope._register_notebook_display()
-    result = headscope.scan(tiny_gpt2, headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4))
+    result = headscope.scan(
+        tiny_gpt2, headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4)
+    )
     data, _ = shell.display_formatter.format(result)
     assert data["text/html"] == summary_html(result)
     assert "previous_token" in data["text/html"] and "ScanResult(" not in data["text/html"]
@@ -122,10 +143,16 @@ def test_report_refusals_leave_nothing_behind(cli, runs, tmp_path):
     assert "does not exist" in _one_line(_invoke(cli, "report", tmp_path / "nope"))
     mine = tmp_path / "notes.html"
     mine.write_text("<html>my notes</html>")
-    assert "headscope did not write" in _one_line(_invoke(cli, "report", runs["gpt2"], "--out", mine))
+    assert "headscope did not write" in _one_line(
+        _invoke(cli, "report", runs["gpt2"], "--out", mine)
+    )
     assert mine.read_text() == "<html>my notes</html>"
-    assert "must name an .html file" in _one_line(_invoke(cli, "report", runs["gpt2"], "--out", tmp_path / "x.png"))
-    assert "does not exist" in _one_line(_invoke(cli, "report", runs["gpt2"], "--out", tmp_path / "no" / "x.html"))
+    assert "must name an .html file" in _one_line(
+        _invoke(cli, "report", runs["gpt2"], "--out", tmp_path / "x.png")
+    )
+    assert "does not exist" in _one_line(
+        _invoke(cli, "report", runs["gpt2"], "--out", tmp_path / "no" / "x.html")
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.html"]
 
 
@@ -135,7 +162,9 @@ def test_report_to_an_unwritable_place_is_one_line(cli, runs, tmp_path, monkeypa
 
     monkeypatch.setattr("headscope.apps.redraw.write_atomic", denied)
     line = _one_line(_invoke(cli, "report", runs["gpt2"], "--out", tmp_path / "x.html"))
-    assert line.endswith(f"Cannot write '{tmp_path / 'x.html'}' (Permission denied); choose another --out.")
+    assert line.endswith(
+        f"Cannot write '{tmp_path / 'x.html'}' (Permission denied); choose another --out."
+    )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -145,22 +174,41 @@ def test_report_to_an_unwritable_place_is_one_line(cli, runs, tmp_path, monkeypa
 def test_the_page_opens_in_headless_chromium(runs, tmp_path):
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
-        pytest.skip("chromium is not installed (Debian: apt-get install chromium), so the page was not opened "
-                    "in a real browser; the static checks above still ran")
+        pytest.skip(
+            "chromium is not installed (Debian: apt-get install chromium), so the page was "
+            "not opened "
+            "in a real browser; the static checks above still ran"
+        )
     page = runs["gpt2"] / REPORT
     shot = tmp_path / "shot.png"
-    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
-             "--disable-background-networking", "--enable-logging=stderr", "--v=0"]
-    dom = subprocess.run(flags + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    flags = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--enable-logging=stderr",
+        "--v=0",
+    ]
+    dom = subprocess.run(
+        flags + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120
+    )
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert "headscope scan:" in dom.stdout and 'id="m-induction"' in dom.stdout  # loaded and parsed
     assert "CONSOLE" not in dom.stderr and "Uncaught" not in dom.stderr, dom.stderr[-2000:]
     assert not [u for u in _urls(dom.stdout) if u.startswith(("http:", "https:", "//"))]
     n_heads = len(load_run(runs["gpt2"]).views["heads"])
-    assert len(re.findall(r"<button[^>]*>L\d+H\d+", dom.stdout)) == 2 * n_heads  # the script drew both views
+    # the script drew both views
+    assert len(re.findall(r"<button[^>]*>L\d+H\d+", dom.stdout)) == 2 * n_heads
     assert re.search(r'<td[^>]*style="background: rgb', dom.stdout)  # and painted their cells
-    run = subprocess.run(flags + [f"--screenshot={shot}", "--window-size=1100,1400", page.as_uri()],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        flags + [f"--screenshot={shot}", "--window-size=1100,1400", page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0 and shot.is_file(), run.stderr[-2000:]
     pixels = imread(shot)[..., :3]
     ink = (pixels.mean(-1) < 0.9).mean()  # share of pixels that are not (near) white
@@ -173,27 +221,50 @@ def test_the_layer_view_runs_in_headless_chromium(tiny_gpt2, tmp_path):
 
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
-        pytest.skip("chromium is not installed (Debian: apt-get install chromium), so the layer view's script was "
-                    "not run in a real browser")
+        pytest.skip(
+            "chromium is not installed (Debian: apt-get install chromium), so the layer "
+            "view's script was "
+            "not run in a real browser"
+        )
     page = tmp_path / "layer.html"
-    page.write_text(layer_html(layer_patterns(tiny_gpt2, "The river bank flooded.", 1)), encoding="utf-8")
-    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-             "--disable-background-networking", "--enable-logging=stderr", "--v=0"]
-    dom = subprocess.run(flags + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    page.write_text(
+        layer_html(layer_patterns(tiny_gpt2, "The river bank flooded.", 1)), encoding="utf-8"
+    )
+    flags = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--enable-logging=stderr",
+        "--v=0",
+    ]
+    dom = subprocess.run(
+        flags + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120
+    )
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert "Uncaught" not in dom.stderr and "CONSOLE" not in dom.stderr, dom.stderr[-2000:]
     buttons = re.findall(r"<button[^>]*>(L\d+H\d+)</button>", dom.stdout)
     assert buttons == ["L1H0", "L1H1", "L1H2", "L1H3"]  # the script ran and drew a button per head
-    assert 'class="sel"' in dom.stdout and len(re.findall(r'<td class="c"[^>]*background: rgb', dom.stdout)) > 0
+    assert (
+        'class="sel"' in dom.stdout
+        and len(re.findall(r'<td class="c"[^>]*background: rgb', dom.stdout)) > 0
+    )
     assert not [u for u in _urls(dom.stdout) if u.startswith(("http:", "https:", "//"))]
     from headscope.apps.show import head_pattern
     from headscope.report.pattern_page import pattern_html
 
-    page.write_text(pattern_html(head_pattern(tiny_gpt2, "The river bank flooded.", 1, 2)), encoding="utf-8")
-    dom = subprocess.run(flags + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    page.write_text(
+        pattern_html(head_pattern(tiny_gpt2, "The river bank flooded.", 1, 2)), encoding="utf-8"
+    )
+    dom = subprocess.run(
+        flags + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120
+    )
     assert dom.returncode == 0 and "Uncaught" not in dom.stderr, dom.stderr[-2000:]
     assert "<button" not in dom.stdout  # one head: no head bar
-    assert len(re.findall(r'<td class="c"[^>]*background: rgb', dom.stdout)) > 0  # the one-head page still paints
+    # the one-head page still paints
+    assert len(re.findall(r'<td class="c"[^>]*background: rgb', dom.stdout)) > 0
 
 
 def test_the_scan_keeps_the_top_heads_patterns_and_the_page_shows_them(runs, tiny_gpt2):
@@ -204,19 +275,30 @@ def test_the_scan_keeps_the_top_heads_patterns_and_the_page_shows_them(runs, tin
     run = load_run(runs["gpt2"])
     heads, examples = run.views["heads"], run.views["examples"]
     assert heads == pick_heads(run.scores) and 1 <= len(heads) <= 8
-    assert [ex["probe"] for ex in examples] == ["text", "repeat"]  # the positional null is a control: no view
+    # the positional null is a control: no view
+    assert [ex["probe"] for ex in examples] == ["text", "repeat"]
     for ex in examples:
         assert ex["pattern"].shape == (len(heads), len(ex["token_ids"]), len(ex["token_ids"]))
-        assert ex["token_ids"] == next(p for p in run.probes if p.name == ex["probe"]).sequences[0][:128]
+        assert (
+            ex["token_ids"]
+            == next(p for p in run.probes if p.name == ex["probe"]).sequences[0][:128]
+        )
         ids = torch.tensor([ex["token_ids"]])
-        for i, (layer, head) in enumerate(heads):  # the blocked engine's pattern == transformer-lens' hook_pattern
+        # the blocked engine's pattern == transformer-lens' hook_pattern
+        for i, (layer, head) in enumerate(heads):
             got = {}
-            tiny_gpt2.run_patterns(ids, torch.ones_like(ids, dtype=torch.bool),
-                                   lambda _l, p, got=got, head=head: got.setdefault("p", p[0, head].float().numpy()), layers=[layer])
+            tiny_gpt2.run_patterns(
+                ids,
+                torch.ones_like(ids, dtype=torch.bool),
+                lambda _l, p, got=got, head=head: got.setdefault("p", p[0, head].float().numpy()),
+                layers=[layer],
+            )
             np.testing.assert_allclose(ex["pattern"][i], got["p"], atol=1e-5)
         np.testing.assert_allclose(ex["pattern"].sum(-1), 1.0, atol=1e-5)  # rows of a softmax
     page = (runs["gpt2"] / REPORT).read_text()
-    assert 'id="hs-views"' in page and 'id="hs-view-1"' in page and "repeat probe, sequence 0" in page
+    assert (
+        'id="hs-views"' in page and 'id="hs-view-1"' in page and "repeat probe, sequence 0" in page
+    )
 
 
 def test_pick_heads_takes_the_strongest_of_each_labelled_behaviour():
@@ -224,10 +306,18 @@ def test_pick_heads_takes_the_strongest_of_each_labelled_behaviour():
 
     from headscope.scanner.examples import pick_heads
 
-    rows = [("sink", 0, 0, 0.9), ("sink", 1, 1, 0.95), ("entropy", 0, 1, 0.2), ("entropy", 1, 0, 0.1),
-            ("induction", 1, 1, 0.7), ("next_token", 0, 0, float("nan")), ("next_token", 1, 1, float("nan"))]
+    rows = [
+        ("sink", 0, 0, 0.9),
+        ("sink", 1, 1, 0.95),
+        ("entropy", 0, 1, 0.2),
+        ("entropy", 1, 0, 0.1),
+        ("induction", 1, 1, 0.7),
+        ("next_token", 0, 0, float("nan")),
+        ("next_token", 1, 1, float("nan")),
+    ]
     scores = pd.DataFrame(rows, columns=["metric", "layer", "head", "score"])
-    assert pick_heads(scores) == [(1, 1), (1, 0)]  # sink L1H1; entropy: the lowest, L1H0; induction: L1H1 again
+    # sink L1H1; entropy: the lowest, L1H0; induction: L1H1 again
+    assert pick_heads(scores) == [(1, 1), (1, 0)]
     assert pick_heads(scores, k=1) == [(1, 1)]
 
 
@@ -241,16 +331,20 @@ def test_example_patterns_assemble_blocks_exactly(fixture, request, monkeypatch)
     from headscope.scanner.examples import example_patterns
 
     model = request.getfixturevalue(fixture)
-    monkeypatch.setattr("headscope.engines.blocked.BLOCK_BYTES", 1)  # 16-row blocks: causal blocks end early
+    # 16-row blocks: causal blocks end early
+    monkeypatch.setattr("headscope.engines.blocked.BLOCK_BYTES", 1)
     probe = headscope.repeat_probe(model, 30, n_sequences=1)  # 61-63 tokens: four blocks
     heads = [(0, 1), (1, 3), (1, 0)]
     ex = example_patterns(model, [probe], heads)[0]
     ids = torch.tensor([ex["token_ids"]])
     for i, (layer, head) in enumerate(heads):  # against transformer-lens' hook_pattern
         got = {}
-        model.run_patterns(ids, torch.ones_like(ids, dtype=torch.bool),
-                           lambda _l, p, got=got, head=head: got.setdefault("p", p[0, head].float().numpy()),
-                           layers=[layer])
+        model.run_patterns(
+            ids,
+            torch.ones_like(ids, dtype=torch.bool),
+            lambda _l, p, got=got, head=head: got.setdefault("p", p[0, head].float().numpy()),
+            layers=[layer],
+        )
         np.testing.assert_allclose(ex["pattern"][i], got["p"], atol=1e-5)
 
 
@@ -261,11 +355,16 @@ def test_a_failed_page_never_loses_the_run(tiny_gpt2, tmp_path, monkeypatch):
         raise RuntimeError("drawing failed")
 
     monkeypatch.setattr("headscope.report.html.report_html", broken)
-    result = headscope.scan(tiny_gpt2, headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4))
+    result = headscope.scan(
+        tiny_gpt2, headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4)
+    )
     run = headscope.save_run(result, tmp_path / "run", figures=False)
     meta = load_run(run).metadata
     assert not (run / REPORT).exists() and REPORT not in meta["files"]
-    assert meta["report_skipped"] == "report.html: RuntimeError: drawing failed" and foreign_entries(run) == []
+    assert (
+        meta["report_skipped"] == "report.html: RuntimeError: drawing failed"
+        and foreign_entries(run) == []
+    )
 
 
 def test_a_metric_name_that_cannot_name_a_file_is_refused_before_any_work(tiny_gpt2):
@@ -274,9 +373,16 @@ def test_a_metric_name_that_cannot_name_a_file_is_refused_before_any_work(tiny_g
     from headscope.errors import HeadscopeError
     from headscope.metrics import get_metric
 
-    with pytest.raises(HeadscopeError, match=r"Metric name 'my sink' is not allowed: .* e\.g\. 'my_sink'"):
-        headscope.scan(tiny_gpt2, headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4),
-                       metrics=[replace(get_metric("sink"), name="my sink")])
+    with pytest.raises(
+        HeadscopeError,
+        match=r"Metric name 'my sink' is not allowed: .* e\.g\. "
+        r"'my_sink'",
+    ):
+        headscope.scan(
+            tiny_gpt2,
+            headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4),
+            metrics=[replace(get_metric("sink"), name="my sink")],
+        )
 
 
 def test_damaged_side_files(runs, tmp_path):
@@ -287,7 +393,11 @@ def test_damaged_side_files(runs, tmp_path):
     (run / "views.npz").write_bytes((run / "views.npz").read_bytes()[:100])
     assert load_run(run).views == {}  # a page without views, not a crash
     (run / "per_sequence.npz").write_bytes(b"")
-    with pytest.raises(HeadscopeError, match=r"per_sequence.npz' cannot be read \(EOFError\); rerun the scan"):
+    with pytest.raises(
+        HeadscopeError,
+        match=r"per_sequence.npz' cannot be read \(EOFError\); "
+        r"rerun the scan",
+    ):
         load_run(run)
 
 
@@ -315,22 +425,31 @@ def test_a_text_holding_a_placeholder_stays_text(tiny_gpt2):
 
 
 def test_the_notebook_summary_counts_controls_apart(tiny_gpt2):
-    result = headscope.scan(tiny_gpt2, headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4))
+    result = headscope.scan(
+        tiny_gpt2, headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4)
+    )
     assert "4 sequences (+ 2 positional-null controls)" in summary_html(result)
 
 
 def test_effects_stand_beside_every_behaviours_top_heads(tiny_gpt2):
     from headscope.effects.heads import EffectSettings
 
-    result = headscope.scan(tiny_gpt2, headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4),
-                            effects=EffectSettings(mode="both", n_sequences=2))
-    effects = [m for m in result.scores["metric"].unique() if m.startswith(("effect_", "attribution_"))]
+    result = headscope.scan(
+        tiny_gpt2,
+        headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4),
+        effects=EffectSettings(mode="both", n_sequences=2),
+    )
+    effects = [
+        m for m in result.scores["metric"].unique() if m.startswith(("effect_", "attribution_"))
+    ]
     assert "effect_repeat_loss" in effects and "attribution_repeat_loss" in effects
     page = report_html(result, figures=False)
-    section = page[page.index('id="m-induction"'):page.index('id="m-duplicate_token"')]
+    section = page[page.index('id="m-induction"') : page.index('id="m-duplicate_token"')]
     header = re.search(r"<thead>(.*?)</thead>", section).group(1)
     assert all(f"<th>{e}</th>" in header for e in effects)
     top = headscope.top_heads(result.scores, "induction", 1).iloc[0]
     row = re.search(rf"<tr><td>{top.head_name}</td>(.*?)</tr>", section).group(1)
-    value = result.scores.query("metric == 'effect_repeat_loss' and head_name == @top.head_name")["score"].iloc[0]
+    value = result.scores.query("metric == 'effect_repeat_loss' and head_name == @top.head_name")[
+        "score"
+    ].iloc[0]
     assert f"{value:.3f}" in row  # the head's own exact effect, in its row

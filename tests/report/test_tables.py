@@ -27,7 +27,8 @@ COUNT = 4.0  # a power of two: total = score * COUNT and back are exact in float
 SCORES = {
     "induction": ([[0.1, 0.9], [0.5, 0.3]], 0.1),
     "entropy": ([[0.2, 1.5], [0.05, 2.0]], 1.2),
-    "next_token": ([[math.nan, math.nan], [math.nan, math.nan]], math.nan),  # causal: NaN by construction
+    # causal: NaN by construction
+    "next_token": ([[math.nan, math.nan], [math.nan, math.nan]], math.nan),
     "sink": ([[0.9, 0.2], [0.4, 0.35]], 0.3),
 }
 
@@ -43,8 +44,15 @@ def frame(thresholds: dict | None = None, model: str = "org/tiny") -> pd.DataFra
 
 
 def result(thresholds: dict | None = None) -> ScanResult:
-    md = {"n_layers": 2, "n_heads": 2, "causal": True, "source": {"kind": "local", "source": "/ckpt/tiny"}}
-    return ScanResult("org/tiny", frame(thresholds), probes=[], metadata=md, thresholds=thresholds or {})
+    md = {
+        "n_layers": 2,
+        "n_heads": 2,
+        "causal": True,
+        "source": {"kind": "local", "source": "/ckpt/tiny"},
+    }
+    return ScanResult(
+        "org/tiny", frame(thresholds), probes=[], metadata=md, thresholds=thresholds or {}
+    )
 
 
 # ------------------------------------------------------------------------------ to_frame
@@ -76,13 +84,20 @@ def test_to_frame_labels_pass_the_threshold():
 def test_to_frame_threshold_overrides():
     t = frame({"induction": 0.2, "entropy": 1.5})
     labels = t.set_index(["metric", "head_name"])["label"]
-    assert labels["induction"].tolist() == ["", "induction head", "induction head", "induction head"]
+    assert labels["induction"].tolist() == [
+        "",
+        "induction head",
+        "induction head",
+        "induction head",
+    ]
     assert labels["entropy"].tolist() == ["focused head", "focused head", "focused head", ""]
     assert labels["sink"].tolist() == ["sink head", "", "", ""]  # not overridden: its default
 
 
 def test_to_frame_divides_sums_by_count():
-    res = MetricScores(get_metric("sink"), torch.tensor([[3.0, 1.5]], dtype=torch.float64), 6.0, 2.0)
+    res = MetricScores(
+        get_metric("sink"), torch.tensor([[3.0, 1.5]], dtype=torch.float64), 6.0, 2.0
+    )
     t = to_frame("m", 1, 2, [res], {})
     assert t["score"].tolist() == [0.5, 0.25]
     assert t["chance"].tolist() == [pytest.approx(1 / 3)] * 2 and t["n"].tolist() == [6, 6]
@@ -111,7 +126,12 @@ def test_top_heads_lowest_first_for_a_below_metric():
 
 def test_top_heads_skips_nan_and_caps_k():
     assert top_heads(frame(), "next_token").empty
-    assert top_heads(frame(), "sink", k=10)["head_name"].tolist() == ["L0H0", "L1H0", "L1H1", "L0H1"]
+    assert top_heads(frame(), "sink", k=10)["head_name"].tolist() == [
+        "L0H0",
+        "L1H0",
+        "L1H1",
+        "L0H1",
+    ]
 
 
 def test_relabel_under_new_thresholds():
@@ -125,11 +145,16 @@ def test_relabel_under_new_thresholds():
     keep = ~out["metric"].isin(["induction", "entropy"])
     pd.testing.assert_frame_equal(out[keep], t[keep])  # other metrics untouched
     pd.testing.assert_frame_equal(out.drop(columns="label"), t.drop(columns="label"))
-    pd.testing.assert_frame_equal(relabel(out, {"induction": 0.4, "entropy": 0.3}), t)  # back to the defaults
+    # back to the defaults
+    pd.testing.assert_frame_equal(relabel(out, {"induction": 0.4, "entropy": 0.3}), t)
 
 
 def test_relabel_unknown_metric():
-    with pytest.raises(HeadscopeError, match=r"^Unknown metric 'inductoin'\. Did you mean: induction\? Known: "):
+    with pytest.raises(
+        HeadscopeError,
+        match=r"^Unknown metric 'inductoin'\. Did you mean: "
+        r"induction\? Known: ",
+    ):
         relabel(frame(), {"inductoin": 0.5})
 
 
@@ -166,11 +191,15 @@ def test_headline_without_sink_has_no_sink_rate():
 def test_summary_markdown_content():
     md = summary_markdown(result())
     lines = md.splitlines()
-    assert lines[:3] == ["# headscope scan: org/tiny", "", "2 layers x 2 heads, causal decoder. Source: /ckpt/tiny."]
+    assert lines[:3] == [
+        "# headscope scan: org/tiny",
+        "",
+        "2 layers x 2 heads, causal decoder. Source: /ckpt/tiny.",
+    ]
     i = lines.index("## Headline findings")
-    assert lines[i + 2:i + 7] == [f"- {s}" for s in headline(frame())] + [""]
+    assert lines[i + 2 : i + 7] == [f"- {s}" for s in headline(frame())] + [""]
     i = lines.index("## Top heads per behaviour")
-    assert lines[i + 2:i + 8] == [
+    assert lines[i + 2 : i + 8] == [
         "| metric | chance | top heads |",
         "| --- | --- | --- |",
         "| induction | 0.100 | L0H1 0.900, L1H0 0.500, L1H1 0.300, L0H0 0.100 |",
@@ -179,15 +208,18 @@ def test_summary_markdown_content():
         "| sink | 0.300 | L0H0 0.900, L1H0 0.400, L1H1 0.350, L0H1 0.200 |",
     ]
     i = lines.index("## Labelled heads")
-    assert lines[i + 2:i + 6] == [
+    assert lines[i + 2 : i + 6] == [
         "- **induction head** (induction >= 0.4): L0H1, L1H0",
         "- **focused head** (entropy <= 0.3): L0H0, L1H0",
         "- **next-token head** (next_token >= 0.5): none",
         "- **sink head** (sink >= 0.5): L0H0",
     ]
     i = lines.index("## Not measurable on this model")
-    assert lines[i + 2] == ("- `next_token` is NaN: causal model: the mask hides every later token, "
-                            "so A[q, q+1] is 0 by construction.")
+    assert lines[i + 2] == (
+        "- `next_token` is NaN: causal model: the mask hides every later "
+        "token, "
+        "so A[q, q+1] is 0 by construction."
+    )
     assert "`chance` is the score of a head that spreads attention evenly" in md
     assert md.endswith("\n")
 
@@ -207,7 +239,8 @@ def test_summary_markdown_encoder_without_nan_section():
 
 
 def test_summary_markdown_nan_without_a_registered_reason():
-    """A metric with no nan_reason that has no qualifying query anywhere (e.g. no separator seen)."""
+    """A metric with no nan_reason that has no qualifying query anywhere (e.g. no separator
+    seen)."""
     res = MetricScores(get_metric("separator"), torch.zeros(2, 2, dtype=torch.float64), 0.0, 0.0)
     r = result()
     r.scores = to_frame("org/tiny", 2, 2, [res], {})
@@ -216,20 +249,36 @@ def test_summary_markdown_nan_without_a_registered_reason():
     assert "| separator | NaN | NaN |" in lines
 
 
-def test_console_summary_counts_scored_sequences_apart_from_controls_and_lists_what_was_written(tmp_path):
+def test_console_summary_counts_scored_sequences_apart_from_controls_and_lists_what_was_written(
+    tmp_path,
+):
     from headscope.probes.pairs import NULL_PROBE
     from headscope.report.tables import console_summary
     from headscope.result import Probe
 
     r = result()
-    r.probes = [Probe("text", [[1, 2, 3]] * 4), Probe("repeat", [[1, 2, 1, 2]] * 3, repeat_len=2),
-                Probe(NULL_PROBE, [[1, 2, 3, 4]] * 3, repeat_len=2)]
-    for name in ["scores.csv", "metadata.json", "tokens.jsonl", "controls.jsonl", "summary.md", "per_sequence.npz",
-                 "sink.png", "summary.png"]:
+    r.probes = [
+        Probe("text", [[1, 2, 3]] * 4),
+        Probe("repeat", [[1, 2, 1, 2]] * 3, repeat_len=2),
+        Probe(NULL_PROBE, [[1, 2, 3, 4]] * 3, repeat_len=2),
+    ]
+    for name in [
+        "scores.csv",
+        "metadata.json",
+        "tokens.jsonl",
+        "controls.jsonl",
+        "summary.md",
+        "per_sequence.npz",
+        "sink.png",
+        "summary.png",
+    ]:
         (tmp_path / name).write_text("x")
     text = console_summary(r, tmp_path)
     assert "7 sequences (+ 3 positional-null controls)" in text.splitlines()[0]
-    assert text.splitlines()[-1] == (f"wrote {tmp_path}/ (scores.csv, metadata.json, tokens.jsonl, controls.jsonl, "
-                                      "summary.md, per_sequence.npz, *.png)")
+    assert text.splitlines()[-1] == (
+        f"wrote {tmp_path}/ (scores.csv, metadata.json, tokens.jsonl, "
+        "controls.jsonl, "
+        "summary.md, per_sequence.npz, *.png)"
+    )
     r.probes = r.probes[:2]
     assert console_summary(r).splitlines()[0].endswith(", 7 sequences")

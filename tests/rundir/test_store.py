@@ -29,7 +29,10 @@ def result(tiny_gpt2):
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else b"<dir>" for p in sorted(folder.rglob("*"))}
+    return {
+        str(p.relative_to(folder)): p.read_bytes() if p.is_file() else b"<dir>"
+        for p in sorted(folder.rglob("*"))
+    }
 
 
 def leftovers(parent: Path) -> list[str]:
@@ -37,9 +40,15 @@ def leftovers(parent: Path) -> list[str]:
 
 
 def test_a_run_is_written_whole_with_complete_metadata(result, tmp_path):
-    out = save_run(result, tmp_path / "a" / "b" / "run", figures=False, started=time.perf_counter() - 5)
+    out = save_run(
+        result, tmp_path / "a" / "b" / "run", figures=False, started=time.perf_counter() - 5
+    )
     meta = json.loads((out / "metadata.json").read_text())
-    assert meta["run_format"] == RUN_FORMAT and meta["timings"]["total_s"] >= 5 and meta["timings"]["write_s"] >= 0
+    assert (
+        meta["run_format"] == RUN_FORMAT
+        and meta["timings"]["total_s"] >= 5
+        and meta["timings"]["write_s"] >= 0
+    )
     assert meta["files"] == sorted(p.name for p in out.iterdir())
     assert is_run_dir(out) and foreign_entries(out) == [] and leftovers(out.parent) == []
     back = load_run(out)
@@ -54,9 +63,15 @@ def test_token_types_are_saved_and_read_back(tiny_bert, tmp_path):
     assert [r["token_type_ids"] for r in records] == probe.token_types
     back = load_run(out).probes[0]
     assert back.sequences == probe.sequences and back.token_types == probe.token_types
-    plain = save_run(headscope.scan(tiny_bert, [headscope.text_probe(tiny_bert, n_prompts=3)], bootstrap=0),
-                     tmp_path / "plain", figures=False)
-    assert "token_type_ids" not in (plain / "tokens.jsonl").read_text() and load_run(plain).probes[0].token_types is None
+    plain = save_run(
+        headscope.scan(tiny_bert, [headscope.text_probe(tiny_bert, n_prompts=3)], bootstrap=0),
+        tmp_path / "plain",
+        figures=False,
+    )
+    assert (
+        "token_type_ids" not in (plain / "tokens.jsonl").read_text()
+        and load_run(plain).probes[0].token_types is None
+    )
 
 
 def test_force_replaces_a_run_or_an_empty_folder_and_nothing_else(result, tmp_path):
@@ -75,8 +90,12 @@ def test_force_replaces_a_run_or_an_empty_folder_and_nothing_else(result, tmp_pa
     (thesis / "draft.tex").write_text("years of work")
     (thesis / "scores.csv").write_text("not, ours\n")
     before = snapshot(thesis)
-    with pytest.raises(HeadscopeError, match=r"'.*thesis' is not a headscope run directory \(it holds chapters and "
-                                             r"2 more\); --force replaces only"):
+    with pytest.raises(
+        HeadscopeError,
+        match=r"'.*thesis' is not a headscope run directory \(it "
+        r"holds chapters and "
+        r"2 more\); --force replaces only",
+    ):
         save_run(result, thesis, force=True)
     assert snapshot(thesis) == before and leftovers(tmp_path) == []
 
@@ -127,7 +146,9 @@ def test_the_cli_refuses_force_on_a_folder_it_did_not_write(tmp_path, tiny_gpt2_
     home.mkdir()
     (home / ".bashrc").write_text("export X=1")
     before = snapshot(home)
-    res = CliRunner().invoke(main, ["scan", str(tiny_gpt2_dir), "--out", str(home), "--force", *FAST])
+    res = CliRunner().invoke(
+        main, ["scan", str(tiny_gpt2_dir), "--out", str(home), "--force", *FAST]
+    )
     assert res.exit_code == 2
     assert res.stderr.count("\n") == 1 and "is not a headscope run directory" in res.stderr
     assert snapshot(home) == before
@@ -138,7 +159,8 @@ def test_the_cli_refuses_force_on_a_folder_it_did_not_write(tmp_path, tiny_gpt2_
 DRIVER = r"""
 import os, sys, time
 phase, ready, model, out = sys.argv[1:5]
-import headscope.engines.extract, headscope.models.model, headscope.rundir.store, headscope.scanner.runner
+import headscope.engines.extract, headscope.models.model, headscope.rundir.store,
+headscope.scanner.runner
 
 def pause():
     open(ready, "w").close()
@@ -167,7 +189,8 @@ elif phase == "race":
     orig = headscope.rundir.store._publish
     def together(*a, **k):                           # both scans finish, then publish at once
         open(ready + "." + str(os.getpid()), "w").close()
-        while len([f for f in os.listdir(os.path.dirname(ready)) if f.startswith(os.path.basename(ready) + ".")]) < 2:
+        while len([f for f in os.listdir(os.path.dirname(ready)) if
+        f.startswith(os.path.basename(ready) + ".")]) < 2:
             time.sleep(0.02)
         return orig(*a, **k)
     headscope.rundir.store._publish = together
@@ -179,8 +202,13 @@ main(["scan", model, "--out", out, "--n-prompts", "3", "--repeat-len", "6", "--b
 
 def _start(phase: str, model: Path, out: Path, ready: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
-    return subprocess.Popen([sys.executable, "-c", DRIVER, phase, str(ready), str(model), str(out)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", DRIVER, phase, str(ready), str(model), str(out)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
@@ -206,11 +234,16 @@ def test_ctrl_c_and_sigterm_in_any_phase_leave_nothing_behind(phase, sig, tmp_pa
     assert proc.returncode == 128 + sig, err
     name = "SIGTERM" if sig == signal.SIGTERM else "Ctrl-C"
     if phase == "publish":  # held back until the rename finished: a complete run, nothing else
-        assert err.strip().splitlines() == [f"headscope: error: interrupted ({name}) as the run was being renamed "
-                                            f"into place; {out}/ is complete."]
+        assert err.strip().splitlines() == [
+            f"headscope: error: interrupted ({name}) as the run "
+            "was being renamed "
+            f"into place; {out}/ is complete."
+        ]
         assert is_run_dir(out) and foreign_entries(out) == [] and leftovers(parent) == []
     else:
-        assert err.strip().splitlines() == [f"headscope: error: interrupted ({name}); no partial output is left behind."]
+        assert err.strip().splitlines() == [
+            f"headscope: error: interrupted ({name}); no partial output is left behind."
+        ]
         assert not parent.exists() or list(parent.iterdir()) == []
         assert not parent.exists()  # the folder made for --out's parent is gone too
 
@@ -240,7 +273,11 @@ def test_a_second_ctrl_c_during_the_clean_up_cannot_stop_it(result, tmp_path, mo
         save_run(result, tmp_path / "deep" / "run")
     assert len(calls) == 1 and list(tmp_path.iterdir()) == []
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
-    assert signals._SIGNALS.pending is None and signals._SIGNALS.holding == 0 and signals._SIGNALS.depth == 0
+    assert (
+        signals._SIGNALS.pending is None
+        and signals._SIGNALS.holding == 0
+        and signals._SIGNALS.depth == 0
+    )
 
 
 def test_two_scans_to_one_out_exactly_one_wins(tmp_path, tiny_gpt2_dir):
@@ -258,28 +295,48 @@ def test_two_scans_to_one_out_exactly_one_wins(tmp_path, tiny_gpt2_dir):
 
 
 def test_save_run_of_a_scan_writes_what_scan_to_dir_writes(tmp_path, tiny_gpt2_dir):
-    """Issue 19: ``save_run(scan(...))`` from Python wrote only timings and a few settings (no model,
-    source, sha256, probes, seed or versions), and summary.md said "? layers x ? heads". The result
+    """Issue 19: ``save_run(scan(...))`` from Python wrote only timings and a few settings (no
+    model, source, sha256, probes, seed or versions), and summary.md said "? layers x ? heads". The
+    result
     now carries everything its run directory records, however it is saved."""
     from headscope.scanner.runner import scan, scan_to_dir
 
     small = {"n_prompts": 3, "repeat_len": 5, "bootstrap": 50}
     scan_to_dir(str(tiny_gpt2_dir), tmp_path / "cli", figures=False, **small)
     model = headscope.load_model(str(tiny_gpt2_dir))
-    save_run(scan(model, headscope.default_probes(model, **small), **small), tmp_path / "py", figures=False)
+    save_run(
+        scan(model, headscope.default_probes(model, **small), **small),
+        tmp_path / "py",
+        figures=False,
+    )
     cli = json.loads((tmp_path / "cli" / "metadata.json").read_text())
     py = json.loads((tmp_path / "py" / "metadata.json").read_text())
     assert set(py) == set(cli)
-    for key in ("model", "source", "n_layers", "n_heads", "probes", "seed", "versions", "settings", "engine"):
+    for key in (
+        "model",
+        "source",
+        "n_layers",
+        "n_heads",
+        "probes",
+        "seed",
+        "versions",
+        "settings",
+        "engine",
+    ):
         assert py[key] == cli[key], key
-    assert set(py["timings"]) == set(cli["timings"]) - {"load_s", "total_s"}  # python loaded the model itself
+    # python loaded the model itself
+    assert set(py["timings"]) == set(cli["timings"]) - {"load_s", "total_s"}
     summary = (tmp_path / "py" / "summary.md").read_text()
-    assert "?" not in summary.splitlines()[2] and f"{model.n_layers} layers x {model.n_heads} heads" in summary
+    assert (
+        "?" not in summary.splitlines()[2]
+        and f"{model.n_layers} layers x {model.n_heads} heads" in summary
+    )
 
 
 def test_a_figure_that_cannot_be_drawn_keeps_the_run(result, tmp_path, monkeypatch):
     """A figure failure never loses a finished scan: the tables, records and page are written, one
     line says what failed, and metadata.json notes it."""
+
     def broken(*_a, **_k):
         raise ValueError("'yerr' must not contain negative values")
 
@@ -287,7 +344,14 @@ def test_a_figure_that_cannot_be_drawn_keeps_the_run(result, tmp_path, monkeypat
     heard = []
     out = save_run(result, tmp_path / "run", say=heard.append)
     meta = json.loads((out / "metadata.json").read_text())
-    assert meta["figures_skipped"] == "the figures: ValueError: 'yerr' must not contain negative values"
-    assert {"scores.csv", "tokens.jsonl", "summary.md", "report.html"} <= {p.name for p in out.iterdir()}
-    assert not list(out.glob("*.png")) and len(heard) == 1 and "everything else was kept" in heard[0]
+    assert (
+        meta["figures_skipped"]
+        == "the figures: ValueError: 'yerr' must not contain negative values"
+    )
+    assert {"scores.csv", "tokens.jsonl", "summary.md", "report.html"} <= {
+        p.name for p in out.iterdir()
+    }
+    assert (
+        not list(out.glob("*.png")) and len(heard) == 1 and "everything else was kept" in heard[0]
+    )
     assert is_run_dir(out) and foreign_entries(out) == []

@@ -42,7 +42,9 @@ def test_sharded_scan_writes_the_plain_scans_files(ray_session, tmp_path, tiny_g
     assert meta["ray"] == {"address": "local", "workers": 2}
 
 
-def test_a_killed_actor_is_retried_and_the_result_is_unchanged(ray_session, tiny_gpt2_dir, tiny_gpt2):
+def test_a_killed_actor_is_retried_and_the_result_is_unchanged(
+    ray_session, tiny_gpt2_dir, tiny_gpt2
+):
     metrics = list(REGISTRY.values())
     probe = headscope.repeat_probe(tiny_gpt2, repeat_len=8, n_sequences=8)
     want = score_probe(tiny_gpt2, probe, metrics, batch_size=1)
@@ -56,7 +58,9 @@ def test_a_killed_actor_is_retried_and_the_result_is_unchanged(ray_session, tiny
                 os.kill(before[0], signal.SIGKILL)
                 killed.append(before[0])
 
-        got = ShardedScorer(pool.run_batches)(tiny_gpt2, probe, metrics, batch_size=1, on_batch=kill_once)
+        got = ShardedScorer(pool.run_batches)(
+            tiny_gpt2, probe, metrics, batch_size=1, on_batch=kill_once
+        )
         after = pool.pids()
     finally:
         pool.close()

@@ -14,10 +14,14 @@ from headscope.scale.shard import ShardedScorer, deal, merge, plan_batches
 
 def in_process(model):
     """Batches scored in reverse order, as if by many workers finishing out of order."""
+
     def run(probe, metrics, batches, engine, interventions, on_batch):
         eng = headscope.get_engine(engine)
         punct = PunctuationTable(model)
-        return [score_batch(model, probe, metrics, b, eng, interventions, punct) for b in reversed(batches)]
+        return [
+            score_batch(model, probe, metrics, b, eng, interventions, punct)
+            for b in reversed(batches)
+        ]
 
     return run
 
@@ -43,7 +47,9 @@ def test_sharded_equals_plain_bit_for_bit(tiny_gpt2, engine):
     metrics = list(REGISTRY.values())
     for probe in headscope.default_probes(tiny_gpt2, n_prompts=7, repeat_len=6):
         want = score_probe(tiny_gpt2, probe, metrics, batch_size=3, engine=engine)
-        got = ShardedScorer(in_process(tiny_gpt2))(tiny_gpt2, probe, metrics, batch_size=3, engine=engine)
+        got = ShardedScorer(in_process(tiny_gpt2))(
+            tiny_gpt2, probe, metrics, batch_size=3, engine=engine
+        )
         assert_identical(got, want)
 
 
@@ -51,7 +57,9 @@ def test_encoder_with_token_types(tiny_bert):
     metrics = list(REGISTRY.values())
     probe = headscope.text_probe(tiny_bert, n_prompts=5, token_types=True)
     want = score_probe(tiny_bert, probe, metrics, batch_size=2)
-    assert_identical(ShardedScorer(in_process(tiny_bert))(tiny_bert, probe, metrics, batch_size=2), want)
+    assert_identical(
+        ShardedScorer(in_process(tiny_bert))(tiny_bert, probe, metrics, batch_size=2), want
+    )
 
 
 def test_merge_counts_each_batch_once(tiny_gpt2):

@@ -19,7 +19,13 @@ SMALL = ScanConfig(n_prompts=3, repeat_len=5, batch_size=2)
 
 def test_default_probes_builds_only_what_is_asked(tiny_gpt2):
     text, repeat = default_probes(tiny_gpt2, n_prompts=3, repeat_len=5, seed=2)
-    assert (text.name, len(text), repeat.name, len(repeat), repeat.repeat_len) == ("text", 3, "repeat", 3, 5)
+    assert (text.name, len(text), repeat.name, len(repeat), repeat.repeat_len) == (
+        "text",
+        3,
+        "repeat",
+        3,
+        5,
+    )
     only = default_probes(tiny_gpt2, n_prompts=2, probes=("repeat",))
     assert [p.name for p in only] == ["repeat"] and only[0].repeat_len == ScanConfig().repeat_len
     packed = default_probes(tiny_gpt2, n_prompts=2, seq_len=21)
@@ -28,12 +34,21 @@ def test_default_probes_builds_only_what_is_asked(tiny_gpt2):
 
 def test_scan_reports_its_engine_timings_and_thresholds(tiny_gpt2):
     probes = default_probes(tiny_gpt2, n_prompts=3, repeat_len=5)
-    result = scan(tiny_gpt2, probes, metrics=["sink", "induction"], thresholds={"sink": 0.0}, engine="blocked")
+    result = scan(
+        tiny_gpt2, probes, metrics=["sink", "induction"], thresholds={"sink": 0.0}, engine="blocked"
+    )
     assert result.metadata["engine"] == "blocked" and set(result.metadata["timings"]) == {
-        "scan_text_s", "scan_repeat_s", "scan_repeat_null_s", "examples_s"}
+        "scan_text_s",
+        "scan_repeat_s",
+        "scan_repeat_null_s",
+        "examples_s",
+    }
     assert [p.name for p in result.probes] == ["text", "repeat", "repeat_null"]
     null = result.scores[result.scores.metric == "induction"]["null"]
-    assert null.notna().all() and result.scores.loc[result.scores.metric == "sink", "null"].isna().all()
+    assert (
+        null.notna().all()
+        and result.scores.loc[result.scores.metric == "sink", "null"].isna().all()
+    )
     assert result.thresholds == {"sink": 0.0, "induction": 0.4}
     sink = result.scores[result.scores.metric == "sink"]
     assert (sink.label == "sink head").all() and len(sink) == tiny_gpt2.n_layers * tiny_gpt2.n_heads
@@ -43,13 +58,20 @@ def test_scan_reports_its_engine_timings_and_thresholds(tiny_gpt2):
         scan(tiny_gpt2, probes, batch_size=0)
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"n_prompts": 0}, "n_prompts"),
-    ({"engine": "fastest"}, "Unknown engine"),
-    ({"prompts": "/no/such/file.tsv"}, "does not exist"),
-])
-def test_scan_to_dir_checks_everything_before_loading(settings, message, tmp_path, monkeypatch, tiny_gpt2_dir):
-    monkeypatch.setattr("headscope.scanner.runner.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"n_prompts": 0}, "n_prompts"),
+        ({"engine": "fastest"}, "Unknown engine"),
+        ({"prompts": "/no/such/file.tsv"}, "does not exist"),
+    ],
+)
+def test_scan_to_dir_checks_everything_before_loading(
+    settings, message, tmp_path, monkeypatch, tiny_gpt2_dir
+):
+    monkeypatch.setattr(
+        "headscope.scanner.runner.load_model", lambda *a, **k: pytest.fail("the model was loaded")
+    )
     with pytest.raises(HeadscopeError, match=message):
         scan_to_dir(str(tiny_gpt2_dir), tmp_path / "run", **settings)
     existing = tmp_path / "existing"
@@ -66,14 +88,24 @@ def test_scan_to_dir_checks_everything_before_loading(settings, message, tmp_pat
 
 def test_scan_to_dir_writes_a_complete_run(tmp_path, tiny_gpt2_dir):
     lines = []
-    result = scan_to_dir(str(tiny_gpt2_dir), tmp_path / "run", SMALL, figures=False, say=lines.append)
+    result = scan_to_dir(
+        str(tiny_gpt2_dir), tmp_path / "run", SMALL, figures=False, say=lines.append
+    )
     meta = json.loads((tmp_path / "run" / "metadata.json").read_text())
     assert meta == result.metadata
     assert {"load_s", "scan_text_s", "scan_repeat_s", "write_s", "total_s"} <= set(meta["timings"])
     assert meta["timings"]["total_s"] >= meta["timings"]["load_s"] + meta["timings"]["write_s"]
-    assert meta["settings"] == SMALL.record() and meta["engine"] == "fused" and meta["batch_size"] == 2
+    assert (
+        meta["settings"] == SMALL.record() and meta["engine"] == "fused" and meta["batch_size"] == 2
+    )
     assert meta["source"]["kind"] == "local" and len(meta["source"]["weights_sha256"]) == 64
-    assert set(meta["versions"]) == {"headscope", "torch", "transformers", "transformer-lens", "python"}
+    assert set(meta["versions"]) == {
+        "headscope",
+        "torch",
+        "transformers",
+        "transformer-lens",
+        "python",
+    }
     assert meta["files"] == sorted(p.name for p in (tmp_path / "run").iterdir())
     assert any("fused engine" in line for line in lines)
     assert [p.name for p in result.probes] == ["text", "repeat", "repeat_null"]
@@ -82,24 +114,34 @@ def test_scan_to_dir_writes_a_complete_run(tmp_path, tiny_gpt2_dir):
     pd.testing.assert_frame_equal(saved, want.fillna({"label": ""}), check_exact=False, rtol=1e-7)
     fin = saved["score"].notna()
     assert fin.sum() > 0 and (saved.loc[fin, "ci_low"] <= saved.loc[fin, "ci_high"]).all()
-    assert saved.loc[~fin, "ci_low"].isna().all()  # no interval where there is no score (next_token, causal)
+    # no interval where there is no score (next_token, causal)
+    assert saved.loc[~fin, "ci_low"].isna().all()
 
 
 def test_scan_to_dir_takes_an_in_memory_model(tmp_path):
     hf, tok = tiny_gpt2_in_memory()
-    result = scan_to_dir(headscope.load_model(hf, tok, name="notebook-gpt2"), tmp_path / "run", SMALL,
-                         figures=False)
-    assert result.metadata["source"]["kind"] == "memory" and result.metadata["model"] == "notebook-gpt2"
+    result = scan_to_dir(
+        headscope.load_model(hf, tok, name="notebook-gpt2"), tmp_path / "run", SMALL, figures=False
+    )
+    assert (
+        result.metadata["source"]["kind"] == "memory"
+        and result.metadata["model"] == "notebook-gpt2"
+    )
     assert set(pd.read_csv(tmp_path / "run" / "scores.csv")["model"]) == {"notebook-gpt2"}
 
 
 def test_a_failure_of_the_report_views_never_loses_the_scan(tiny_gpt2, monkeypatch):
     def refuse(*_a, **_k):
-        raise HeadscopeError("This model's attention uses softcap, which the blocked engine does not model.")
+        raise HeadscopeError(
+            "This model's attention uses softcap, which the blocked engine does not model."
+        )
 
     monkeypatch.setattr("headscope.scanner.runner.example_patterns", refuse)
     said = []
-    result = headscope.scan(tiny_gpt2, headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4), say=said.append)
+    result = headscope.scan(
+        tiny_gpt2, headscope.default_probes(tiny_gpt2, n_prompts=2, repeat_len=4), say=said.append
+    )
     assert result.views == {} and result.scores["score"].notna().any()
     assert "softcap" in result.metadata["examples_skipped"] and said == [
-        "no example patterns for the report: " + result.metadata["examples_skipped"]]
+        "no example patterns for the report: " + result.metadata["examples_skipped"]
+    ]

@@ -1,4 +1,5 @@
-"""Scoring a user's own pattern (headscope/metrics/scoring.py) with the metric functions a scan uses."""
+"""Scoring a user's own pattern (headscope/metrics/scoring.py) with the metric functions a scan
+uses."""
 
 from __future__ import annotations
 
@@ -34,7 +35,9 @@ def test_lengths_mark_padding():
 
 def test_metric_object_or_name():
     m = get_metric("sink")
-    assert torch.equal(score_pattern(PREV, m, causal=True), score_pattern(PREV, "sink", causal=True))
+    assert torch.equal(
+        score_pattern(PREV, m, causal=True), score_pattern(PREV, "sink", causal=True)
+    )
     with pytest.raises(HeadscopeError, match=r"^Unknown metric 'snik'\. Did you mean: sink\?"):
         score_pattern(PREV, "snik", causal=True)
 
@@ -50,7 +53,9 @@ def test_separator_and_punctuation_need_token_ids():
     with pytest.raises(HeadscopeError, match="needs key flags 'separator'"):
         score_pattern(PREV, "separator", causal=True)
     with pytest.raises(HeadscopeError, match="needs key flags 'punctuation'"):
-        score_pattern(PREV, "punctuation", causal=True, token_ids=torch.tensor([[5, 7, 9]]), separator_id=7)
+        score_pattern(
+            PREV, "punctuation", causal=True, token_ids=torch.tensor([[5, 7, 9]]), separator_id=7
+        )
 
 
 class FakeTokenizer:
@@ -63,14 +68,24 @@ class FakeTokenizer:
 
 def test_tokenizer_gives_separator_and_punctuation():
     ids = torch.tensor([[0, 1, 2]])
-    tok = FakeTokenizer({0: "<s>", 1: ".", 2: " cat"}, sep_token_id=None, eos_token_id=1)  # eos stands in for sep
+    # eos stands in for sep
+    tok = FakeTokenizer({0: "<s>", 1: ".", 2: " cat"}, sep_token_id=None, eos_token_id=1)
     assert score_pattern(PREV, "separator", causal=True, token_ids=ids, tokenizer=tok).item() == 0.5
-    assert score_pattern(PREV, "punctuation", causal=True, token_ids=ids, tokenizer=tok).item() == 0.5
+    assert (
+        score_pattern(PREV, "punctuation", causal=True, token_ids=ids, tokenizer=tok).item() == 0.5
+    )
     tok2 = FakeTokenizer({0: "<s>", 1: ".", 2: " cat"}, sep_token_id=2, eos_token_id=1)
     # sep at k=2: only q=2 sees it and puts 0 there
-    assert score_pattern(PREV, "separator", causal=True, token_ids=ids, tokenizer=tok2).item() == 0.0
+    assert (
+        score_pattern(PREV, "separator", causal=True, token_ids=ids, tokenizer=tok2).item() == 0.0
+    )
     # an explicit separator_id wins over the tokenizer's
-    assert score_pattern(PREV, "separator", causal=True, token_ids=ids, tokenizer=tok2, separator_id=1).item() == 0.5
+    assert (
+        score_pattern(
+            PREV, "separator", causal=True, token_ids=ids, tokenizer=tok2, separator_id=1
+        ).item()
+        == 0.5
+    )
 
 
 def test_token_ids_of_one_sequence_may_be_flat():
