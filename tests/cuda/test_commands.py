@@ -1,6 +1,6 @@
 """Every command on the GPU: the scan (flex, blocked, hooks where transformer-lens is installed),
-``--effects``, ``kvplan``, ``show`` and ``--ray`` with GPU workers, on tiny random models placed on
-CUDA. Each checks device placement (the model and its outputs on the GPU), dtype handling
+``--effects``, ``patch``, ``kvplan``, ``show`` and ``--ray`` with GPU workers, on tiny random models
+placed on CUDA. Each checks device placement (the model and its outputs on the GPU), dtype handling
 (bfloat16 weights, float32 statistics) and that scores equal the CPU's within the stated tolerance.
 
 Marked ``cuda``: skipped with a reason where there is no GPU (CI); ``benchmarks/gpu_check.sh`` runs
@@ -183,3 +183,55 @@ def test_ray_workers_get_a_gpu_each(tiny_gpt2_dir, tmp_path, accel):
     )
     assert r.exit_code == 0, r.output
     assert (sharded / "scores.csv").read_bytes() == (plain / "scores.csv").read_bytes()
+
+
+def test_patch_on_the_device_equals_the_cpu_patch(tiny_gpt2, tiny_gpt2_dir, tmp_path, accel):
+    """`headscope patch` (exact and attribution, z and v) on the device gives the CPU run's
+    effects (1e-4 in the metric's share, float32)."""
+    words = [
+        w[1:]
+        for w in (tiny_gpt2.decode_one(i) for i in range(len(tiny_gpt2.tokenizer)))
+        if w.startswith(" ") and w[1:].isalpha() and len(tiny_gpt2.encode(w)) == 1
+    ]
+    a, b, c, d = sorted(words, key=len, reverse=True)[:4]
+    rows = [
+        {
+            "clean": f"the {x} and the {y} met the",
+            "corrupt": f"the {z} and the {y} met the",
+            "answer": " " + x,
+            "wrong": " " + z,
+        }
+        for x, y, z in ((a, b, c), (b, c, d), (c, d, a), (d, a, b))
+    ]
+    task = tmp_path / "task.jsonl"
+    task.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tables = {}
+    for name, where in (("reference", "cpu"), ("device", str(accel))):
+        out = tmp_path / f"patch-{name}"
+        res = _cli(
+            "patch",
+            tiny_gpt2_dir,
+            "--task",
+            task,
+            "--activations",
+            "z,v",
+            "--estimator",
+            "both",
+            "--bootstrap",
+            "20",
+            "--no-figures",
+            "--quiet",
+            "--device",
+            where,
+            "--out",
+            out,
+        )
+        assert res.exit_code == 0, res.output
+        meta = json.loads((out / "metadata.json").read_text())
+        assert str(meta.get("device", where)).startswith(where.split(":")[0])
+        tables[name] = pd.read_csv(out / "patching.csv").set_index(
+            ["activation", "position", "direction", "layer", "head", "estimator", "kv_mode"]
+        )["effect"]
+    cpu, dev = tables["reference"], tables["device"]
+    assert cpu.index.equals(dev.index)
+    assert (cpu - dev).abs().max() < 1e-4
