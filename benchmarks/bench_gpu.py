@@ -462,11 +462,14 @@ def run_config(
             report.put(name, "exact_n", exact_n)
             report.put(name, "exact_max_diff", worst)
             ok = "within" if worst <= 1e-5 else "NOT within"
+            passes = flex_stats.value_passes(
+                2 * model.d_head + 4, model.d_head, flex_stats.MAX_VALUE_DIM.get(device.type)
+            )
             report.say(
                 f"[{name}] float32 flex vs blocked at {exact_n}: max |diff| {worst:.2e} "
                 f"({ok} 1e-5; "
                 f"largest: {where[0]}, layer {where[1]}); value passes "
-                f"{flex_stats.value_passes(2 * model.d_head + 4, model.d_head, flex_stats.MAX_VALUE_DIM.get(device.type))}"
+                f"{passes}"
             )
             if half:
                 h = scores_of(half)

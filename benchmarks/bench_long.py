@@ -131,7 +131,8 @@ def main() -> None:
     for method, r in best.items():
         ref = pairs.get(method)
         ratio = (
-            f"{r['wall_s'] / best[ref]['wall_s']:.2f}x {ref}, {r['peak_extra_gb'] - best[ref]['peak_extra_gb']:+.2f} GB"
+            f"{r['wall_s'] / best[ref]['wall_s']:.2f}x {ref}, "
+            f"{r['peak_extra_gb'] - best[ref]['peak_extra_gb']:+.2f} GB"
             if ref in best
             else ""
         )

@@ -2,11 +2,11 @@
 
 The public surface, in the order data flows::
 
-    model  = headscope.load_model("smollm2-135m")        # sources -> loading -> models (or load_model(hf, tok))
+    model  = headscope.load_model("smollm2-135m")        # or load_model(hf, tok)
     probes = headscope.default_probes(model, seed=0)     # token ids, saved with the run
     result = headscope.scan(model, probes)               # one streaming forward per batch
     result.scores                                        # tidy pandas table
-    headscope.save_run(result, "runs/smollm2")           # scores.csv, metadata.json, tokens.jsonl, ...
+    headscope.save_run(result, "runs/smollm2")           # scores.csv, metadata.json, ...
     headscope.heatmap(result.scores, "induction")        # matplotlib Figure
 
 To score a pattern you extracted yourself, call a metric on it::
@@ -25,7 +25,7 @@ docstring lists its modules::
     models/        where weights come from, the attention seam, the Model, load_model
     metrics/       what a head does: one module per behaviour, registered from the catalog
     probes/        the inputs as token ids: pairs, repeat, long prose, needles, default probes
-    engines/       how attention is read: fused, blocked, hooks behind a registry; the kernel; extraction
+    engines/       how attention is read: fused, blocked, hooks (a registry); the kernel; extraction
     effects/       causal effects: exact ablation, attribution patching, counterfactual patching
     circuits/      copying through the OV circuit, value-weighted sinks
     scale/         a scan's batches sharded over Ray actors
@@ -115,6 +115,7 @@ _register_notebook_display()
 
 
 if TYPE_CHECKING:  # pragma: no cover
+    from headscope.apps.patch import patch  # noqa: F401
     from headscope.engines.extract import score_probe  # noqa: F401
     from headscope.engines.registry import engine_names, get_engine  # noqa: F401
     from headscope.errors import HeadscopeError  # noqa: F401
@@ -123,7 +124,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from headscope.models.model import Model  # noqa: F401
     from headscope.models.sources import resolve  # noqa: F401
     from headscope.probes.pairs import load_pairs, repeat_probe, text_probe  # noqa: F401
-    from headscope.apps.patch import patch  # noqa: F401
     from headscope.probes.tasks import Task  # noqa: F401
     from headscope.report.figures import heatmap, save_figures, summary_figure  # noqa: F401
     from headscope.report.tables import relabel, top_heads  # noqa: F401

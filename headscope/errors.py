@@ -69,7 +69,9 @@ def listening(say: Callable[[str], None] | None) -> Iterator[None]:
     library caller may pass its logger, or None for silence).
 
     >>> with listening(print):
-    ...     notice("compiling the kernel"); notice("a fallback", once=True); notice("a fallback", once=True)
+    ...     notice("compiling the kernel")
+    ...     notice("a fallback", once=True)
+    ...     notice("a fallback", once=True)
     compiling the kernel
     a fallback
     """

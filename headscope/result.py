@@ -12,7 +12,8 @@ The primary table is long, one row per (metric, layer, head), with the columns :
 
 >>> head_name(17, 4)
 'L17H4'
->>> model_slug("HuggingFaceTB/SmolLM2-135M"), model_slug("/tmp/my model/"), model_slug("gpt2@refs/pr/3")
+>>> (model_slug("HuggingFaceTB/SmolLM2-135M"), model_slug("/tmp/my model/"),
+...  model_slug("gpt2@refs/pr/3"))
 ('SmolLM2-135M', 'my-model', 'gpt2-refs-pr-3')
 >>> fmt(0.87961), fmt(float("nan"))
 ('0.880', 'NaN')
@@ -190,7 +191,9 @@ def matrix(scores: pd.DataFrame, metric: str) -> pd.DataFrame:
     """The ``layer x head`` matrix of one metric (rows = layers, columns = heads).
 
     >>> import pandas as pd
-    >>> t = pd.DataFrame({"metric": ["sink"] * 2, "layer": [0, 0], "head": [0, 1], "score": [0.5, 1.0]})
+    >>> t = pd.DataFrame(
+    ...     {"metric": ["sink"] * 2, "layer": [0, 0], "head": [0, 1], "score": [0.5, 1.0]}
+    ... )
     >>> matrix(t, "sink").to_numpy().tolist()
     [[0.5, 1.0]]
     """

@@ -14,8 +14,9 @@ The generator is seeded, so the same per-sequence sums and settings give the sam
 When every sequence gives the same score the interval is that point.
 
 >>> import torch
->>> seq_total = torch.tensor([[[1.0]], [[1.0]], [[1.0]]], dtype=torch.float64)  # [sequence, layer, head]
->>> seq_count = torch.tensor([2.0, 2.0, 2.0], dtype=torch.float64)           # every sequence scores 0.5
+>>> # [sequence, layer, head]; every sequence scores 0.5
+>>> seq_total = torch.tensor([[[1.0]], [[1.0]], [[1.0]]], dtype=torch.float64)
+>>> seq_count = torch.tensor([2.0, 2.0, 2.0], dtype=torch.float64)
 >>> b = bootstrap(seq_total, seq_count, lambda s: s >= 0.4)
 >>> b.ci_low.item(), b.ci_high.item(), b.stability.item()
 (0.5, 0.5, 1.0)

@@ -36,17 +36,17 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-# noqa: F401 - the on-real-inputs half lives there; re-exported
+# The on-real-inputs half lives in circuits.copying; its names are re-exported here (the noqa).
 from headscope.circuits.copying import (
-    COPYING_K,
+    COPYING_K,  # noqa: F401
     COPYING_THRESHOLD,
     HeadWeights,
-    attention_inputs,
-    copying_ranks,
-    expand_kv_heads,
-    head_weights,
-    ov_copying,
-    own_token_ranks,
+    attention_inputs,  # noqa: F401
+    copying_ranks,  # noqa: F401
+    expand_kv_heads,  # noqa: F401
+    head_weights,  # noqa: F401
+    ov_copying,  # noqa: F401
+    own_token_ranks,  # noqa: F401
 )
 from headscope.errors import HeadscopeError
 

@@ -58,7 +58,8 @@ def cost_table(
     n_heads`` against ``2 n_params``.
 
     >>> t = cost_table([131072], d_head=128, n_layers=32, n_heads=32, n_params=8e9)
-    >>> print(f'{t.loc[0, "scores"]:.3g} scores, attention/weights = {t.loc[0, "attn_to_weights"]:.2f}')
+    >>> print(f'{t.loc[0, "scores"]:.3g} scores, '
+    ...       f'attention/weights = {t.loc[0, "attn_to_weights"]:.2f}')
     1.72e+10 scores, attention/weights = 2.15
     """
     n = np.asarray(lengths, dtype=np.float64)  # [length]
@@ -152,7 +153,9 @@ def with_fit(table: pd.DataFrame, fit: dict[str, float]) -> pd.DataFrame:
 
     ``fit`` is :func:`headscope.analysis.timing.fit_quadratic`'s ``{a, b, c}``.
 
-    >>> t = with_fit(pd.DataFrame({"n": [10, 100], "seconds": [1.1, 2.0]}), {"a": 1.0, "b": 0.0, "c": 1e-4})
+    >>> t = with_fit(
+    ...     pd.DataFrame({"n": [10, 100], "seconds": [1.1, 2.0]}), {"a": 1.0, "b": 0.0, "c": 1e-4}
+    ... )
     >>> t["fit_seconds"].round(4).tolist(), t["quadratic_share"].round(3).tolist()
     ([1.01, 2.0], [0.01, 0.5])
     """
@@ -192,7 +195,8 @@ def fit_spread(n: Sequence[float], seconds: Sequence[float]) -> dict[str, float]
 
     >>> n = [100, 200, 400, 800]
     >>> f = fit_spread(n, [1 + 0.01 * x + 1e-5 * x * x for x in n])      # exactly quadratic
-    >>> round(f["share"], 4), round(f["share_min"], 4), round(f["share_max"], 4), round(f["max_residual"], 6)
+    >>> (round(f["share"], 4), round(f["share_min"], 4), round(f["share_max"], 4),
+    ...  round(f["max_residual"], 6))
     (0.4156, 0.4156, 0.4156, 0.0)
     """
     x = np.asarray(n, dtype=np.float64)  # [point]

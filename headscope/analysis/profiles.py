@@ -5,9 +5,10 @@ average. Here that is the mean over a layer's heads of the ``sink`` (position 0:
 ``separator`` and ``punctuation`` scores of a headscope scan. Nothing here needs the model.
 
 >>> import pandas as pd
->>> scores = pd.DataFrame({"model": "m", "metric": "sink", "layer": [0, 0, 1, 1], "head": [0, 1, 0, 1],
-...                        "head_name": ["L0H0", "L0H1", "L1H0", "L1H1"], "score": [0.2, 0.4, 0.9, 0.7],
-...                        "chance": 0.1, "label": ["", "", "sink head", "sink head"]})
+>>> scores = pd.DataFrame({"model": "m", "metric": "sink", "layer": [0, 0, 1, 1],
+...                        "head": [0, 1, 0, 1], "head_name": ["L0H0", "L0H1", "L1H0", "L1H1"],
+...                        "score": [0.2, 0.4, 0.9, 0.7], "chance": 0.1,
+...                        "label": ["", "", "sink head", "sink head"]})
 >>> layer_means(scores, ["sink"])[["metric", "layer", "mean", "max"]]
   metric  layer  mean  max
 0   sink      0   0.3  0.4

@@ -312,7 +312,7 @@ def ablation_rows(hf, causal: bool, seqs: list[list[int]]) -> tuple[np.ndarray, 
         grabbed = {}
         hooks = [
             o_proj(hf, la).register_forward_pre_hook(
-                lambda m, a, la=la: grabbed.__setitem__(la, a[0][0].double())
+                lambda m, a, la=la, grabbed=grabbed: grabbed.__setitem__(la, a[0][0].double())
             )
             for la in range(L)
         ]
@@ -403,7 +403,7 @@ def successor_rows(hf, meta: dict, readout: str) -> dict:
                 top = read_logits(hf, head_out(hf, x, la, h), readout)[:, s["token_ids"]].argmax(
                     -1
                 )  # [|S|]
-                for j, (a, b) in enumerate(s["pairs"]):
+                for a, b in s["pairs"]:
                     hits[la, h] += int(top[a]) == b
                     null[:, la, h] += (perms[name][:, b] == int(top[a])).numpy()
     return {"score": hits / n, "chance": chance, "n": n, "null": null.mean(0) / n}

@@ -12,6 +12,6 @@ conformance      does every engine score each transformers family exactly? (the 
 census_settings  a head census's settings (light: the census command's options are its fields)
 census_parts     the census's parts: syntax, no-op, successor, copy suppression, rare word, as rows
 census           the head census of one model as a run directory (design.md section 12)
-patch            counterfactual patching of every head on a task's prompt pairs, and its run directory
+patch            counterfactual patching of every head on a task's prompt pairs, as a run directory
 ===============  ================================================================================
 """

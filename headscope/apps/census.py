@@ -12,10 +12,10 @@ writes::
       syntax_table.csv        Clark's table: relation, direction, count, best head, accuracy and its
                               interval, best offset, its accuracy, the difference and its interval
       syntax_heads.csv        every head's accuracy per (relation, direction), with its interval
-      syntax_sentences.jsonl  the sentences scored: token ids, words, word token spans, silver parses
+      syntax_sentences.jsonl  sentences scored: token ids, words, word token spans, silver parses
       tokens.jsonl            the text and repeat probes' token ids
-      summary.md              the tables a reader sees first (the SILVER note beside the syntax table)
-      *.png, report.html      heatmaps and the page (a figure or the page that fails costs only itself)
+      summary.md              the tables a reader sees first (the SILVER note by the syntax table)
+      *.png, report.html      heatmaps and the page (a figure or page that fails costs only itself)
       metadata.json           model, source, sha256, parser (version, sha256, licence, UAS/LAS),
                               corpus, settings, seed, versions, timings, files (written last)
 
@@ -60,10 +60,8 @@ FIGURES = (
 
 def default_out(model) -> Path:
     """Where ``headscope census MODEL`` writes without ``--out``: ``runs/<model slug>-census``."""
-    return (
-        Path("runs")
-        / f"{model_slug(model if isinstance(model, str) else getattr(model, 'name', 'model'))}-census"
-    )
+    name = model if isinstance(model, str) else getattr(model, "name", "model")
+    return Path("runs") / f"{model_slug(name)}-census"
 
 
 def check_before_loading(settings: CensusSettings, out: str | Path, force: bool) -> Path:

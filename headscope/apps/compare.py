@@ -3,8 +3,8 @@
 Everything here reads ``scores.csv`` tables; no model is ever loaded.
 
     >>> runs = load_runs(["runs/smollm2-135m", "runs/all-minilm-l6-v2"])   # doctest: +SKIP
-    >>> summary(runs)              # per metric and run: max, mean, labelled, chance  # doctest: +SKIP
-    >>> head_differences(runs)     # per-head differences, runs of one shape          # doctest: +SKIP
+    >>> summary(runs)           # per metric and run: max, mean, labelled, chance  # doctest: +SKIP
+    >>> head_differences(runs)  # per-head differences, runs of one shape          # doctest: +SKIP
     >>> write_comparison(runs, "compare/")                                  # doctest: +SKIP
 
 ``runs`` is an ordered ``{label: scores}`` dict; labels are the models' short names, or the run

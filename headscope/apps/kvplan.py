@@ -31,6 +31,7 @@ from headscope.errors import HeadscopeError
 from headscope.models.attention import AttentionCall
 
 HeadSet = frozenset  # of (layer, head)
+DEFAULT_SETTINGS = PlanSettings()  # frozen, so one shared instance is a safe default
 
 
 # ------------------------------------------------------------------------------ choosing heads
@@ -76,7 +77,8 @@ def kv_saving(
 ) -> dict:
     """KV heads whose every query head is restricted, and the cache bytes they no longer need.
 
-    >>> kv_saving(HeadSet({(0, 0), (0, 1), (0, 2)}), 1, 4, 2, 8, 100, 10)["kv_heads_dropped"]   # heads 0,1 share KV 0
+    >>> heads = HeadSet({(0, 0), (0, 1), (0, 2)})  # heads 0, 1 share KV head 0
+    >>> kv_saving(heads, 1, 4, 2, 8, 100, 10)["kv_heads_dropped"]
     1
     """
     group = n_heads // n_kv_heads
@@ -198,7 +200,7 @@ def plan_inputs(model, settings: PlanSettings, say: Callable[[str], None] | None
 def kv_plan(
     model,
     scores: pd.DataFrame,
-    settings: PlanSettings = PlanSettings(),
+    settings: PlanSettings = DEFAULT_SETTINGS,
     say: Callable[[str], None] | None = None,
     inputs=None,
 ) -> pd.DataFrame:
@@ -453,7 +455,7 @@ def save(
 def plan_to_dir(
     source: str,
     out: str | None = None,
-    settings: PlanSettings = PlanSettings(),
+    settings: PlanSettings = DEFAULT_SETTINGS,
     *,
     force: bool = False,
     say: Callable[[str], None] | None = None,

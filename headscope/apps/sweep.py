@@ -447,7 +447,11 @@ def _write_outputs(
         tag = "" if setting == settings[0] else f"-s{setting}"
         for name, draw in ((f"steps{tag}.png", steps_figure), (f"models{tag}.png", models_figure)):
             fig = optional(
-                name, lambda draw=draw: draw(atlas, setting=setting), notes, "figures_skipped", say
+                name,
+                lambda draw=draw, setting=setting: draw(atlas, setting=setting),
+                notes,
+                "figures_skipped",
+                say,
             )
 
             def save(fig=fig, name=name):

@@ -6,7 +6,8 @@ head ``h`` of layer ``l`` attended to ``k`` alone: its output is its value there
 residual stream as ``v_h W_O[h]`` and read through the unembedding (:mod:`headscope.circuits.ov`).
 Rank ``token_k``'s own logit among the ordinary vocabulary from the **bottom**::
 
-    copy_suppression@k = share of positions whose own-token logit is among the k lowest   (chance k / vocab)
+    copy_suppression@k = share of positions whose own-token logit is among the k lowest
+                         (chance k / vocab)
 
 ``k`` = :data:`headscope.catalog.COPYING_K`, as ``copying`` uses for the highest, and the
 same control (``null``): the logit of the token ``L // 2`` further along the first copy

@@ -14,7 +14,7 @@ in (``diag(gamma_final) W_U``; Gemma: its ``1 + w`` gains, and the post-attentio
 the head's output, :meth:`~headscope.models.model.Model.circuit_weights`), and ask where the logit
 of ``token_k`` itself ranks among all ordinary tokens::
 
-    copying@k = share of positions whose own-token logit is among the k highest     (chance k / vocab)
+    copying@k = share of positions whose own-token logit is among the k highest  (chance k / vocab)
 
 Its control (the ``null`` column of a scan) asks the same of another token of ``R``: the logit of
 the token ``L // 2`` positions further along the first copy (cyclically), read from the same

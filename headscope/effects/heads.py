@@ -40,6 +40,7 @@ from headscope.result import Probe, ScoreInfo
 # auto: exact ablation for this share of heads, by |attribution| (at least 10)
 TOP_BY_ATTRIBUTION = 0.1
 TOP_BY_PATTERN = 3  # auto: ... and for the top heads of each pattern score of the same probe
+DEFAULT_SETTINGS = EffectSettings()  # frozen, so one shared instance is a safe default
 
 
 @dataclass
@@ -97,7 +98,7 @@ def check_model(model, mode: str) -> list[Target]:
 def head_effects(
     model,
     probes: Sequence[Probe],
-    settings: EffectSettings = EffectSettings(),
+    settings: EffectSettings = DEFAULT_SETTINGS,
     pattern_scores: pd.DataFrame | None = None,
     say: Callable[[str], None] | None = None,
     timings: dict[str, float] | None = None,

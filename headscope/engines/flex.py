@@ -153,7 +153,10 @@ def _moved(stats, device):
 
 class FlexEngine(Engine):
     name = "flex"
-    summary = "FlexAttention (compiled, CUDA) replaces each layer's attention: output plus per-row statistics"
+    summary = (
+        "FlexAttention (compiled, CUDA) replaces each layer's attention: "
+        "output plus per-row statistics"
+    )
 
     def __init__(self, stats: Callable | None = None):
         # None: FlexAttention (flex_stats.layer_stats); the Triton prototype plugs in here
@@ -164,7 +167,10 @@ class FlexEngine(Engine):
             return "its attention does not run through transformers' attention interface"
         need_pattern = [m.name for m in metrics if not m.fused]
         if need_pattern:
-            return f"metric(s) {', '.join(need_pattern)} need the pattern itself (Metric.fused is False)"
+            return (
+                f"metric(s) {', '.join(need_pattern)} need the pattern itself "
+                "(Metric.fused is False)"
+            )
         devices = {model.device.type} | {
             str(d).split(":")[0]
             for d in (getattr(model, "device_map", None) or {}).values()
@@ -177,13 +183,19 @@ class FlexEngine(Engine):
         }
         other = sorted(devices - {"cuda", "cpu", "disk", "meta"})  # offloaded layers run on the CPU
         if other:
-            return f"FlexAttention runs here on CUDA (compiled) or the CPU (eager), not {', '.join(other)}"
+            return (
+                "FlexAttention runs here on CUDA (compiled) or the CPU (eager), "
+                f"not {', '.join(other)}"
+            )
         return flex_reason()
 
     def auto_unavailable(self, model, metrics):
         reason = self.unavailable(model, metrics)
         if reason is None and _on_cpu(model):
-            return "on the CPU FlexAttention runs uncompiled, n x n scores in memory (ask for it with --engine flex)"
+            return (
+                "on the CPU FlexAttention runs uncompiled, n x n scores in memory "
+                "(ask for it with --engine flex)"
+            )
         return reason
 
     def run(

@@ -116,7 +116,10 @@ class FusedHandler(BlockHandler):
 
 class FusedEngine(Engine):
     name = "fused"
-    summary = "a C++ kernel replaces each layer's attention: output plus per-row statistics, one pass (CPU)"
+    summary = (
+        "a C++ kernel replaces each layer's attention: "
+        "output plus per-row statistics, one pass (CPU)"
+    )
 
     def unavailable(self, model, metrics):
         if not model.attention_interface:
@@ -131,10 +134,16 @@ class FusedEngine(Engine):
             }
         )
         if elsewhere:
-            return f"the kernel runs on the CPU only, and the device map puts layers on {', '.join(elsewhere)}"
+            return (
+                "the kernel runs on the CPU only, "
+                f"and the device map puts layers on {', '.join(elsewhere)}"
+            )
         need_pattern = [m.name for m in metrics if not m.fused]
         if need_pattern:
-            return f"metric(s) {', '.join(need_pattern)} need the pattern itself (Metric.fused is False)"
+            return (
+                f"metric(s) {', '.join(need_pattern)} need the pattern itself "
+                "(Metric.fused is False)"
+            )
         if not kernel.available():
             return kernel.unavailable_reason()
         return None

@@ -2,7 +2,7 @@
 :mod:`headscope.catalog`.
 
 ================  ==================================================================================
-context           :class:`~headscope.metrics.context.PatternBatch`: what a metric knows about a batch
+context           :class:`~headscope.metrics.context.PatternBatch`: what a metric knows of a batch
 rows              one protocol for a full pattern, a block of its query rows, or per-row statistics
 base              :class:`~headscope.metrics.base.Metric`, the selectors every metric reads through,
                   the registry (a second metric of one name is refused)

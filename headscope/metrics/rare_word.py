@@ -19,10 +19,11 @@ It reads the pattern only through ``arg_max`` (every engine has it: the fused ke
 pass when asked, ``needs=("argmax", "counts")``), so it runs on every engine.
 
 >>> import torch
->>> A = torch.tensor([[1.0, 0, 0, 0], [0.5, 0.5, 0, 0], [0.2, 0.7, 0.1, 0], [0.1, 0.2, 0.6, 0.1]])[None, None]
+>>> A = torch.tensor([[1.0, 0, 0, 0], [0.5, 0.5, 0, 0], [0.2, 0.7, 0.1, 0],
+...                   [0.1, 0.2, 0.6, 0.1]])[None, None]
 >>> counts = torch.tensor([[float("inf"), 5.0, 2.0, 9.0]])   # key 2 is the rarest token
 >>> b = PatternBatch(lengths=torch.tensor([4]), causal=True, key_counts=counts)
->>> rare_word(A, b).score()     # q = 2 counts key 1 only (hit: arg-max 1); q = 3 counts 1, 2 (hit: 2)
+>>> rare_word(A, b).score()  # q = 2 counts key 1 only (hit: arg-max 1); q = 3: 1, 2 (hit: 2)
 tensor([[1.]], dtype=torch.float64)
 >>> rare_word_chance(A, b).score()   # (1/1 + 1/2) / 2
 tensor([[0.7500]], dtype=torch.float64)

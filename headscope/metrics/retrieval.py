@@ -10,7 +10,8 @@ token ``j`` (``PatternBatch.targets[q]`` = the key position of token ``j``):
 
 >>> import torch
 >>> from headscope.metrics.base import PatternBatch
->>> A = torch.tensor([[1.0, 0, 0, 0], [0.5, 0.5, 0, 0], [0.1, 0.7, 0.2, 0], [0.1, 0.2, 0.3, 0.4]])[None, None]
+>>> A = torch.tensor([[1.0, 0, 0, 0], [0.5, 0.5, 0, 0], [0.1, 0.7, 0.2, 0],
+...                   [0.1, 0.2, 0.3, 0.4]])[None, None]
 >>> b = PatternBatch(lengths=torch.tensor([4]), causal=True, targets=torch.tensor([[-1, -1, 1, 1]]))
 >>> retrieval(A, b).score(), retrieval_soft(A, b).score()   # q = 2 hits key 1; q = 3 looks at key 3
 (tensor([[0.5000]], dtype=torch.float64), tensor([[0.4500]], dtype=torch.float64))

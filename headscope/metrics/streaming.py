@@ -10,8 +10,9 @@ structure).
 
 >>> import torch
 >>> from headscope.metrics.base import PatternBatch
->>> A = torch.tensor([[1.0, 0, 0, 0], [0.5, 0.5, 0, 0], [0.2, 0.3, 0.5, 0], [0.1, 0.6, 0.1, 0.2]])[None, None]
->>> b = PatternBatch(lengths=torch.tensor([4]), causal=True, band=(1, 1))   # keep key 0 and the query itself
+>>> A = torch.tensor([[1.0, 0, 0, 0], [0.5, 0.5, 0, 0], [0.2, 0.3, 0.5, 0],
+...                   [0.1, 0.6, 0.1, 0.2]])[None, None]
+>>> b = PatternBatch(lengths=torch.tensor([4]), causal=True, band=(1, 1))  # key 0 and the query
 >>> streaming(A, b).score()   # q = 2: 0.2 + 0.5; q = 3: 0.1 + 0.2
 tensor([[0.5000]], dtype=torch.float64)
 """

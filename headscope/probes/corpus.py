@@ -84,7 +84,8 @@ def provenance(part: str) -> dict:
 def clean(raw: str, skip_lines: int = 0) -> str:
     """Prose paragraphs from a plain-text etext (see the module docstring).
 
-    >>> clean("Title\\r\\n\\r\\n  One line\\r\\n  and the next.\\r\\n\\r\\n   ***  ***\\r\\n\\r\\nTwo.\\r\\n", 1)
+    >>> clean("Title\\r\\n\\r\\n  One line\\r\\n  and the next.\\r\\n\\r\\n"
+    ...       "   ***  ***\\r\\n\\r\\nTwo.\\r\\n", 1)
     'One line and the next.\\n\\nTwo.'
     """
     lines = raw.replace("\r\n", "\n").replace("\r", "\n").split("\n")[skip_lines:]

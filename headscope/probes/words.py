@@ -19,8 +19,9 @@ the word after it). A sentence in which a token straddles two words, or lies out
 has no exact word map and is left out (the caller counts how many); a tokenizer without offsets
 is refused in one line.
 
->>> A = torch.tensor([[1., 0, 0, 0], [.5, .5, 0, 0], [.2, .3, .5, 0], [.1, .2, .3, .4]])  # BOS w0 w1a w1b
->>> word_attention(A, [(1, 2), (2, 4)]).float()  # from w1 = mean of rows 2, 3; to w1 = sum of cols 2, 3
+>>> # tokens: BOS w0 w1a w1b; from w1 = mean of rows 2, 3; to w1 = sum of columns 2, 3
+>>> A = torch.tensor([[1., 0, 0, 0], [.5, .5, 0, 0], [.2, .3, .5, 0], [.1, .2, .3, .4]])
+>>> word_attention(A, [(1, 2), (2, 4)]).float()
 tensor([[0.5000, 0.0000],
         [0.2500, 0.6000]])
 """

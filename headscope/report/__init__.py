@@ -4,7 +4,7 @@ from the model.
 =========  =========================================================================================
 tables     the tidy table, labels, summaries (``summary.md``, what ``scan`` prints)
 curves     values against a setting (budgets, steps, lengths): lines, error bars, bands, chance
-figures    layer x head heatmaps, query x key patterns, the effect scatter (Figures, no pyplot state)
+figures    layer x head heatmaps, query x key patterns, the effect scatter (Figures, no pyplot)
 html       ``report.html``: a run on one self-contained page
 pattern_page  one head's (or layer's) pattern on a text as a self-contained page (``show --html``)
 census_page   a head census on one self-contained page (``headscope census``), and its figures

@@ -130,7 +130,8 @@ def _top(scores: pd.DataFrame, metric: str, extra: str | None = None) -> str:
     sub = scores[scores.metric == metric].sort_values("score", ascending=False).head(TOP)
     if sub.empty or sub["score"].isna().all():
         info = describe(metric)
-        return f"<p class='muted'>{_e(metric)}: not measured ({_e(getattr(info, 'nan_reason', '') or 'no rows')}).</p>"
+        reason = getattr(info, "nan_reason", "") or "no rows"
+        return f"<p class='muted'>{_e(metric)}: not measured ({_e(reason)}).</p>"
     other = scores[scores.metric == extra].set_index("head_name")["score"] if extra else None
     header = ["head", f"{metric} [95% CI]", "chance", "null", "label"] + ([extra] if extra else [])
     rows = [

@@ -11,8 +11,8 @@ error bars, or as a band with ``"band": True``; what they span belongs in the ``
 panel is a dict: ``lines``, ``xlabel``, ``ylabel``, optionally ``title``, ``chance`` (a dashed
 horizontal line, labelled "chance") and ``ylim``.
 
->>> fig = curve_panels([{"lines": [{"x": [0, 1], "y": [0.2, 0.2], "low": [0.2, 0.2], "high": [0.2, 0.2]}],
-...                      "xlabel": "budget", "ylabel": "accuracy"}])
+>>> line = {"x": [0, 1], "y": [0.2, 0.2], "low": [0.2, 0.2], "high": [0.2, 0.2]}
+>>> fig = curve_panels([{"lines": [line], "xlabel": "budget", "ylabel": "accuracy"}])
 >>> len(fig.axes)
 1
 """

@@ -200,7 +200,8 @@ def _top_rows(scores: pd.DataFrame, metric: str, effects: list[str]) -> list[lis
             _num(r.chance),
             _num(getattr(r, "null", float("nan"))),
             "<td "
-            f'class="num{" shaky" if shaky else ""}">{_e(fmt(stab, 2)) if stab == stab else ""}</td>',
+            f'class="num{" shaky" if shaky else ""}">'
+            f"{_e(fmt(stab, 2)) if stab == stab else ''}</td>",
             f"<td>{_e(r.label)}</td>",
         ]
         cells += [_num(by_head[e].get(r.head_name, float("nan"))) for e in effects]

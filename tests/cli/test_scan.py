@@ -277,9 +277,9 @@ def test_engines_come_from_the_registry():
     assert [line.split()[0] for line in res.stdout.splitlines()] == engine_names()
     res = CliRunner().invoke(main, ["scan", "x", "--engine", "fsued"])
     assert res.exit_code == 2
-    assert (
-        res.stderr
-        == "headscope: error: Unknown engine 'fsued'. Did you mean: fused? Known: auto, fused, flex, blocked, hooks.\n"
+    assert res.stderr == (
+        "headscope: error: Unknown engine 'fsued'. Did you mean: fused? "
+        "Known: auto, fused, flex, blocked, hooks.\n"
     )
     res = CliRunner().invoke(
         main, ["scan", "smollm2-135m", "--dtype", "float23", "--out", "/nonexistent/x"]

@@ -79,9 +79,9 @@ def test_show_default_path(cli, tiny_gpt2_dir, tmp_path, monkeypatch):
 
 def test_show_malformed_head_fails_before_loading(cli, no_model):
     line = one_error_line(invoke(cli, "show", "smollm2-135m", "--head", "3-2"))
-    assert (
-        line
-        == "headscope: error: Head '3-2' is not LAYER.HEAD; write it like 3.2 (0-based layer, then head)."
+    assert line == (
+        "headscope: error: Head '3-2' is not LAYER.HEAD; "
+        "write it like 3.2 (0-based layer, then head)."
     )
 
 

@@ -46,11 +46,12 @@ def _one_thread():
     torch.set_num_threads(old)
 
 
-# ------------------------------------------------------------------------------ an independent oracle
+# ------------------------------------------------------------------------- an independent oracle
 
 
 def softmax64(q, k, visible, scale):
-    """``A`` ``[b, h, q, k]`` in float64 from plain tensors (repeat_kv layout); 0 on a row that sees nothing."""
+    """``A`` ``[b, h, q, k]`` in float64 from plain tensors (repeat_kv layout); 0 on a row that sees
+    nothing."""
     g = q.shape[1] // k.shape[1]
     s = (q.double() @ k.double().repeat_interleave(g, 1).transpose(-1, -2)) * scale  # [b, h, q, k]
     s = s.masked_fill(~visible, float("-inf"))
@@ -206,8 +207,9 @@ def test_layer_stats_equal_a_hand_written_softmax(causal):
 
 
 def test_half_precision_inputs_are_scored_in_float32():
-    """bf16 / fp16 activations: the statistics are float32 maths on the (exact) half-precision values,
-    equal to a float64 softmax of the same values; only the output is rounded to the model's dtype."""
+    """bf16 / fp16 activations: the statistics are float32 maths on the (exact) half-precision
+    values, equal to a float64 softmax of the same values; only the output is rounded to the model's
+    dtype."""
     for dtype in (torch.bfloat16, torch.float16):
         q, k, v, m, flags, targets, scale = _case(dtype)
         vis = fs.Visibility(150, 150, True, m[:, 0])
@@ -226,7 +228,8 @@ def test_half_precision_inputs_are_scored_in_float32():
 
 
 def test_both_torch_spellings_of_the_lse_request_give_the_same_statistics(monkeypatch):
-    """torch >= 2.9 asks for the lse with ``return_aux=AuxRequest(lse=True)``; before, ``return_lse``."""
+    """torch >= 2.9 asks for the lse with ``return_aux=AuxRequest(lse=True)``; before,
+    ``return_lse``."""
     from torch.nn.attention import flex_attention as fa
 
     q, k, v, m, flags, targets, scale = _case()
@@ -268,11 +271,12 @@ def test_heads_are_processed_in_chunks_that_give_the_same_statistics(monkeypatch
         torch.testing.assert_close(split.masses[name], whole.masses[name], atol=1e-6, rtol=0)
 
 
-# ------------------------------------------------------------------------------ the engine on tiny models
+# --------------------------------------------------------------------- the engine on tiny models
 
 
 def _instrumented(monkeypatch):
-    """Record each scanned layer: ('flex', layer) through FlexAttention, ('blocks', layer) through pattern blocks."""
+    """Record each scanned layer: ('flex', layer) through FlexAttention, ('blocks', layer) through
+    pattern blocks."""
     seen = []
     real = flex.layer_stats
     monkeypatch.setattr(
@@ -333,8 +337,8 @@ def test_flex_equals_blocked_on_every_family_the_fused_engine_scores(family, mon
 
 @pytest.mark.parametrize("model_type", ["gpt2", "llama", "mistral", "gemma3_text"])
 def test_streaming_and_retrieval_equal_blocked(model_type):
-    """The band (default and custom sinks + window, which a sliding window may cut), and the needle's
-    arg-max rows, on sequences of different lengths in one padded batch."""
+    """The band (default and custom sinks + window, which a sliding window may cut), and the
+    needle's arg-max rows, on sequences of different lengths in one padded batch."""
     family = next(f for f in conf.FAMILIES if f.model_type == model_type)
     hf, tok = conf.tiny_model(family)
     model = headscope.load_model(hf, tok, name=f"tiny-{model_type}")
@@ -375,7 +379,8 @@ def test_a_per_head_mask_falls_back_to_blocks_for_that_layer(tiny_gpt2):
 
 
 def test_a_key_only_padding_mask_is_read_per_row():
-    """An encoder's mask may be ``[batch, 1, 1, key]`` (padding only): every row sees the real keys."""
+    """An encoder's mask may be ``[batch, 1, 1, key]`` (padding only): every row sees the real
+    keys."""
     torch.manual_seed(3)
     q, k, v = torch.randn(2, 4, 40, 8), torch.randn(2, 2, 40, 8), torch.randn(2, 2, 40, 8)
     mask = torch.ones(2, 1, 1, 40, dtype=torch.bool)
@@ -447,7 +452,7 @@ def test_a_soft_capped_family_is_refused_naming_the_engine_that_can():
         score_probe(model, probe, [REGISTRY["sink"]], engine="flex")
 
 
-# ------------------------------------------------------------------------------ which engine auto takes
+# ------------------------------------------------------------------------ which engine auto takes
 
 
 def test_auto_never_takes_flex_on_the_cpu_but_a_named_flex_runs(tiny_gpt2, monkeypatch):
@@ -497,12 +502,13 @@ def test_flex_equals_blocked_on_smollm2(smollm2):
     assert_flex_equals_blocked(smollm2, probes, batch_size=4)
 
 
-# ------------------------------------------------------------------------------ CUDA (compiled FlexAttention)
+# ------------------------------------------------------------------ CUDA (compiled FlexAttention)
 
 
 def synthetic_long_probes(model, lengths=(250, 220, 180), k: int = 5, seed: int = 0) -> list[Probe]:
     """Long probes from random ordinary tokens (no corpus download: the GPU machine is offline): a
-    text probe of ragged lengths (streaming: queries past the band) and needles copied at the end."""
+    text probe of ragged lengths (streaming: queries past the band) and needles copied at the
+    end."""
     gen = torch.Generator().manual_seed(seed)
     vocab = model.ordinary_vocab()
     body = [vocab[torch.randint(len(vocab), (n - 1,), generator=gen)].tolist() for n in lengths]

@@ -408,7 +408,10 @@ def test_seq_len_bounds(fixture, low, request):
     assert len(packed_text_probe(m, PAIRS, seq_len=low, wrap=True).sequences[0]) == low
     assert len(packed_text_probe(m, PAIRS, seq_len=m.n_ctx, wrap=True).sequences[0]) == m.n_ctx
     for bad in (low - 1, m.n_ctx + 1):
-        msg = rf"^seq_len \(--seq-len\) {bad} is outside {low}\.\.{m.n_ctx} \(the model's context\); use at most {m.n_ctx}\.$"
+        msg = (
+            rf"^seq_len \(--seq-len\) {bad} is outside {low}\.\.{m.n_ctx} "
+            rf"\(the model's context\); use at most {m.n_ctx}\.$"
+        )
         with pytest.raises(HeadscopeError, match=msg):
             packed_text_probe(m, PAIRS, seq_len=bad)
         with pytest.raises(HeadscopeError, match=msg):
