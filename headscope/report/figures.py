@@ -59,8 +59,8 @@ def draw_matrix(ax, values: np.ndarray, cmap: str, vmin: float, vmax: float):
 
 def write_cells(ax, values: np.ndarray, show: np.ndarray, fmt: str = "{:.2f}", dark=None) -> None:
     """Write the values of the cells ``show`` (``[layer, head]`` booleans), sized to fit a cell,
-    with a
-    halo so they stay readable over any colour (and any hatching). ``dark(v)``: white ink."""
+    with a halo so they stay readable over any colour (and any hatching). ``dark(v)``: white ink.
+    Each value is two texts: its halo (a stroke only, in ``path_effects``) and the value itself."""
     size = _cell_font(ax, *values.shape)
     for (layer, head), v in np.ndenumerate(values):
         if np.isfinite(v) and show[layer, head]:

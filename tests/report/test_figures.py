@@ -45,7 +45,8 @@ def main_axes(fig):
 
 
 def texts(ax) -> list[tuple[str, tuple[float, float]]]:
-    return [(t.get_text(), tuple(t.get_position())) for t in ax.texts]
+    """The values written on the cells, each once (its halo, a stroke-only twin, left out)."""
+    return [(t.get_text(), tuple(t.get_position())) for t in ax.texts if not t.get_path_effects()]
 
 
 # ------------------------------------------------------------------------------ one heatmap
