@@ -3,7 +3,7 @@
 
 >>> CensusSettings().parts[0], CensusSettings(parts="noop,rare_word").parts
 ('syntax', ('noop', 'rare_word'))
->>> CensusSettings(parts=("nope",))
+>>> CensusSettings(parts=("nope",))  # doctest: +NORMALIZE_WHITESPACE
 Traceback (most recent call last):
 ...
 headscope.errors.HeadscopeError: Unknown census part 'nope'. Did you mean: noop? Use any of syntax,

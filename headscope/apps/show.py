@@ -51,7 +51,7 @@ def parse_head(
 
     >>> parse_head("3.2", 30, 9), parse_head("L3H2")
     ((3, 2), (3, 2))
-    >>> parse_head("3-2", 30, 9)
+    >>> parse_head("3-2", 30, 9)  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
     headscope.errors.HeadscopeError: Head '3-2' is not LAYER.HEAD; write it like 3.2 (layers 0..29,

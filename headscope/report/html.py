@@ -36,26 +36,23 @@ TOP_K = 10  # heads per behaviour in the page's tables
 DPI = 90  # figure resolution in the page: a 30 x 9 model's report stays near 1 MB
 
 _STYLE = """
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #222; margin: 0
-auto;
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #222; margin: 0 auto;
        max-width: 1100px; padding: 1.5em; }
-h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { margin-top: 2em; border-bottom: 1px solid #ddd;
-} table { border-collapse: collapse; margin: 0.6em 0; font-size: 13px; }
+h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { margin-top: 2em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; margin: 0.6em 0; font-size: 13px; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }
 th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .muted { color: #666; } .shaky { color: #a15c00; } img { max-width: 100%; height: auto; }
 nav a { margin-right: 0.8em; } code { background: #f4f4f4; padding: 0 3px; }
-.hs-heads button { font-family: monospace; margin: 0 4px 6px 0; padding: 2px 6px; border: 1px solid
-#999;
-                   background: #fff; cursor: pointer; } .hs-heads button.sel { background: #ffd54f;
-                   }
+.hs-heads button { font-family: monospace; margin: 0 4px 6px 0; padding: 2px 6px; border: 1px solid #999;
+                   background: #fff; cursor: pointer; } .hs-heads button.sel { background: #ffd54f; }
 .hs-readout { font-family: monospace; min-height: 1.4em; white-space: pre; }
 table.hs-grid { border-collapse: collapse; font-family: monospace; font-size: 10px; }
 table.hs-grid td { width: 7px; height: 7px; padding: 0; border: 0; }
-table.hs-grid th { font-weight: normal; padding: 0 2px; white-space: pre; border: 0; background:
-none; } table.hs-grid th.k { writing-mode: vertical-rl; transform: rotate(180deg); text-align: left;
-} table.hs-grid th.on { background: #ffd54f; }
-"""
+table.hs-grid th { font-weight: normal; padding: 0 2px; white-space: pre; border: 0; background: none; }
+table.hs-grid th.k { writing-mode: vertical-rl; transform: rotate(180deg); text-align: left; }
+table.hs-grid th.on { background: #ffd54f; }
+"""  # noqa: E501 (a template: its lines are the page's)
 
 # The views' script: decodes each example's uint16 patterns and draws one head at a time.
 _SCRIPT = """
@@ -65,26 +62,23 @@ __COLOUR__
   D.examples.forEach(function (ex, e) {
     const root = document.getElementById("hs-view-" + e), T = ex.tokens, n = T.length;
     const bin = atob(ex.data), W = new Float32Array(bin.length / 2);
-    for (let i = 0; i < W.length; i++) W[i] = (bin.charCodeAt(2 * i) | (bin.charCodeAt(2 * i + 1) <<
-    8)) / 65535; const grid = root.querySelector("table.hs-grid"), out =
-    root.querySelector(".hs-readout"); const top = grid.insertRow();
-    top.appendChild(document.createElement("th")); const keys = [], queries = [], cells = [];
-    T.forEach(function (t) { const th = document.createElement("th"); th.className = "k";
-    th.textContent = t;
+    for (let i = 0; i < W.length; i++) W[i] = (bin.charCodeAt(2 * i) | (bin.charCodeAt(2 * i + 1) << 8)) / 65535;
+    const grid = root.querySelector("table.hs-grid"), out = root.querySelector(".hs-readout");
+    const top = grid.insertRow(); top.appendChild(document.createElement("th"));
+    const keys = [], queries = [], cells = [];
+    T.forEach(function (t) { const th = document.createElement("th"); th.className = "k"; th.textContent = t;
                              top.appendChild(th); keys.push(th); });
     for (let q = 0; q < n; q++) {
       const row = grid.insertRow(), th = document.createElement("th");
       th.textContent = T[q]; row.appendChild(th); queries.push(th);
-      for (let k = 0; k < n; k++) { const td = row.insertCell(); td.dataset.q = q; td.dataset.k = k;
-      cells.push(td); }
+      for (let k = 0; k < n; k++) { const td = row.insertCell(); td.dataset.q = q; td.dataset.k = k; cells.push(td); }
     }
     let h = 0, lit = [];
     const buttons = [];
     function select(i) {
       h = i; out.textContent = D.heads[i];
-      cells.forEach(function (td) { td.style.background = colour(W[(h * n + (+td.dataset.q)) * n +
-      (+td.dataset.k)]); }); buttons.forEach(function (b, j) { b.classList.toggle("sel", j === i);
-      });
+      cells.forEach(function (td) { td.style.background = colour(W[(h * n + (+td.dataset.q)) * n + (+td.dataset.k)]); });
+      buttons.forEach(function (b, j) { b.classList.toggle("sel", j === i); });
     }
     D.heads.forEach(function (name, i) {
       const b = document.createElement("button"); b.textContent = name; buttons.push(b);
@@ -97,14 +91,13 @@ __COLOUR__
       const q = +td.dataset.q, k = +td.dataset.k;
       lit.forEach(function (c) { c.classList.remove("on"); });
       lit = [queries[q], keys[k]]; lit.forEach(function (c) { c.classList.add("on"); });
-      out.textContent = D.heads[h] + "  query " + q + " " + JSON.stringify(T[q]) + " -> key " + k +
-      " " +
+      out.textContent = D.heads[h] + "  query " + q + " " + JSON.stringify(T[q]) + " -> key " + k + " " +
         JSON.stringify(T[k]) + "  weight " + W[(h * n + q) * n + k].toFixed(4);
     });
     select(0);
   });
 })();
-"""
+"""  # noqa: E501 (a template: its lines are the page's)
 
 
 _SCRIPT = _SCRIPT.replace("__COLOUR__", VIRIDIS_JS)

@@ -25,11 +25,10 @@ body { font-family: sans-serif; margin: 1.5em; color: #222; }
 table { border-collapse: collapse; font-family: monospace; font-size: 11px; }
 td.c { width: 14px; height: 14px; padding: 0; border: 1px solid #fff; }
 th { font-weight: normal; padding: 0 3px; white-space: pre; }
-th.k { writing-mode: vertical-rl; transform: rotate(180deg); text-align: left; vertical-align:
-bottom; } th.q { text-align: right; }
+th.k { writing-mode: vertical-rl; transform: rotate(180deg); text-align: left; vertical-align: bottom; }
+th.q { text-align: right; }
 th.on { background: #ffd54f; }
-#heads button { font-family: monospace; margin: 0 4px 6px 0; padding: 2px 6px; border: 1px solid
-#999;
+#heads button { font-family: monospace; margin: 0 4px 6px 0; padding: 2px 6px; border: 1px solid #999;
                 background: #fff; cursor: pointer; }
 #heads button.sel { background: #ffd54f; }
 td.c:hover { outline: 2px solid #e53935; }
@@ -68,8 +67,8 @@ __COLOUR__
       td.dataset.q = q; td.dataset.k = k; cells.push(td);
     }
   }
-  function paint() { cells.forEach(function (td) { td.style.background =
-  colour(P[+td.dataset.q][+td.dataset.k]); }); } paint();
+  function paint() { cells.forEach(function (td) { td.style.background = colour(P[+td.dataset.q][+td.dataset.k]); }); }
+  paint();
   if (PS.length > 1) {
     const bar = document.getElementById("heads"), buttons = [];
     const select = function (h) {
@@ -91,14 +90,13 @@ __COLOUR__
     if (last) { last.forEach(function (c) { c.classList.remove("on"); }); }
     last = [queryCells[q], keyCells[k]];
     last.forEach(function (c) { c.classList.add("on"); });
-    out.textContent = (PS.length > 1 ? NAMES[PS.indexOf(P)] + "  " : "") + "query " + q + " " +
-    JSON.stringify(T[q]) + "  ->  key " + k + " " +
+    out.textContent = (PS.length > 1 ? NAMES[PS.indexOf(P)] + "  " : "") + "query " + q + " " + JSON.stringify(T[q]) + "  ->  key " + k + " " +
       JSON.stringify(T[k]) + "  weight " + P[q][k].toFixed(4);
   });
 })();
 </script>
 </body></html>
-"""
+"""  # noqa: E501 (a template: its lines are the page's)
 
 
 _HTML = _HTML.replace("__COLOUR__", VIRIDIS_JS)  # the shared colour scale, once

@@ -407,7 +407,7 @@ def check_long(
     """Sink, window and needle sizes that fit the context, or one line saying what does.
 
     >>> check_long(2048, 4, 64, 8)
-    >>> check_long(64, 4, 64, 8)
+    >>> check_long(64, 4, 64, 8)  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     headscope.errors.HeadscopeError: sinks (--sinks) 4 + window (--window) 64 keep every key of a
     64-token sequence; use a window below 60 or a longer --seq-len.

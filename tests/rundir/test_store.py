@@ -159,8 +159,8 @@ def test_the_cli_refuses_force_on_a_folder_it_did_not_write(tmp_path, tiny_gpt2_
 DRIVER = r"""
 import os, sys, time
 phase, ready, model, out = sys.argv[1:5]
-import headscope.engines.extract, headscope.models.model, headscope.rundir.store,
-headscope.scanner.runner
+import headscope.engines.extract, headscope.models.model
+import headscope.rundir.store, headscope.scanner.runner
 
 def pause():
     open(ready, "w").close()
