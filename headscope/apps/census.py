@@ -41,21 +41,6 @@ from headscope.result import COLUMNS, FLOAT_FORMAT, RUN_FORMAT, model_slug
 CENSUS_FORMAT = "headscope-census/1"  # metadata.json's run_format of a census run directory
 FORMATS = (RUN_FORMAT, CENSUS_FORMAT)  # what --force may replace
 REPORT = "report.html"
-#: The heatmaps a census draws (when their rows exist), in the page's order.
-FIGURES = (
-    "syntax_all.d2h",
-    "syntax_all.h2d",
-    "noop_weight",
-    "effect_noop_text_loss",
-    "effect_noop_embedding",
-    "effect_text_loss",
-    "effect_embedding",
-    "successor",
-    "successor_embeddings",
-    "copy_suppression",
-    "copy_suppression_embeddings",
-    "rare_word",
-)
 
 
 def default_out(model) -> Path:
@@ -260,9 +245,9 @@ def run_metadata(model, settings: CensusSettings, ctx, timings: dict, text, rep)
 def save_census_figures(
     scores: pd.DataFrame, out: Path, formats: Sequence[str] = ("png",)
 ) -> list[Path]:
-    """One heatmap per census score that has rows (:data:`FIGURES`), and the no-op scatter, each
-    as every file of ``formats`` (png, svg, pdf; the page's figures are inline PNGs whatever
-    they are)."""
+    """One heatmap per census score that has rows (the page's list,
+    :data:`headscope.report.census_page.HEATMAPS`), and the no-op scatter, each as every file of
+    ``formats`` (png, svg, pdf; the page's figures are inline PNGs whatever they are)."""
     from headscope.files import save_figure
     from headscope.report.census_page import census_figures
 
