@@ -24,6 +24,7 @@ the base metric bit for bit (``tests/effects/test_patching.py``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -120,9 +121,9 @@ def make_batches(tt: TokenizedTask, batch_size: int, pad_id: int) -> list[Batch]
 
 
 def position_masks(batch: Batch, position: str) -> list[tuple[str, Bool[Tensor, "b pos"]]]:
-    """``[(label, where [b, pos])]`` for one position request: ``all``, a named position, one token
-    index (``"3"``) or ``each`` (one entry per token index; the caller checks that every pair has
-    the same length)."""
+    """``[(label, where [b, pos])]`` for one position request: ``all``, a named position (shifted
+    by a token count: ``S1+1``), one token index (``"3"``) or ``each`` (one entry per token
+    index; the caller checks that every pair has the same length)."""
     b, n = batch.mask.shape
     if position == "all":
         return [("all", batch.mask)]
@@ -132,12 +133,24 @@ def position_masks(batch: Batch, position: str) -> list[tuple[str, Bool[Tensor, 
             (str(p), eye[p].expand(b, n))
             for p in (range(n) if position == "each" else [int(position)])
         ]
-    if position not in batch.positions:
+    name, shift = position, 0
+    m = re.fullmatch(r"(.+?)([+-]\d+)", position)
+    if position not in batch.positions and m and m[1] in batch.positions:
+        name, shift = m[1], int(m[2])  # "S1+1": the token after each pair's S1
+    if name not in batch.positions:
         raise HeadscopeError(
-            f"No position '{position}' in this task; it has {', '.join(batch.positions)}."
+            f"No position '{position}' in this task; it has {', '.join(batch.positions)} "
+            "(or one of them shifted, e.g. S1+1)."
+        )
+    at = batch.positions[name] + shift  # [b]
+    outside = (at < 0) | (at >= batch.lengths)
+    if outside.any():
+        raise HeadscopeError(
+            f"Position '{position}' falls outside pair {int(batch.index[outside][0])}; shift a "
+            "named position by less."
         )
     where = torch.zeros(b, n, dtype=torch.bool)
-    where[torch.arange(b), batch.positions[position]] = True
+    where[torch.arange(b), at] = True
     return [(position, where)]
 
 
