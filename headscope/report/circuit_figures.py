@@ -1,0 +1,646 @@
+"""Figures of a circuit run, from its tables alone (never the model): matplotlib Figures, no pyplot,
+and the diagram as hand-written inline SVG for the page.
+
+The tables are the run directory's (``headscope circuit``): ``path.csv`` (path patching of a
+sender head into a receiver: the logits, or one head's q, k or v input at one position),
+``composition.csv`` (Q-/K-/V-composition z against a random-weight null), ``agreement.csv`` (per
+receiver, the senders ranked both ways: Spearman rho and the top-k overlap against chance) and
+``classes.csv`` (each head's class by an explicit rule, with its evidence).
+
+* :func:`circuit_edges`: the diagram's edges, one per ``path.csv`` row that qualifies (exact
+  estimator, one direction, sender and receiver both nodes, ``|effect| >= threshold``);
+* :func:`circuit_diagram`: heads with a class as nodes (x = layer, rows grouped by class,
+  coloured by class), a ``logits`` node at the right, the edges as arrows sender -> receiver
+  whose width is proportional to ``|effect|`` (the share of the clean-corrupt gap the path
+  carries), red where the effect is positive and blue where negative, the receiver's input
+  (q/k/v/logits) as the line style and a letter on the edge;
+* :func:`svg_diagram`: the same diagram as SVG text, with ``<title>`` tooltips (each edge's effect
+  and interval, each node's class, rule and evidence); every edge is one ``<path class="edge">``
+  (the legend's samples are ``<line>``; the arrowheads ``<polygon>``);
+* :func:`agreement_figure`: per receiver, each sender's composition z against its path-patching
+  effect into that receiver, with the Spearman rho and the top-k overlap in the panel's title;
+* :func:`save_circuit_figures` writes ``circuit.png`` and ``agreement.png`` into a run directory.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import FancyArrowPatch
+
+from headscope.files import figure_files, save_figure
+
+#: The classes in the order of the diagram's rows (top to bottom) and their colours.
+CLASSES = (
+    "name_mover",
+    "negative_name_mover",
+    "s_inhibition",
+    "induction",
+    "duplicate_token",
+    "previous_token",
+)
+CLASS_COLOURS = {
+    "name_mover": "#1b9e77",
+    "negative_name_mover": "#d95f02",
+    "s_inhibition": "#7570b3",
+    "induction": "#e7298a",
+    "duplicate_token": "#66a61e",
+    "previous_token": "#e6ab02",
+}
+OTHER_COLOURS = ("#a6761d", "#666666", "#17becf", "#8c564b")  # classes outside CLASSES
+POSITIVE, NEGATIVE = "#b2182b", "#2166ac"  # the ends of RdBu_r, as in the patching heatmaps
+#: The receiver's input as a line style: matplotlib's, and SVG's ``stroke-dasharray``.
+KINDS = ("logits", "q", "k", "v")
+KIND_STYLE = {"logits": "solid", "q": (0, (6, 3)), "k": (0, (1.5, 2)), "v": (0, (6, 2, 1.5, 2))}
+KIND_DASH = {"logits": "", "q": "8 4", "k": "2 3", "v": "8 3 2 3"}
+KIND_WHAT = {
+    "logits": "direct to the logits",
+    "q": "into the query",
+    "k": "into the key",
+    "v": "into the value",
+}
+MAX_WIDTH = 5.0  # points (figure) / pixels (SVG) of the edge with the largest |effect|
+LOGITS = "logits"
+#: Evidence columns of classes.csv, in the order a reader meets them.
+EVIDENCE = (
+    "direct_effect",
+    "direct_ci_low",
+    "direct_ci_high",
+    "end_to_io",
+    "copying",
+    "path_to_name_movers_q",
+    "induction",
+    "duplicate_token",
+    "path_to_s_inhibition_v",
+    "previous_token",
+    "path_to_induction_k",
+)
+
+
+def _head(layer, head) -> str:
+    return f"L{int(layer)}H{int(head)}"
+
+
+def class_colour(cls: str, classes: Sequence[str]) -> str:
+    """The colour of a class: fixed for :data:`CLASSES`, in turn for any other."""
+    if cls in CLASS_COLOURS:
+        return CLASS_COLOURS[cls]
+    others = [c for c in classes if c not in CLASS_COLOURS]
+    return OTHER_COLOURS[others.index(cls) % len(OTHER_COLOURS)] if cls in others else "#999999"
+
+
+def classed(classes: pd.DataFrame) -> pd.DataFrame:
+    """The heads with a class (an empty or missing class is none), in the diagram's order: by
+    class (:data:`CLASSES` first, others by name), then layer, then head."""
+    cls = classes["class"].fillna("").astype(str).str.strip()
+    sub = classes[cls != ""].assign(**{"class": cls[cls != ""]})
+    known = {c: i for i, c in enumerate(CLASSES)}
+    others = sorted(set(sub["class"]) - set(known))
+    rank = {**known, **{c: len(known) + i for i, c in enumerate(others)}}
+    return sub.assign(_rank=sub["class"].map(rank)).sort_values(["_rank", "layer", "head"])
+
+
+def _direction(path: pd.DataFrame, direction: str | None) -> str:
+    """The direction drawn: the one asked for, else the table's only one, else noising (section
+    11's path patching: the sender's corrupt output into the clean run)."""
+    have = list(dict.fromkeys(path["direction"].astype(str)))
+    if direction is not None:
+        if direction not in have:
+            raise ValueError(f"path.csv has no {direction!r} rows; it has {', '.join(have)}.")
+        return direction
+    if not have:
+        raise ValueError("path.csv has no rows.")
+    return "noising" if "noising" in have else have[0]
+
+
+def circuit_edges(
+    classes: pd.DataFrame,
+    path: pd.DataFrame,
+    threshold: float = 0.05,
+    direction: str | None = None,
+) -> pd.DataFrame:
+    """The diagram's edges: the exact ``path.csv`` rows of one direction (see :func:`_direction`)
+    whose sender is a classed head and whose receiver is a classed head or the logits, with
+    ``|effect| >= threshold`` (a NaN effect never qualifies); one edge per row, largest
+    ``|effect|`` first, with ``source`` and ``target`` node names added."""
+    nodes = set(classed(classes).apply(lambda r: _head(r["layer"], r["head"]), axis=1))
+    if path.empty:
+        return path.assign(source=[], target=[])
+    direction = _direction(path, direction)
+    sub = path[(path["estimator"] == "exact") & (path["direction"].astype(str) == direction)]
+    source = [_head(la, h) for la, h in zip(sub["sender_layer"], sub["sender_head"], strict=True)]
+    target = [
+        LOGITS if k == LOGITS else _head(la, h)
+        for k, la, h in zip(
+            sub["receiver_kind"], sub["receiver_layer"], sub["receiver_head"], strict=True
+        )
+    ]
+    sub = sub.assign(source=source, target=target)
+    effect = sub["effect"].astype(float)
+    keep = (
+        sub["source"].isin(nodes)
+        & (sub["target"].isin(nodes) | (sub["target"] == LOGITS))
+        & (effect.abs() >= threshold)
+    )
+    sub = sub[keep.to_numpy()]
+    return sub.reindex(sub["effect"].abs().sort_values(ascending=False).index)
+
+
+def _layout(nodes: pd.DataFrame, n_layers: int) -> tuple[dict, list[tuple[str, float]], float]:
+    """Node positions in data units: x = layer (the logits at ``n_layers``), y = a row, classes in
+    bands top to bottom (heads of one class in one layer stacked). Returns ``{name: (x, y)}``, the
+    band centres ``[(class, y)]`` and the number of rows."""
+    pos: dict[str, tuple[float, float]] = {}
+    bands = []
+    row = 0.0
+    for cls, sub in nodes.groupby("class", sort=False):
+        depth = int(sub.groupby("layer").size().max())
+        seen: dict[int, int] = {}
+        for r in sub.itertuples():
+            k = seen.get(int(r.layer), 0)
+            seen[int(r.layer)] = k + 1
+            pos[_head(r.layer, r.head)] = (float(r.layer), row + k)
+        bands.append((str(cls), row + (depth - 1) / 2))
+        row += depth + 0.6  # a gap between bands
+    n_rows = max(row - 0.6, 1.0)
+    pos[LOGITS] = (float(n_layers), (n_rows - 1) / 2)
+    return pos, bands, n_rows
+
+
+def _context(path: pd.DataFrame, model: str, task: str | None, direction: str) -> str:
+    task = task if task is not None else (str(path["task"].iloc[0]) if len(path) else "?")
+    n = path["n_pairs"].iloc[0] if len(path) and "n_pairs" in path else "?"
+    n = int(n) if isinstance(n, (int, float, np.integer)) and n == n else n
+    return f"{model + ': ' if model else ''}{task}, {direction}, n = {n} pairs"
+
+
+def _widths(edges: pd.DataFrame) -> tuple[np.ndarray, float]:
+    mags = edges["effect"].abs().to_numpy(float)
+    top = float(mags.max()) if len(mags) else 1.0
+    return MAX_WIDTH * mags / (top or 1.0), top
+
+
+def circuit_diagram(
+    classes: pd.DataFrame,
+    path: pd.DataFrame,
+    n_layers: int,
+    threshold: float = 0.05,
+    model: str = "",
+    task: str | None = None,
+    direction: str | None = None,
+) -> Figure:
+    """The circuit as a figure: classed heads as nodes, :func:`circuit_edges` as arrows (see the
+    module docstring). Each edge is a ``FancyArrowPatch`` whose gid is ``edge:SOURCE->TARGET``,
+    each node's marker collection has gid ``node:NAME``."""
+    nodes = classed(classes)
+    names = list(dict.fromkeys(nodes["class"]))
+    direction = _direction(path, direction) if len(path) else (direction or "noising")
+    edges = circuit_edges(classes, path, threshold, direction) if len(path) else path
+    pos, bands, n_rows = _layout(nodes, n_layers)
+    fig = Figure(
+        figsize=(max(8.0, 0.35 * n_layers + 6.5), max(4.0, 0.45 * n_rows + 2.2)),
+        layout="constrained",
+    )
+    ax = fig.add_subplot()
+    widths, top = _widths(edges) if len(edges) else (np.array([]), 1.0)
+    for r, w in zip(edges.itertuples(), widths, strict=True):
+        (x0, y0), (x1, y1) = pos[r.source], pos[r.target]
+        kind = str(r.receiver_kind)
+        colour = POSITIVE if r.effect > 0 else NEGATIVE
+        arrow = FancyArrowPatch(
+            (x0, y0),
+            (x1, y1),
+            arrowstyle="-|>",
+            mutation_scale=8 + 2 * w,
+            linewidth=w,
+            linestyle=KIND_STYLE.get(kind, "solid"),
+            color=colour,
+            alpha=0.8,
+            shrinkA=7,
+            shrinkB=7,
+            connectionstyle="arc3,rad=0.08",
+            zorder=2,
+        )
+        arrow.set_gid(f"edge:{r.source}->{r.target}")
+        ax.add_patch(arrow)
+        if kind != LOGITS:
+            ax.text(
+                (x0 + x1) / 2,
+                (y0 + y1) / 2,
+                kind,
+                fontsize=7,
+                color=colour,
+                ha="center",
+                va="center",
+                zorder=4,
+                bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8},
+            )
+    for cls in names:
+        sub = nodes[nodes["class"] == cls]
+        for r in sub.itertuples():
+            name = _head(r.layer, r.head)
+            x, y = pos[name]
+            dot = ax.scatter(
+                [x],
+                [y],
+                s=170,
+                color=class_colour(cls, names),
+                zorder=3,
+                edgecolors="black",
+                linewidths=0.6,
+            )
+            dot.set_gid(f"node:{name}")
+            ax.annotate(
+                name,
+                (x, y),
+                xytext=(0, 9),
+                textcoords="offset points",
+                ha="center",
+                fontsize=7,
+                zorder=5,
+            )
+    lx, ly = pos[LOGITS]
+    ax.scatter([lx], [ly], s=260, marker="s", color="#dddddd", edgecolors="black", zorder=3)
+    ax.annotate(
+        LOGITS,
+        (lx, ly),
+        xytext=(0, 10),
+        textcoords="offset points",
+        ha="center",
+        fontsize=8,
+        zorder=5,
+    )
+    ax.set_xlim(-0.7, n_layers + 0.7)
+    ax.set_ylim(n_rows - 0.3, -0.9)  # the first class at the top
+    step = max(1, math.ceil(n_layers / 15))
+    ticks = list(range(0, n_layers, step))
+    ax.set_xticks([*ticks, n_layers], [*map(str, ticks), LOGITS], fontsize=8)
+    ax.set_yticks([y for _, y in bands], [c.replace("_", " ") for c, _ in bands], fontsize=8)
+    ax.set_xlabel("layer (sender -> receiver; the logits at the right)")
+    ax.set_ylabel("head class")
+    ax.grid(axis="x", color="#eeeeee", zorder=0)
+    if nodes.empty:
+        ax.text(n_layers / 2, 0, "no head passed a class rule", ha="center", color="#666666")
+    handles = [
+        Line2D(
+            [],
+            [],
+            marker="o",
+            ls="",
+            color=class_colour(c, names),
+            markeredgecolor="black",
+            label=c.replace("_", " "),
+        )
+        for c in names
+    ]
+    handles += [
+        Line2D([], [], color=POSITIVE, lw=2, label="effect > 0 (path carries the gap)"),
+        Line2D([], [], color=NEGATIVE, lw=2, label="effect < 0 (path works against it)"),
+    ]
+    kinds = [k for k in KINDS if k in set(edges["receiver_kind"].astype(str))] if len(edges) else []
+    handles += [
+        Line2D(
+            [],
+            [],
+            color="#444444",
+            lw=1.5,
+            ls=KIND_STYLE[k],
+            label=f"{k}: {KIND_WHAT[k]}" if k != LOGITS else KIND_WHAT[k],
+        )
+        for k in kinds
+    ]
+    if len(edges):
+        handles += [
+            Line2D([], [], color="#444444", lw=MAX_WIDTH * f, label=f"|effect| = {f * top:.2f}")
+            for f in (1.0, 0.5)
+        ]
+    ax.legend(
+        handles=handles,
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1.0),
+        fontsize=7,
+        frameon=False,
+        title="nodes / edges (width ~ |effect|)",
+        title_fontsize=7,
+    )
+    ax.set_title(
+        f"{_context(path, model, task, direction)}\ncircuit: exact path patching, "
+        f"{len(edges)} edges with |effect| >= {threshold:g} (share of the clean-corrupt gap)",
+        fontsize=9,
+    )
+    return fig
+
+
+def _attr(x) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _num(x, digits: int = 3) -> str:
+    x = float(x)
+    return "NaN" if x != x else f"{x:.{digits}f}"
+
+
+def _node_title(r, cls: str) -> str:
+    lines = [f"{_head(r['layer'], r['head'])}: {cls}"]
+    if isinstance(r.get("rule"), str) and r["rule"]:
+        lines.append(f"rule: {r['rule']}")
+    for c in EVIDENCE:
+        v = r.get(c)
+        if v is not None and isinstance(v, (int, float, np.floating)) and v == v:
+            lines.append(f"{c} = {_num(v)}")
+    return "\n".join(lines)
+
+
+def svg_diagram(
+    classes: pd.DataFrame,
+    path: pd.DataFrame,
+    n_layers: int,
+    threshold: float = 0.05,
+    model: str = "",
+    task: str | None = None,
+    direction: str | None = None,
+) -> str:
+    """The diagram of :func:`circuit_diagram` as one ``<svg>`` element (no script, nothing
+    fetched): every edge one ``<path class="edge">`` with a ``<title>`` (sender, receiver, effect
+    and its interval, the raw metric change), every node a ``<circle class="node">`` with a
+    ``<title>`` (class, rule, evidence)."""
+    nodes = classed(classes)
+    names = list(dict.fromkeys(nodes["class"]))
+    direction = _direction(path, direction) if len(path) else (direction or "noising")
+    edges = circuit_edges(classes, path, threshold, direction) if len(path) else path
+    pos, bands, n_rows = _layout(nodes, n_layers)
+    left, top_m, dx, dy = 150.0, 56.0, max(26.0, min(60.0, 700.0 / max(n_layers, 1))), 44.0
+    plot_w = dx * (n_layers + 1)
+    legend_x = left + plot_w + 30
+    width = legend_x + 240
+    plot_h = dy * n_rows
+    height = max(top_m + plot_h + 60, top_m + 22 * (len(names) + 10))
+
+    def xy(name: str) -> tuple[float, float]:
+        x, y = pos[name]
+        return left + dx * (x + 0.5), top_m + dy * (y + 0.5)
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="hs-circuit" width="{width:.0f}" '
+        f'height="{height:.0f}" viewBox="0 0 {width:.0f} {height:.0f}" '
+        'font-family="system-ui, sans-serif" font-size="11">',
+        f"<title>{_attr(_context(path, model, task, direction))}: circuit diagram</title>",
+        "<defs>",
+    ]
+    for name, colour in (("pos", POSITIVE), ("neg", NEGATIVE)):
+        out.append(
+            f'<marker id="hs-arrow-{name}" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="9" '
+            'markerHeight="9" markerUnits="userSpaceOnUse" orient="auto-start-reverse">'
+            f'<polygon points="0,0 10,5 0,10" fill="{colour}"/></marker>'
+        )
+    out.append("</defs>")
+    out.append(
+        f'<text x="{left}" y="18" font-size="13" font-weight="bold">'
+        f"{_attr(_context(path, model, task, direction))}</text>"
+        f'<text x="{left}" y="36" fill="#555">circuit: exact path patching, {len(edges)} edges '
+        f"with |effect| &gt;= {threshold:g} (share of the clean-corrupt gap); hover for values"
+        "</text>"
+    )
+    # axes: a layer tick every few layers, the class bands' names at the left
+    step = max(1, math.ceil(n_layers / 15))
+    base = top_m + plot_h + 14
+    for la in range(0, n_layers, step):
+        out.append(
+            f'<text x="{left + dx * (la + 0.5):.1f}" y="{base:.1f}" text-anchor="middle" '
+            f'fill="#555">{la}</text>'
+        )
+    out.append(
+        f'<text x="{left + plot_w / 2:.1f}" y="{base + 18:.1f}" text-anchor="middle" '
+        'fill="#555">layer (sender -&gt; receiver; the logits at the right)</text>'
+    )
+    for cls, y in bands:
+        out.append(
+            f'<text x="{left - 10}" y="{top_m + dy * (y + 0.5) + 4:.1f}" '
+            f'text-anchor="end">{_attr(cls.replace("_", " "))}</text>'
+        )
+    widths, top = _widths(edges) if len(edges) else (np.array([]), 1.0)
+    out.append('<g class="edges" fill="none">')
+    for r, w in zip(edges.itertuples(), widths, strict=True):
+        (x0, y0), (x1, y1) = xy(r.source), xy(r.target)
+        length = math.hypot(x1 - x0, y1 - y0) or 1.0
+        ux, uy = (x1 - x0) / length, (y1 - y0) / length
+        x0, y0, x1, y1 = x0 + 9 * ux, y0 + 9 * uy, x1 - 11 * ux, y1 - 11 * uy
+        mx, my = (x0 + x1) / 2 - 0.08 * (y1 - y0), (y0 + y1) / 2 + 0.08 * (x1 - x0)
+        kind = str(r.receiver_kind)
+        sign = "pos" if r.effect > 0 else "neg"
+        colour = POSITIVE if r.effect > 0 else NEGATIVE
+        dash = KIND_DASH.get(kind, "")
+        tip = (
+            f"{r.sender} -> {r.receiver} ({KIND_WHAT.get(kind, kind)}), {r.direction}\n"
+            f"effect {_num(r.effect)} [{_num(r.ci_low)}, {_num(r.ci_high)}]\n"
+            f"metric change {_num(r.delta)} [{_num(r.delta_ci_low)}, {_num(r.delta_ci_high)}]"
+            f"\nMLPs {'frozen' if str(r.freeze_mlps).lower() == 'true' else 'not frozen'}, "
+            f"n = {r.n_pairs} pairs"
+        )
+        out.append(
+            f'<path class="edge {sign} kind-{_attr(kind)}" data-source="{_attr(r.source)}" '
+            f'data-target="{_attr(r.target)}" d="M{x0:.1f},{y0:.1f} Q{mx:.1f},{my:.1f} '
+            f'{x1:.1f},{y1:.1f}" stroke="{colour}" stroke-width="{max(w, 0.3):.2f}" '
+            f'stroke-opacity="0.8"'
+            + (f' stroke-dasharray="{dash}"' if dash else "")
+            + f' marker-end="url(#hs-arrow-{sign})"><title>{_attr(tip)}</title></path>'
+        )
+        if kind != LOGITS:
+            cx, cy = (x0 + 2 * mx + x1) / 4, (y0 + 2 * my + y1) / 4  # the curve's midpoint
+            out.append(
+                f'<text x="{cx:.1f}" y="{cy + 4:.1f}" text-anchor="middle" font-size="10" '
+                f'fill="{colour}">{_attr(kind)}</text>'
+            )
+    out.append("</g>")
+    out.append('<g class="nodes">')
+    for r in nodes.to_dict("records"):
+        name = _head(r["layer"], r["head"])
+        x, y = xy(name)
+        out.append(
+            f'<circle class="node" data-head="{_attr(name)}" cx="{x:.1f}" cy="{y:.1f}" r="8" '
+            f'fill="{class_colour(r["class"], names)}" stroke="#000" stroke-width="0.7">'
+            f"<title>{_attr(_node_title(r, r['class']))}</title></circle>"
+            f'<text x="{x:.1f}" y="{y - 11:.1f}" text-anchor="middle" font-size="10">'
+            f"{_attr(name)}</text>"
+        )
+    x, y = xy(LOGITS)
+    out.append(
+        f'<rect class="node logits" x="{x - 10:.1f}" y="{y - 10:.1f}" width="20" height="20" '
+        'fill="#ddd" stroke="#000" stroke-width="0.7"><title>the logits: the residual stream at '
+        "the last position read by the unembedding</title></rect>"
+        f'<text x="{x:.1f}" y="{y - 14:.1f}" text-anchor="middle">logits</text>'
+    )
+    if nodes.empty:
+        out.append(
+            f'<text x="{left + plot_w / 2:.1f}" y="{top_m + 20}" text-anchor="middle" '
+            'fill="#666">no head passed a class rule</text>'
+        )
+    out.append("</g>")
+    # the legend: every mark on the diagram
+    out.append('<g class="legend">')
+    ly = top_m
+    out.append(f'<text x="{legend_x}" y="{ly}" font-weight="bold">nodes (head class)</text>')
+    for cls in names:
+        ly += 18
+        out.append(
+            f'<circle cx="{legend_x + 6}" cy="{ly - 4}" r="6" '
+            f'fill="{class_colour(cls, names)}" stroke="#000" stroke-width="0.7"/>'
+            f'<text x="{legend_x + 18}" y="{ly}">{_attr(cls.replace("_", " "))}</text>'
+        )
+    ly += 26
+    out.append(f'<text x="{legend_x}" y="{ly}" font-weight="bold">edges (width ~ |effect|)</text>')
+    samples = [
+        (POSITIVE, "", 2.5, "effect &gt; 0 (carries the gap)"),
+        (NEGATIVE, "", 2.5, "effect &lt; 0 (works against it)"),
+    ]
+    kinds = [k for k in KINDS if len(edges) and k in set(edges["receiver_kind"].astype(str))]
+    samples += [("#444", KIND_DASH[k], 1.5, _attr(KIND_WHAT[k])) for k in kinds]
+    if len(edges):
+        samples += [("#444", "", MAX_WIDTH * f, f"|effect| = {f * top:.2f}") for f in (1.0, 0.5)]
+    for colour, dash, w, label in samples:
+        ly += 18
+        out.append(
+            f'<line x1="{legend_x}" y1="{ly - 4}" x2="{legend_x + 30}" y2="{ly - 4}" '
+            f'stroke="{colour}" stroke-width="{w:.2f}"'
+            + (f' stroke-dasharray="{dash}"' if dash else "")
+            + f'/><text x="{legend_x + 38}" y="{ly}">{label}</text>'
+        )
+    out.append("</g></svg>")
+    return "\n".join(out)
+
+
+def _receiver_rows(path: pd.DataFrame, receiver: str, direction: str | None) -> pd.DataFrame:
+    sub = path[(path["receiver"].astype(str) == receiver) & (path["estimator"] == "exact")]
+    if sub.empty:
+        raise ValueError(f"path.csv has no exact rows into {receiver!r}.")
+    return sub[sub["direction"].astype(str) == _direction(sub, direction)]
+
+
+def agreement_figure(
+    composition: pd.DataFrame,
+    path: pd.DataFrame,
+    agreement: pd.DataFrame,
+    receivers: Sequence[str] | None = None,
+    model: str = "",
+    direction: str | None = None,
+) -> Figure:
+    """One panel per receiver (a head's q, k or v input, as ``path.csv`` names it, e.g.
+    ``L9H1.k@END``; ``None``: every head receiver of ``agreement.csv``): x = each sender's
+    composition z of the receiver's kind, y = its exact path-patching effect into the receiver with
+    its interval, a line at z = 2; the title gives the Spearman rho (interval) and the top-k overlap
+    against chance from ``agreement.csv``."""
+    if receivers is None:
+        receivers = [r for r in dict.fromkeys(agreement["receiver"].astype(str)) if r != LOGITS]
+    receivers = list(receivers)
+    if not receivers:
+        raise ValueError("No receiver to draw: agreement.csv has no head receivers.")
+    n = len(receivers)
+    cols = min(n, 3)
+    rows = math.ceil(n / cols)
+    fig = Figure(figsize=(4.2 * cols, 3.6 * rows + 0.5), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    for ax, receiver in zip(axes, receivers, strict=False):
+        if receiver == LOGITS:
+            raise ValueError("The logits have no composition score; pick head receivers.")
+        sub = _receiver_rows(path, receiver, direction)
+        kind = str(sub["receiver_kind"].iloc[0])
+        layer, head = int(sub["receiver_layer"].iloc[0]), int(sub["receiver_head"].iloc[0])
+        comp = composition[
+            (composition["receiver_layer"] == layer)
+            & (composition["receiver_head"] == head)
+            & (composition["kind"].astype(str) == kind)
+        ]
+        both = sub.merge(comp[["sender", "z"]], on="sender", how="inner")
+        y = both["effect"].to_numpy(float)
+        lo = both["ci_low"].to_numpy(float)
+        hi = both["ci_high"].to_numpy(float)
+        err = np.vstack([np.nan_to_num(y - lo), np.nan_to_num(hi - y)])
+        ax.errorbar(
+            both["z"],
+            y,
+            yerr=err,
+            fmt="o",
+            ms=3.5,
+            color="#333333",
+            ecolor="#999999",
+            elinewidth=0.8,
+            capsize=1.5,
+            label="sender (bar: its interval)",
+        )
+        ax.axvline(2.0, color="#b2182b", ls="--", lw=0.9, label="z = 2")
+        zs = [2.0, *both["z"].astype(float).dropna()]
+        ax.set_xlim(min(zs) - 0.5, max(zs) + 0.5)
+        ax.axhline(0.0, color="#cccccc", lw=0.8, zorder=0)
+        strongest = both.reindex(both["effect"].abs().sort_values(ascending=False).index)[:3]
+        for r in strongest.itertuples():
+            ax.annotate(
+                str(r.sender),
+                (r.z, r.effect),
+                xytext=(3, 3),
+                textcoords="offset points",
+                fontsize=7,
+            )
+        ax.set_xlabel(f"{kind}-composition z against the random-weight null")
+        ax.set_ylabel(f"path effect into {receiver} (share of gap)", fontsize=8)
+        a = agreement[
+            (agreement["receiver"].astype(str) == receiver)
+            & (agreement["kind"].astype(str) == kind)
+        ]
+        if len(a):
+            a = a.iloc[0]
+            stats = (
+                f"Spearman rho {_num(a['spearman'], 2)} [{_num(a['spearman_ci_low'], 2)}, "
+                f"{_num(a['spearman_ci_high'], 2)}]\ntop-{int(a['top_k'])} overlap "
+                f"{_num(a['overlap'], 0)} (chance {_num(a['overlap_chance'], 2)}, "
+                f"p = {_num(a['p_overlap'], 3)}), {int(a['n_senders'])} senders"
+            )
+        else:
+            stats = "not in agreement.csv"
+        ax.set_title(f"{receiver}: {stats}", fontsize=8)
+        ax.legend(fontsize=7, loc="best")
+    task = str(path["task"].iloc[0]) if len(path) else "?"
+    fig.suptitle(
+        f"{model + ': ' if model else ''}{task}: composition (weights) against path patching "
+        f"(exact, n = {int(path['n_pairs'].iloc[0])} pairs)",
+        fontsize=10,
+    )
+    return fig
+
+
+def save_circuit_figures(
+    classes: pd.DataFrame,
+    path: pd.DataFrame,
+    composition: pd.DataFrame | None,
+    agreement: pd.DataFrame | None,
+    out: str | Path,
+    n_layers: int,
+    threshold: float = 0.05,
+    model: str = "",
+    formats: Sequence[str] | None = None,
+) -> list[str]:
+    """``circuit.png`` (the diagram) and, when the run has head receivers in ``agreement.csv``,
+    ``agreement.png``, each as png (the default) or as each of ``formats``; returns the names."""
+    out = Path(out)
+    names: list[str] = []
+
+    def save(fig, name: str) -> None:
+        save_figure(fig, out / name, formats=formats)
+        names.extend(p.name for p in figure_files(out / name, formats))
+
+    save(circuit_diagram(classes, path, n_layers, threshold, model=model), "circuit.png")
+    if composition is not None and agreement is not None and len(composition):
+        heads = [r for r in dict.fromkeys(agreement["receiver"].astype(str)) if r != LOGITS]
+        if heads:
+            save(
+                agreement_figure(composition, path, agreement, heads, model=model), "agreement.png"
+            )
+    return names
