@@ -39,7 +39,6 @@ implementation, ``tests/circuits/path_oracle.py``).
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -47,96 +46,20 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from headscope.circuits.receivers import (
+    STAGE,
+    Receiver,
+    ReceiverGroup,
+    check_kind,
+    members,
+)
 from headscope.effects.patching import Batch, position_masks
 from headscope.effects.readout import read_metric
 from headscope.effects.stages import Edit, attend, explicit_handler, head_slice
-from headscope.errors import HeadscopeError, did_you_mean
+from headscope.errors import HeadscopeError
 from headscope.models.attention import AttentionCall, StopForward
 
-#: What a receiver reads: the logits (the residual stream at the last position), or one head's
-#: query, key or value input.
-RECEIVER_KINDS = ("logits", "q", "k", "v")
-#: The attend() stage step (3) writes for each head kind (per query head: see the module docstring).
-STAGE = {"q": "q", "k": "k_head", "v": "v_head"}
 TOKENS_PER_FORWARD = 8192  # rows x positions per forward (the batch repeated once per job)
-_NAME = re.compile(r"^L(\d+)H(\d+)\.([a-z]+)(?:@(\S+))?$")
-
-
-@dataclass(frozen=True)
-class Receiver:
-    """Where a path ends: ``logits``, or head ``(layer, head)``'s ``q``/``k``/``v`` input at
-    ``position`` (``all``, a named position of the task such as IOI's ``END``, or a token index)."""
-
-    kind: str
-    layer: int = -1
-    head: int = -1
-    position: str = "all"
-
-    @property
-    def name(self) -> str:
-        if self.kind == "logits":
-            return "logits"
-        at = "" if self.position == "all" else f"@{self.position}"
-        return f"L{self.layer}H{self.head}.{self.kind}{at}"
-
-    @classmethod
-    def parse(cls, text: str) -> Receiver:
-        """``logits`` or ``L9H1.q``, ``L9H1.k@S2``: the names :attr:`name` writes."""
-        text = text.strip()
-        if text == "logits":
-            return cls("logits")
-        m = _NAME.match(text)
-        if not m:
-            raise HeadscopeError(
-                f"Cannot read receiver '{text}'; write logits or LAYERhHEAD.KIND[@POSITION], "
-                "e.g. L9H1.q@END (KIND: q, k or v)."
-            )
-        layer, head, kind, pos = int(m[1]), int(m[2]), m[3], m[4] or "all"
-        check_kind(kind)
-        return cls(kind, layer, head, pos)
-
-
-@dataclass(frozen=True)
-class ReceiverGroup:
-    """Several heads' inputs of one kind that step (3) writes together (Wang et al. patch the path
-    into every name mover's query at once): ``members`` are :class:`Receiver` s of one kind."""
-
-    members: tuple[Receiver, ...]
-    label: str = ""
-
-    def __post_init__(self) -> None:
-        kinds = {r.kind for r in self.members}
-        if not self.members or len(kinds) != 1 or "logits" in kinds:
-            raise HeadscopeError(
-                "A receiver group holds one or more heads' inputs of one kind (q, k or v), "
-                f"not {', '.join(r.name for r in self.members) or 'nothing'}."
-            )
-
-    @property
-    def kind(self) -> str:
-        return self.members[0].kind
-
-    @property
-    def layer(self) -> int:
-        """The lowest member's layer: a sender must lie below every member."""
-        return min(r.layer for r in self.members)
-
-    @property
-    def name(self) -> str:
-        return self.label or "+".join(r.name for r in self.members)
-
-
-def members(target: Receiver | ReceiverGroup) -> tuple[Receiver, ...]:
-    return target.members if isinstance(target, ReceiverGroup) else (target,)
-
-
-def check_kind(kind: str) -> str:
-    if kind not in RECEIVER_KINDS:
-        raise HeadscopeError(
-            f"Unknown receiver input '{kind}'.{did_you_mean(kind, RECEIVER_KINDS)} "
-            f"Use one of {', '.join(RECEIVER_KINDS)}."
-        )
-    return kind
 
 
 def check_paths(
