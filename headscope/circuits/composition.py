@@ -394,7 +394,13 @@ def _pairs(pairs, n_layers: int, n_heads: int) -> list[tuple[int, int, int, int]
         ls, hs = _head(s, n_layers, n_heads)
         lr, hr = _head(r, n_layers, n_heads)
         if lr <= ls:
-            ok = f"layers {ls + 1}-{n_layers - 1}" if ls + 1 < n_layers else "none (last layer)"
+            ok = (
+                "none: the sender is in the last layer"
+                if ls + 1 == n_layers
+                else f"layer {ls + 1}"
+                if ls + 2 == n_layers
+                else f"layers {ls + 1}-{n_layers - 1}"
+            )
             raise HeadscopeError(
                 f"Receiver L{lr}H{hr} is not after sender L{ls}H{hs}; a receiver must sit in a "
                 f"later layer than its sender (here: {ok})."
