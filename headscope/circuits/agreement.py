@@ -33,6 +33,7 @@ from headscope.errors import HeadscopeError
 LEVEL = 0.95
 N_BOOT = 2000
 N_PERM = 2000
+TOP_K = 5  # the default k, capped at the number of senders
 
 
 def average_ranks(x: np.ndarray) -> np.ndarray:
@@ -84,7 +85,7 @@ def _values(x, name: str) -> pd.Series:
 def rank_agreement(
     a,
     b,
-    k: int = 5,
+    k: int | None = None,
     n_boot: int = N_BOOT,
     n_perm: int = N_PERM,
     seed: int = 0,
@@ -94,6 +95,7 @@ def rank_agreement(
 
     ``a``, ``b``: arrays of the same length (sender ``i`` at place ``i`` in both), or pandas
     Series over the same senders (aligned by index, in ``a``'s order). NaN scores are refused.
+    ``k`` None: 5, or every sender when there are fewer.
     Returns ``n, rho, rho_low, rho_high, rho_p, k, overlap, overlap_share, overlap_chance,
     overlap_p, top_a, top_b`` (``top_*``: the top-k senders, labels where Series were given).
     """
@@ -112,6 +114,8 @@ def rank_agreement(
     n = len(a)
     if n < 2:
         raise HeadscopeError(f"Two rankings need at least 2 senders to agree or not, got {n}.")
+    if k is None:
+        k = min(TOP_K, n)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n:
         raise HeadscopeError(f"k (the top-k overlap) must be an integer in 1-{n}, got {k!r}.")
     if not 0 < level < 1:
@@ -161,7 +165,7 @@ def agreement_table(
     sender: str = "sender",
     a_col: str | None = None,
     b_col: str | None = None,
-    k: int = 5,
+    k: int | None = None,
     n_boot: int = N_BOOT,
     n_perm: int = N_PERM,
     seed: int = 0,
