@@ -10,4 +10,8 @@
   a token of an ordinal set to its successor?
 * :mod:`headscope.circuits.copy_suppression`: copy suppression (McDougall et al. 2023): does the OV
   circuit lower the logit of the token it attends to (the mirror of ``copying``)?
+* :mod:`headscope.circuits.composition`: Q-, K- and V-composition of an earlier head into a later
+  one from the weights (Elhage et al. 2021), with a null of random senders.
+* :mod:`headscope.circuits.agreement`: do two rankings of a receiver's senders agree (Spearman,
+  top-k overlap against chance)?
 """
