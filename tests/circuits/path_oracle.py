@@ -166,8 +166,10 @@ class ReceiverAttention:
             if gpt2:
                 q, k, v = mod.c_attn(hidden_states).split(mod.split_size, dim=2)
             else:
-                q, k, v = mod.q_proj(hidden_states), mod.k_proj(hidden_states), mod.v_proj(
-                    hidden_states
+                q, k, v = (
+                    mod.q_proj(hidden_states),
+                    mod.k_proj(hidden_states),
+                    mod.v_proj(hidden_states),
                 )
             q, k, v = (t.view(b, n, -1, d).transpose(1, 2) for t in (q, k, v))  # [b, h, pos, d]
             if getattr(mod, "q_norm", None) is not None:
@@ -300,9 +302,7 @@ def frozen_run(
         )
         if freeze_mlps:
             handles.append(
-                mlp(hf, i).register_forward_hook(
-                    lambda mod, a, o, i=i: m_base[i][None].to(o.dtype)
-                )
+                mlp(hf, i).register_forward_hook(lambda mod, a, o, i=i: m_base[i][None].to(o.dtype))
             )
     layers = [] if receiver[0] == "logits" else [receiver[1]]
     with _eager(hf), _hooks(handles), ReceiverAttention(hf, layers) as hand:

@@ -113,7 +113,15 @@ def test_a_sender_patched_with_its_own_activation_gives_the_base_metric(
             for receiver in _receivers(model, ls):
                 for freeze in (False, True):
                     got = po.path_patched_metric(
-                        model.hf, model.n_heads, base, base, (ls, 1), receiver, metric, a, w,
+                        model.hf,
+                        model.n_heads,
+                        base,
+                        base,
+                        (ls, 1),
+                        receiver,
+                        metric,
+                        a,
+                        w,
                         freeze_mlps=freeze,
                     )
                     _close(got, want, 1e-6)
@@ -125,8 +133,18 @@ def test_a_self_patch_is_exact_in_float64(tiny_gqa_llama64):
     want = zo.plain_metric(model.hf, base, "logit_diff", a, w)
     for receiver in _receivers(model, 0):
         got = po.path_patched_metric(
-            model.hf, model.n_heads, base, base, (0, 2), receiver, "logit_diff", a, w,
-            freeze_mlps=True, sender_positions=[2, 7], receiver_positions=[0, 5, 10],
+            model.hf,
+            model.n_heads,
+            base,
+            base,
+            (0, 2),
+            receiver,
+            "logit_diff",
+            a,
+            w,
+            freeze_mlps=True,
+            sender_positions=[2, 7],
+            receiver_positions=[0, 5, 10],
         )
         _close(got, want, 1e-9)
 
@@ -145,12 +163,28 @@ def test_logits_receiver_from_the_last_layer_is_a_plain_head_patch(
             for positions in (None, [n - 1], [3, n - 1]):
                 for metric in METRICS:
                     got = po.path_patched_metric(
-                        model.hf, model.n_heads, base, source, (ls, hs), ("logits",), metric,
-                        a, w, sender_positions=positions,
+                        model.hf,
+                        model.n_heads,
+                        base,
+                        source,
+                        (ls, hs),
+                        ("logits",),
+                        metric,
+                        a,
+                        w,
+                        sender_positions=positions,
                     )
                     want = zo.z_patched_metric(
-                        model.hf, model.n_heads, base, source, ls, hs,
-                        range(n) if positions is None else positions, metric, a, w,
+                        model.hf,
+                        model.n_heads,
+                        base,
+                        source,
+                        ls,
+                        hs,
+                        range(n) if positions is None else positions,
+                        metric,
+                        a,
+                        w,
                     )
                     _close(got, want, 1e-6)
         # and the patch is not a no-op here (the sender's source output differs at the end)
@@ -228,8 +262,17 @@ def test_frozen_mlps_leave_only_the_direct_path_to_the_logits(
             for hs in (0, n_heads - 1):
                 for positions in (None, [3, n - 1], [3, 7]):
                     got = po.path_patched_metric(
-                        hf, n_heads, base, source, (ls, hs), ("logits",), "logit_diff", a, w,
-                        freeze_mlps=True, sender_positions=positions,
+                        hf,
+                        n_heads,
+                        base,
+                        source,
+                        (ls, hs),
+                        ("logits",),
+                        "logit_diff",
+                        a,
+                        w,
+                        freeze_mlps=True,
+                        sender_positions=positions,
                     )
                     want = _direct_path_logit_diff(
                         hf, n_heads, base, source, ls, hs, a, w, positions, identity_norm
@@ -257,7 +300,15 @@ def test_receiver_kinds_give_different_values(tiny_gqa_llama):
     for freeze in (False, True):
         got = {
             kind: po.path_patched_metric(
-                model.hf, 4, base, source, (0, 1), (kind, 2, 3), "logit_diff", a, w,
+                model.hf,
+                4,
+                base,
+                source,
+                (0, 1),
+                (kind, 2, 3),
+                "logit_diff",
+                a,
+                w,
                 freeze_mlps=freeze,
             )
             for kind in po.KINDS
@@ -279,12 +330,29 @@ def test_a_sender_cannot_reach_earlier_positions(tiny_gqa_llama, tiny_gemma3):
         for kind in po.KINDS:
             receiver = (kind, model.n_layers - 1, 2)
             early = po.path_patched_metric(
-                model.hf, model.n_heads, base, source, (0, 0), receiver, "logit_diff", a, w,
-                sender_positions=[n - 1], receiver_positions=list(range(n - 1)),
+                model.hf,
+                model.n_heads,
+                base,
+                source,
+                (0, 0),
+                receiver,
+                "logit_diff",
+                a,
+                w,
+                sender_positions=[n - 1],
+                receiver_positions=list(range(n - 1)),
             )
             _close(early, want, 1e-6)
             full = po.path_patched_metric(
-                model.hf, model.n_heads, base, source, (0, 0), receiver, "logit_diff", a, w,
+                model.hf,
+                model.n_heads,
+                base,
+                source,
+                (0, 0),
+                receiver,
+                "logit_diff",
+                a,
+                w,
                 sender_positions=[n - 1],
             )
             moved += abs(full - want) > 1e-6
@@ -302,7 +370,7 @@ def test_only_the_receiver_head_sees_the_new_key_or_value(tiny_gqa_llama):
         _, new = po.frozen_run(hf, 4, base, source, (0, 1), receiver)
         kept = {}
         h = po.out_proj(hf, 2).register_forward_pre_hook(
-            lambda m, args: kept.__setitem__("z", args[0][0].clone())
+            lambda m, args, kept=kept: kept.__setitem__("z", args[0][0].clone())
         )
         try:
             po.receiver_patched_logits(hf, base, receiver, new)
@@ -330,7 +398,7 @@ def test_step_two_receiver_input_is_the_closed_form(tiny_gqa_llama64):
     for ls, hs, lr, hr in [(0, 1, 1, 3), (0, 2, 2, 0), (1, 3, 2, 1)]:
         kept = {}
 
-        def grab(m, args, kwargs):
+        def grab(m, args, kwargs, kept=kept):
             kept["r"] = (args[0] if args else kwargs["hidden_states"])[0]
             kept["pe"] = kwargs["position_embeddings"]
 
@@ -362,7 +430,7 @@ def _projection_path_patch(model, base, source, sender, receiver, a, w, position
     attention: q_norm, rotary (and for GPT-2 nothing) act per head and per position, so replacing
     the projection's output rows of one head is replacing that head's q (k, v: only without
     grouped-query attention). HF eager attention throughout."""
-    hf, n_heads = model.hf, model.n_heads
+    hf = model.hf
     kind, lr, hr = receiver
     ls, hs = sender
     z_base, _, _ = po.record_run(hf, base, False)
@@ -396,9 +464,7 @@ def _projection_path_patch(model, base, source, sender, receiver, a, w, position
         return po.metric_value(po._last_logits(hf, base), "logit_diff", a, w)
 
 
-def test_hand_attention_agrees_with_patching_the_projections(
-    gpt2, tiny_gqa_llama, tiny_gemma3
-):
+def test_hand_attention_agrees_with_patching_the_projections(gpt2, tiny_gqa_llama, tiny_gemma3):
     cases = [
         (gpt2, ["q", "k", "v"]),
         (tiny_gqa_llama, ["q"]),  # k/v: the projection is the KV head, shared by a group
@@ -413,7 +479,15 @@ def test_hand_attention_agrees_with_patching_the_projections(
                     model, base, source, (0, 2), receiver, a, w, positions
                 )
                 got = po.path_patched_metric(
-                    model.hf, model.n_heads, base, source, (0, 2), receiver, "logit_diff", a, w,
+                    model.hf,
+                    model.n_heads,
+                    base,
+                    source,
+                    (0, 2),
+                    receiver,
+                    "logit_diff",
+                    a,
+                    w,
                     receiver_positions=positions,
                 )
                 _close(got, want, 1e-5)
@@ -431,8 +505,9 @@ def test_bad_arguments_are_refused(tiny_gqa_llama):
     ]
     for kw in bad:
         with pytest.raises(ValueError):
-            po.path_patched_metric(hf, 4, base, source, metric="logit_diff", answer=a,
-                                   wrong=w, **kw)
+            po.path_patched_metric(
+                hf, 4, base, source, metric="logit_diff", answer=a, wrong=w, **kw
+            )
     with pytest.raises(ValueError):
         po.path_patched_metric(hf, 4, base, source[:-1], (0, 0), ("logits",), "prob", a, w)
 
@@ -469,9 +544,7 @@ def test_on_smollm2(smollm2):
         )
         _close(got, plain, 1e-6)
     for hs in (0, 4):
-        got = po.path_patched_metric(
-            hf, 9, base, source, (29, hs), ("logits",), "logit_diff", a, w
-        )
+        got = po.path_patched_metric(hf, 9, base, source, (29, hs), ("logits",), "logit_diff", a, w)
         want = zo.z_patched_metric(hf, 9, base, source, 29, hs, range(n), "logit_diff", a, w)
         _close(got, want, 1e-6)
     for ls, hs in [(10, 7), (25, 2)]:
@@ -481,8 +554,9 @@ def test_on_smollm2(smollm2):
         want = _direct_path_logit_diff(hf, 9, base, source, ls, hs, a, w, None, False)
         _close(got, want, 1e-4)  # float32 model against the float64 closed form
     values = {
-        kind: po.path_patched_metric(hf, 9, base, source, (10, 7), (kind, 20, 4), "logit_diff",
-                                     a, w)
+        kind: po.path_patched_metric(
+            hf, 9, base, source, (10, 7), (kind, 20, 4), "logit_diff", a, w
+        )
         for kind in po.KINDS
     }
     assert len({round(v, 6) for v in values.values()}) == 3, values
