@@ -70,6 +70,16 @@ def _receivers(model, ls):
     return out
 
 
+def test_the_oracle_imports_nothing_from_headscope():
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(po.__file__).read_text())
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert names and not [m for m in names if m.split(".")[0] in ("headscope", "tests")], names
+
+
 # ------------------------------------------------------------------- the hand-written attention
 
 
@@ -359,29 +369,30 @@ def test_a_sender_cannot_reach_earlier_positions(tiny_gqa_llama, tiny_gemma3):
         assert moved == 3
 
 
-def test_only_the_receiver_head_sees_the_new_key_or_value(tiny_gqa_llama):
-    """Grouped-query attention (heads 2 and 3 share KV head 1): a k or v receiver changes head 3's
-    output at its layer, and its group partner's (head 2) not at all."""
-    hf = tiny_gqa_llama.hf
-    base, source, _, _ = _pair(tiny_gqa_llama, changed=(1, 2, 3, 4, 5))
-    z_base, _, _ = po.record_run(hf, base, False)
-    for kind in ("k", "v"):
-        receiver = (kind, 2, 3)
-        _, new = po.frozen_run(hf, 4, base, source, (0, 1), receiver)
-        kept = {}
-        h = po.out_proj(hf, 2).register_forward_pre_hook(
-            lambda m, args, kept=kept: kept.__setitem__("z", args[0][0].clone())
-        )
-        try:
-            po.receiver_patched_logits(hf, base, receiver, new)
-        finally:
-            h.remove()
-        d = 8
-        for head in range(4):
-            same = torch.equal(
-                kept["z"][:, head * d : (head + 1) * d], z_base[2][:, head * d : (head + 1) * d]
+def test_only_the_receiver_head_sees_the_new_key_or_value(tiny_gqa_llama, tiny_gemma3):
+    """Grouped-query attention (Llama: heads 2 and 3 share KV head 1; Gemma: all 4 heads share
+    one): a k or v receiver changes head 3's output at its layer, its group partners' not at all."""
+    for model in (tiny_gqa_llama, tiny_gemma3):
+        hf, lr = model.hf, model.n_layers - 1
+        base, source, _, _ = _pair(model, changed=(1, 2, 3, 4, 5))
+        z_base, _, _ = po.record_run(hf, base, False)
+        d = po.attention(hf, lr).head_dim
+        group = range(4) if model is tiny_gemma3 else range(2, 4)
+        for kind in ("k", "v"):
+            receiver = (kind, lr, 3)
+            _, new = po.frozen_run(hf, 4, base, source, (0, 1), receiver)
+            kept = {}
+            h = po.out_proj(hf, lr).register_forward_pre_hook(
+                lambda m, args, kept=kept: kept.__setitem__("z", args[0][0].clone())
             )
-            assert same == (head != 3), (kind, head)
+            try:
+                po.receiver_patched_logits(hf, base, receiver, new)
+            finally:
+                h.remove()
+            for head in group:
+                cols = slice(head * d, (head + 1) * d)
+                same = torch.equal(kept["z"][:, cols], z_base[lr][:, cols])
+                assert same == (head != 3), (type(hf).__name__, kind, head)
 
 
 def test_step_two_receiver_input_is_the_closed_form(tiny_gqa_llama64):
@@ -557,6 +568,35 @@ def test_on_smollm2(smollm2):
         kind: po.path_patched_metric(
             hf, 9, base, source, (10, 7), (kind, 20, 4), "logit_diff", a, w
         )
+        for kind in po.KINDS
+    }
+    assert len({round(v, 6) for v in values.values()}) == 3, values
+
+
+@pytest.mark.real
+def test_on_gemma3(gemma3):
+    """18 layers x 4 heads on 1 KV head, q_norm / k_norm, local and global rotary: the hand
+    attention reproduces the model; self patch = base; last-layer sender = plain head patch; the
+    three receiver kinds differ."""
+    model = gemma3
+    hf = model.hf
+    base, source, a, w = _ioi(model)
+    n = len(base)
+    with po._eager(hf):
+        want = po._last_logits(hf, base)
+    torch.testing.assert_close(po.hand_logits(hf, base), want, rtol=1e-5, atol=1e-5)
+    plain = zo.plain_metric(hf, base, "logit_diff", a, w)
+    for receiver in [("logits",), ("q", 16, 1), ("k", 16, 2), ("v", 11, 3)]:
+        got = po.path_patched_metric(
+            hf, 4, base, base, (6, 0), receiver, "logit_diff", a, w, freeze_mlps=True
+        )
+        _close(got, plain, 1e-6)
+    for hs in (0, 3):
+        got = po.path_patched_metric(hf, 4, base, source, (17, hs), ("logits",), "logit_diff", a, w)
+        want = zo.z_patched_metric(hf, 4, base, source, 17, hs, range(n), "logit_diff", a, w)
+        _close(got, want, 1e-6)
+    values = {
+        kind: po.path_patched_metric(hf, 4, base, source, (6, 1), (kind, 12, 1), "logit_diff", a, w)
         for kind in po.KINDS
     }
     assert len({round(v, 6) for v in values.values()}) == 3, values
