@@ -118,7 +118,7 @@ def _hooks(handles):
 
 def _last_logits(hf, ids) -> torch.Tensor:
     with torch.no_grad():
-        return hf(input_ids=torch.tensor([list(ids)]), use_cache=False).logits[0, -1]
+        return hf(input_ids=torch.tensor([[int(t) for t in ids]]), use_cache=False).logits[0, -1]
 
 
 # ------------------------------------------------------------------ the hand-written attention
@@ -271,7 +271,7 @@ def frozen_run(
 ):
     """Steps 1 and 2: ``(last logits of step 2, receiver input of step 2 or None)``; the receiver
     input is ``[pos, d]``: head hr's q, or the k / v of the KV head hr reads."""
-    base_ids, source_ids = list(base_ids), list(source_ids)
+    base_ids, source_ids = [int(t) for t in base_ids], [int(t) for t in source_ids]
     if len(base_ids) != len(source_ids):
         raise ValueError(f"prompts of {len(base_ids)} and {len(source_ids)} tokens: same length")
     n = len(base_ids)
