@@ -28,6 +28,7 @@ COMMANDS = {
     "sweep": "headscope.cli.sweep:sweep",
     "census": "headscope.cli.census:census",
     "patch": "headscope.cli.patch:patch",
+    "circuit": "headscope.cli.circuit:circuit",
     "models": "headscope.cli.models:models",
     "metrics": "headscope.cli.metrics:metrics",
     "engines": "headscope.cli.engines:engines",

@@ -54,10 +54,12 @@ RUN_FILES = (
 # the strongest heads' patterns on one example per probe (headscope.scanner.examples)
 VIEWS = "views.npz"
 PATCH_RUN_FORMAT = "headscope-patching/1"  # a run of `headscope patch` (headscope.apps.patch)
+CIRCUIT_RUN_FORMAT = "headscope-circuit/1"  # a run of `headscope circuit` (headscope.apps.circuit)
 #: Per kind of run directory (its ``run_format``): its main table and what messages call it.
 RUN_KINDS = {
     RUN_FORMAT: ("scores.csv", "run directory"),
     PATCH_RUN_FORMAT: ("patching.csv", "patching run"),
+    CIRCUIT_RUN_FORMAT: ("path.csv", "circuit run"),
 }
 
 

@@ -1,0 +1,344 @@
+"""The run directory of ``headscope circuit``: written whole, read back, and the command's whole job
+(:func:`circuit_to_dir`: every check before the model loads, nothing written unless the run
+succeeds).
+
+    OUT/
+      path.csv          a row per (sender, receiver, estimator): effect, interval, delta
+                        (:data:`headscope.circuits.path_table.PATH_COLUMNS`)
+      composition.csv   Q/K/V composition of every head pair with its null (z, percentile)
+      agreement.csv     per single head receiver: Spearman rho of composition z against |path
+                        effect|, the top-k overlap and its chance level
+      classes.csv       IOI: every head's evidence, its class and the rule it passed
+      evidence.csv      IOI: the scan scores the classes read (measured or given)
+      baseline.csv      clean and corrupt metric with intervals; share correct
+      tokens.jsonl      one line per pair: clean and corrupt ids, answer and wrong, positions
+      metadata.json     model, source, weights sha256, task, settings, seed, versions, timings,
+                        the cost in forwards, the files
+      circuit.png       the diagram (heads with a class as nodes, path effects as edges)
+      agreement.png     composition z against path effect, a panel per receiver
+      report.html       the page (:mod:`headscope.report.circuit_page`), from the files above
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from headscope.apps.circuit import CircuitResult
+from headscope.apps.circuit_settings import CircuitConfig, configure
+from headscope.errors import HeadscopeError, listening, setting
+from headscope.files import optional
+from headscope.result import FLOAT_FORMAT
+
+REPORT = "report.html"
+
+
+def save_circuit(
+    result: CircuitResult,
+    out: str | Path,
+    *,
+    force: bool = False,
+    figures: bool = True,
+    say: Callable[[str], None] | None = None,
+    started: float | None = None,
+    figure_formats: Sequence[str] | None = None,
+) -> Path:
+    """Write ``result`` to the run directory ``out`` (module docstring), published whole; an
+    existing ``out`` is replaced only with ``force`` and only when it is a circuit run (or
+    empty)."""
+    from headscope.files import publish_dir
+    from headscope.rundir.signals import Interrupted, held, interruptible, released
+    from headscope.rundir.store import CIRCUIT_RUN_FORMAT, check_out_dir
+
+    out = check_out_dir(out, force, CIRCUIT_RUN_FORMAT)
+    t0 = time.perf_counter()
+    saved: dict = {}
+
+    def build(tmp: Path) -> None:
+        with released():
+            saved.update(_write(result, tmp, figures, say, t0, started, figure_formats))
+
+    published = False
+    try:
+        with interruptible(), held():
+            publish_dir(
+                out,
+                build,
+                replace=force and (out.exists() or out.is_symlink()),
+                before_replace=lambda: check_out_dir(out, True, CIRCUIT_RUN_FORMAT),
+            )
+            published = True
+    except Interrupted as exc:
+        if published:
+            exc.written = out
+        raise
+    result.metadata = saved
+    return out
+
+
+def _csv(table, path: Path) -> None:
+    table.to_csv(path, index=False, float_format=FLOAT_FORMAT, na_rep="NaN")
+
+
+def _write(result, tmp: Path, figures, say, t0, started, figure_formats) -> dict:
+    from headscope.rundir.store import CIRCUIT_RUN_FORMAT
+
+    _csv(result.path, tmp / "path.csv")
+    _csv(result.baseline, tmp / "baseline.csv")
+    for name in ("composition", "agreement", "classes"):
+        table = getattr(result, name)
+        if table is not None and len(table.columns):
+            _csv(table, tmp / f"{name}.csv")
+    evidence = result.per_pair.get("evidence")
+    if evidence is not None:
+        _csv(evidence, tmp / "evidence.csv")
+    tt = result.tokens
+    with (tmp / "tokens.jsonl").open("w") as f:
+        for i in range(len(tt)):
+            rec = {
+                "index": i,
+                "clean": [int(t) for t in tt.clean[i]],
+                "corrupt": [int(t) for t in tt.corrupt[i]],
+                "answer": int(tt.answer[i]),
+                "wrong": int(tt.wrong[i]),
+                "positions": {k: int(v[i]) for k, v in tt.positions.items()},
+            }
+            if tt.info:
+                rec["info"] = tt.info[i]
+            f.write(json.dumps(rec) + "\n")
+    meta = {
+        k: v
+        for k, v in result.metadata.items()
+        if k not in ("figures_skipped", "report_skipped", "files")
+    }
+    base = result.baseline.set_index("prompt")
+    meta.update(
+        run_format=CIRCUIT_RUN_FORMAT,
+        run_kind="circuit",
+        baseline={p: base.loc[p].drop("task").to_dict() for p in base.index},
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )
+    meta["settings"] = dict(meta.get("settings", {}))
+    meta["timings"] = dict(meta.get("timings", {}), write_s=round(time.perf_counter() - t0, 3))
+    if started is not None:
+        meta["timings"]["total_s"] = round(time.perf_counter() - started, 3)
+
+    def record() -> None:
+        meta["files"] = sorted(
+            {p.name for p in tmp.iterdir() if not p.name.startswith(".")} | {"metadata.json"}
+        )
+        (tmp / "metadata.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+
+    record()  # the tables and their record are complete before any figure is drawn
+    if figures:
+        optional(
+            "the figures",
+            lambda: _figures(result, tmp, figure_formats),
+            meta,
+            "figures_skipped",
+            say,
+        )
+    optional(REPORT, lambda: _page(tmp, figures), meta, "report_skipped", say)
+    record()
+    return meta
+
+
+def _figures(result: CircuitResult, tmp: Path, formats) -> None:
+    import pandas as pd
+
+    from headscope.report.circuit_figures import save_circuit_figures
+
+    classes = (
+        result.classes
+        if result.classes is not None
+        else pd.DataFrame(columns=["head_name", "layer", "head", "class", "rule"])
+    )
+    save_circuit_figures(
+        classes,
+        result.path,
+        result.composition,
+        result.agreement,
+        tmp,
+        result.metadata.get("n_layers", 0),
+        threshold=result.metadata.get("settings", {}).get("edge_threshold", 0.05),
+        model=result.model,
+        formats=formats,
+    )
+
+
+def _page(run_dir: Path, figures: bool) -> None:
+    from headscope.report.circuit_page import write_circuit_page
+
+    write_circuit_page(run_dir, figures=figures)
+
+
+def load_circuit(path: str | Path) -> CircuitResult:
+    """Read a circuit run directory back (tables, tokens, metadata; no per-pair values)."""
+    import pandas as pd
+
+    from headscope.probes.tasks import TokenizedTask
+    from headscope.rundir.store import CIRCUIT_RUN_FORMAT, read_metadata
+
+    path = Path(path)
+    meta = read_metadata(path)
+    if (
+        meta is None
+        or meta.get("run_format") != CIRCUIT_RUN_FORMAT
+        or not (path / "path.csv").is_file()
+    ):
+        raise HeadscopeError(
+            f"'{path}' is not a headscope circuit run (no path.csv with its metadata.json); give "
+            "a folder written by `headscope circuit`."
+        )
+
+    def read(name: str, str_cols=()):
+        if not (path / name).is_file():
+            return None
+        return pd.read_csv(
+            path / name,
+            keep_default_na=False,
+            na_values=["NaN", "nan", ""],
+            dtype={c: str for c in str_cols},
+        )
+
+    clean, corrupt, answer, wrong, positions, info = [], [], [], [], {}, []
+    for line in (path / "tokens.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        clean.append(rec["clean"])
+        corrupt.append(rec["corrupt"])
+        answer.append(rec["answer"])
+        wrong.append(rec["wrong"])
+        info.append(rec.get("info", {}))
+        for k, v in rec["positions"].items():
+            positions.setdefault(k, []).append(v)
+    tokens = TokenizedTask(
+        meta.get("task", ""), clean, corrupt, answer, wrong, positions, meta.get("metric"), info
+    )
+    classes = read("classes.csv", ("class", "rule"))
+    if classes is not None:
+        classes[["class", "rule"]] = classes[["class", "rule"]].fillna("")
+    return CircuitResult(
+        meta.get("task", ""),
+        meta.get("model", ""),
+        meta.get("metric", ""),
+        read("path.csv", ("receiver_position",)),
+        read("baseline.csv", ("prompt",)),
+        read("composition.csv"),
+        read("agreement.csv", ("top_composition", "top_path")),
+        classes,
+        tokens,
+        meta,
+        {"evidence": read("evidence.csv")},
+    )
+
+
+def circuit_to_dir(
+    model_name,
+    task,
+    out: str | Path,
+    config: CircuitConfig | None = None,
+    *,
+    scan: str | Path | None = None,
+    tokenizer=None,
+    force: bool = False,
+    figures: bool = True,
+    say: Callable[[str], None] | None = None,
+    figure_formats: Sequence[str] | None = None,
+    **settings,
+) -> CircuitResult:
+    """``headscope circuit``: check everything, load ``model_name``, run, save the run to ``out``.
+
+    Refused with one line before the model loads: a setting, the task file or kit, ``--scan``, an
+    ``out`` that may not be written, the model name. Refused before any forward pass: an encoder,
+    a task whose pairs fail their own checks (an answer that is not one token, pairs of different
+    lengths), a receiver or sender outside the model or a sender not below its receiver, a scan of
+    another model. Nothing is written unless the run succeeds.
+    """
+    import os
+
+    from headscope.apps.circuit import circuit, tokenized
+    from headscope.apps.patch import _threads, check_model, check_same_model, scan_scores
+    from headscope.circuits.evidence import scores_evidence
+    from headscope.circuits.path_patching import check_paths
+    from headscope.circuits.receivers import Receiver, parse_head
+    from headscope.models.loading import load_model
+    from headscope.models.sources import resolve
+    from headscope.probes.kits import check_task
+    from headscope.rundir.store import CIRCUIT_RUN_FORMAT, check_out_dir
+
+    t_start = time.perf_counter()
+    config = configure(config, settings)
+    say = say or (lambda _m: None)
+    out = Path(out)
+    with listening(say):
+        check_out_dir(out, force, CIRCUIT_RUN_FORMAT)
+        checked = check_task(task)
+        if not isinstance(checked, str) and config.templates:
+            raise HeadscopeError(
+                f"{setting('templates')} choose a kit's templates; '{task}' is a file of pairs."
+            )
+        pattern, scan_meta = scan_scores(scan) if scan is not None else (None, None)
+        if isinstance(model_name, (str, os.PathLike)):
+            resolve(str(model_name))  # a typo is answered before any loading
+        with contextlib.ExitStack() as stack:
+            if config.threads is not None:
+                stack.enter_context(_threads(config.threads))
+            t0 = time.perf_counter()
+            model = load_model(
+                model_name, tokenizer, device=config.device, dtype=config.dtype, progress=say
+            )
+            t_load = time.perf_counter() - t0
+            check_model(model)
+            if scan_meta is not None:
+                check_same_model(model, scan_meta, scan)
+            tt, _ = tokenized(model, checked, config)  # the task's own checks, before any forward
+            receivers = [Receiver.parse(r) for r in config.receivers]
+            senders = [parse_head(s) for s in config.senders]
+            if receivers:  # heads, kinds, sender order and positions, before any forward
+                from headscope.effects.patching import make_batches, position_masks
+
+                batch = make_batches(tt, len(tt), model.pad_id)[0]
+                for r in receivers:
+                    if senders:
+                        check_paths(model, senders, [r])
+                    elif r.kind != "logits" and r.layer == 0:
+                        _no_sender(r)
+                    else:
+                        check_paths(model, [(0, 0)], [r])
+                    if r.kind != "logits":
+                        position_masks(batch, r.position)
+            elif senders:
+                check_paths(model, senders, [Receiver("logits")])
+            say(
+                f"circuit: {model.n_layers} layers x {model.n_heads} heads of {model.name} on "
+                f"{model.device}"
+            )
+            evidence = scores_evidence(pattern) if pattern is not None else None
+            result = circuit(model, tt, config, evidence=evidence, say=say)
+            result.metadata["timings"] = {"load_s": round(t_load, 3), **result.metadata["timings"]}
+            if scan_meta is not None:
+                result.metadata["scan"] = {
+                    "run_dir": str(Path(scan).resolve()),
+                    "model": scan_meta.get("model"),
+                    "metrics": sorted(pattern["metric"].unique()),
+                }
+            save_circuit(
+                result,
+                out,
+                force=force,
+                figures=figures,
+                say=say,
+                started=t_start,
+                figure_formats=figure_formats,
+            )
+    return result
+
+
+def _no_sender(r) -> None:
+    raise HeadscopeError(
+        f"Receiver {r.name} is in layer 0: no head lies below it; name a receiver in layer 1 or "
+        "above."
+    )
