@@ -82,36 +82,35 @@ def _compare(
     ]
     worst, moved = 0.0, 0.0
     for direction, freeze in combos:
-        if True:
-            got = path_patching(
-                model,
-                batches,
-                len(tt),
-                tt.metric,
-                paths,
-                direction,
-                freeze,
-                sender_position=sender_position,
-            )
-            base = {"noising": tt.clean, "denoising": tt.corrupt}[direction]
-            for s, r in paths:
-                for i in range(len(tt)):
-                    want = _oracle(model, tt, i, direction, s, r, freeze, sender_position)
-                    err = abs(float(got[(s, r)][i]) - want) / max(1.0, abs(want))
-                    worst = max(worst, err)
-                    assert err <= TOL, (model.name, direction, freeze, s, r.name, i, err)
-                    plain = po.path_patched_metric(
-                        model.hf,
-                        model.n_heads,
-                        base[i],
-                        base[i],
-                        s,
-                        ("logits",),
-                        tt.metric,
-                        tt.answer[i],
-                        tt.wrong[i],
-                    )
-                    moved = max(moved, abs(want - plain))
+        got = path_patching(
+            model,
+            batches,
+            len(tt),
+            tt.metric,
+            paths,
+            direction,
+            freeze,
+            sender_position=sender_position,
+        )
+        base = {"noising": tt.clean, "denoising": tt.corrupt}[direction]
+        for s, r in paths:
+            for i in range(len(tt)):
+                want = _oracle(model, tt, i, direction, s, r, freeze, sender_position)
+                err = abs(float(got[(s, r)][i]) - want) / max(1.0, abs(want))
+                worst = max(worst, err)
+                assert err <= TOL, (model.name, direction, freeze, s, r.name, i, err)
+                plain = po.path_patched_metric(
+                    model.hf,
+                    model.n_heads,
+                    base[i],
+                    base[i],
+                    s,
+                    ("logits",),
+                    tt.metric,
+                    tt.answer[i],
+                    tt.wrong[i],
+                )
+                moved = max(moved, abs(want - plain))
     assert moved > 1e-3, (model.name, moved)  # the patches move the metric
     return worst
 
