@@ -27,12 +27,12 @@ docstring lists its modules::
     probes/        the inputs as token ids: pairs, repeat, long prose, needles, default probes
     engines/       how attention is read: fused, blocked, hooks (a registry); the kernel; extraction
     effects/       causal effects: exact ablation, attribution patching, counterfactual patching
-    circuits/      copying through the OV circuit, value-weighted sinks
+    circuits/      weights-based head scores (copying, composition); path patching; head classes
     scale/         a scan's batches sharded over Ray actors
     report/        tables, figures, the HTML page (never the model)
     rundir/        the run directory: atomic, --force rules, signals, load
     scanner/       a scan's settings, example patterns, the whole scan as one function
-    apps/          show, compare, kvplan, sweep, patch: the other commands as functions
+    apps/          show, compare, kvplan, sweep, patch, circuit: the other commands as functions
     analysis/      the report notebooks' helpers
     cli/           the headscope command: one file per subcommand, wiring only
 
@@ -78,6 +78,7 @@ _EXPORTS = {
     "summary_figure": "headscope.report.figures",
     "save_figures": "headscope.report.figures",
     "patch": "headscope.apps.patch",
+    "circuit": "headscope.apps.circuit",
     "Task": "headscope.probes.tasks",
 }
 
@@ -115,6 +116,7 @@ _register_notebook_display()
 
 
 if TYPE_CHECKING:  # pragma: no cover
+    from headscope.apps.circuit import circuit  # noqa: F401
     from headscope.apps.patch import patch  # noqa: F401
     from headscope.engines.extract import score_probe  # noqa: F401
     from headscope.engines.registry import engine_names, get_engine  # noqa: F401

@@ -13,5 +13,8 @@ census_settings  a head census's settings (light: the census command's options a
 census_parts     the census's parts: syntax, no-op, successor, copy suppression, rare word, as rows
 census           the head census of one model as a run directory (design.md section 12)
 patch            counterfactual patching of every head on a task's prompt pairs, as a run directory
+circuit_settings a circuit run's settings (light: the circuit command's options are its fields)
+circuit          which head feeds which on a task: path patching, composition, IOI head classes
+circuit_run      a circuit run's directory: written whole, read back, the command's whole job
 ===============  ================================================================================
 """

@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
 TOP_DIRECT = 5
+COPYING_SEQUENCES = 8  # repeat sequences the copying scores read (50 positions each)
 #: agreement.csv's names for :func:`headscope.circuits.agreement.rank_agreement`'s keys
 AGREEMENT_NAMES = {
     "n": "n_senders",
@@ -342,7 +343,7 @@ def _ioi(runner: _Runner, model, tt, batches, config, evidence, senders, say):
     import pandas as pd
 
     from headscope.circuits.classes import ClassRules, classify, heads_of
-    from headscope.circuits.evidence import attention_between, scan_evidence
+    from headscope.circuits.evidence import attention_between
     from headscope.circuits.receivers import Receiver, ReceiverGroup
 
     rules = ClassRules(config.direct, config.attention, config.copying, config.path, config.pattern)
@@ -389,6 +390,30 @@ def _ioi(runner: _Runner, model, tt, batches, config, evidence, senders, say):
         (*base, "s_inhibition", "induction", "duplicate_token"),
     )
     return classify(ev, rules), evidence
+
+
+def scan_evidence(model, seed: int = 0, n_sequences: int = 16, say=None) -> pd.DataFrame:
+    """``layer, head`` and the scores the classes read, measured now: the ``induction``,
+    ``duplicate_token`` and ``previous_token`` scores of a scan of default probes (``n_sequences``
+    each), and the OV-circuit ``copying`` and ``copy_suppression`` scores on its repeat probe
+    (:data:`COPYING_SEQUENCES` of them at most)."""
+    from headscope.circuits.copy_suppression import copy_suppression_scores
+    from headscope.circuits.copying import copying_scores
+    from headscope.circuits.evidence import PATTERN_METRICS, scores_evidence
+    from headscope.scanner.runner import default_probes, scan
+
+    say = say or (lambda _m: None)
+    say(f"circuit: pattern and copying scores of every head ({n_sequences} sequences per probe)")
+    probes = default_probes(model, n_prompts=n_sequences, seed=seed, metrics=PATTERN_METRICS)
+    result = scan(model, probes, metrics=PATTERN_METRICS, seed=seed, bootstrap=0, null=False)
+    table = scores_evidence(result.scores)
+    repeat = next(p for p in probes if p.name == "repeat")
+    n_ov = min(n_sequences, COPYING_SEQUENCES)  # a full-vocabulary readout per position and head
+    copying = copying_scores(model, repeat, max_sequences=n_ov).score
+    suppression = copy_suppression_scores(model, repeat, max_sequences=n_ov, resamples=50)
+    table["copying"] = copying[table["layer"], table["head"]].numpy()
+    table["copy_suppression"] = suppression.score[table["layer"], table["head"]].numpy()
+    return table
 
 
 def _below(senders, group):

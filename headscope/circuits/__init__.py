@@ -14,4 +14,12 @@
   one from the weights (Elhage et al. 2021), with a null of random senders.
 * :mod:`headscope.circuits.agreement`: do two rankings of a receiver's senders agree (Spearman,
   top-k overlap against chance)?
+* :mod:`headscope.circuits.receivers`: where a path ends, by name (``logits``, ``L9H1.q@END``),
+  and groups of receivers (light: no torch).
+* :mod:`headscope.circuits.path_patching`: path patching (Wang et al. 2022) of sender heads into
+  receivers, exact, in as few forwards as the maths allows.
+* :mod:`headscope.circuits.path_attribution`: the same to first order, for every pair at once.
+* :mod:`headscope.circuits.path_table`: the tidy table of path effects with intervals over pairs.
+* :mod:`headscope.circuits.evidence`: attention between named positions, scan scores per head.
+* :mod:`headscope.circuits.classes`: the IOI head classes, each by an explicit rule.
 """

@@ -4,10 +4,9 @@ attention between two named positions of a task's prompts, and the scan scores o
 * :func:`attention_between`: each head's attention from one named position of a task (IOI's
   ``END``) to another (``IO``) on the clean prompts, per pair, computed with
   :func:`~headscope.effects.stages.attend` (the patching engines' attention);
-* :func:`scan_evidence`: the ``induction``, ``duplicate_token`` and ``previous_token`` pattern
-  scores of a default scan, and the OV-circuit ``copying`` and ``copy_suppression`` scores on its
-  repeat probe (:mod:`headscope.circuits.copying`, :mod:`headscope.circuits.copy_suppression`),
-  as one ``[layer x head]`` table; or the same read from a scan's ``scores.csv``.
+* :func:`scores_evidence`: the scores the classes read (:data:`SCAN_EVIDENCE`), one row per head,
+  from a scan's table (``headscope.apps.circuit.scan_evidence`` measures them when no scan is
+  given).
 """
 
 from __future__ import annotations
@@ -38,27 +37,6 @@ def attention_between(
             pat = acts["pattern"]  # [b, head, query, key]
             out[batch.index, layer] = pat[rows, :, q, k].double().cpu()
     return out
-
-
-def scan_evidence(model, seed: int = 0, n_sequences: int = 16, say=None) -> pd.DataFrame:
-    """``layer, head`` and the :data:`SCAN_EVIDENCE` scores of every head, measured now: a scan of
-    the pattern metrics on default probes (``n_sequences`` each), and the copying scores on its
-    repeat probe."""
-    from headscope.circuits.copy_suppression import copy_suppression_scores
-    from headscope.circuits.copying import copying_scores
-    from headscope.scanner.runner import default_probes, scan
-
-    say = say or (lambda _m: None)
-    say(f"circuit: pattern and copying scores of every head ({n_sequences} sequences per probe)")
-    probes = default_probes(model, n_prompts=n_sequences, seed=seed, metrics=PATTERN_METRICS)
-    result = scan(model, probes, metrics=PATTERN_METRICS, seed=seed, bootstrap=0, null=False)
-    table = scores_evidence(result.scores)
-    repeat = next(p for p in probes if p.name == "repeat")
-    copying = copying_scores(model, repeat, max_sequences=n_sequences).score
-    suppression = copy_suppression_scores(model, repeat, max_sequences=n_sequences, resamples=50)
-    table["copying"] = copying[table["layer"], table["head"]].numpy()
-    table["copy_suppression"] = suppression.score[table["layer"], table["head"]].numpy()
-    return table
 
 
 def scores_evidence(scores: pd.DataFrame) -> pd.DataFrame:

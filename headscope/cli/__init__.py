@@ -13,6 +13,7 @@ kvplan     ``headscope kvplan``
 sweep      ``headscope sweep``
 census     ``headscope census``
 patch      ``headscope patch``
+circuit    ``headscope circuit``
 models     ``headscope models``
 metrics    ``headscope metrics``
 engines    ``headscope engines``
