@@ -365,7 +365,7 @@ def _ioi(runner: _Runner, model, tt, batches, config, evidence, senders, say):
     ev["direct_ci_low"] = [direct["ci_low"].get(k, np.nan) for k in idx]
     ev["direct_ci_high"] = [direct["ci_high"].get(k, np.nan) for k in idx]
     att = attention_between(model, batches, len(tt), "END", "IO").mean(0)  # [layer, head]
-    ev["end_to_io"] = att[ev["layer"].to_numpy(), ev["head"].to_numpy()].numpy()
+    ev["end_to_io"] = att.numpy()[ev["layer"].to_numpy(), ev["head"].to_numpy()]
 
     def group_step(cls, kind, position, column, only):
         heads = heads_of(classify(ev, rules, only), cls)
