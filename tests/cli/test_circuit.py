@@ -1,0 +1,144 @@
+"""``headscope circuit`` as a user meets it: a run directory and its summary, and one line (exit 2,
+nothing left behind) for every bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from headscope.apps.circuit_settings import CircuitConfig
+from headscope.cli.main import main
+
+FAST = ["--bootstrap", "50", "--n-null", "4", "--quiet"]
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def words(tiny_gpt2):
+    out = []
+    for i in range(len(tiny_gpt2.tokenizer)):
+        w = tiny_gpt2.decode_one(i)
+        if w.startswith(" ") and w[1:].isalpha() and tiny_gpt2.encode(w) == [i]:
+            out.append(w[1:])
+    return sorted(out, key=len, reverse=True)
+
+
+def _task(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def good_task(tmp_path_factory, words):
+    a, b, c, d = words[:4]
+    rows = [
+        {
+            "clean": f"the {x} and the {y} met the",
+            "corrupt": f"the {z} and the {y} met the",
+            "answer": " " + x,
+            "wrong": " " + z,
+            "positions": {"A": 2},
+        }
+        for x, y, z in ((a, b, c), (b, c, d), (c, d, a), (d, a, b))
+    ]
+    return _task(tmp_path_factory.mktemp("task") / "mine.jsonl", rows)
+
+
+def test_writes_a_circuit_run_and_prints_its_summary(tmp_path, tiny_gpt2_dir, good_task):
+    out = tmp_path / "run"
+    res = run(
+        "circuit",
+        str(tiny_gpt2_dir),
+        "--task",
+        good_task,
+        "--receivers",
+        "logits,L1H0.k@A,L1H1.v",
+        "--out",
+        str(out),
+        *FAST,
+    )
+    assert res.exit_code == 0, res.output
+    names = {p.name for p in out.iterdir()}
+    assert {"path.csv", "composition.csv", "agreement.csv", "report.html", "circuit.png"} <= names
+    assert "classes.csv" not in names  # not an IOI task: no classes
+    path = pd.read_csv(out / "path.csv")
+    assert set(path["receiver"]) == {"logits", "L1H0.k@A", "L1H1.v"}
+    assert set(path["estimator"]) == {"exact", "attribution"}
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["run_format"] == "headscope-circuit/1" and meta["settings_changed"]["n_null"] == 4
+    assert "into L1H0.k@A:" in res.stdout and "wrote" in res.stdout
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_help_lists_every_setting_of_the_config():
+    res = run("circuit", "--help")
+    assert res.exit_code == 0
+    for f in dataclasses.fields(CircuitConfig):
+        flag = "--" + f.name.replace("_", "-")
+        assert flag in res.output, flag
+
+
+def _refused(res, *words):
+    assert res.exit_code == 2, res.output
+    line = res.stderr.strip()
+    assert "\n" not in line and line.startswith("headscope: error:"), line
+    for w in words:
+        assert w in line, (w, line)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["below", "kind", "layer0", "position", "outside", "lengths", "encoder", "direction", "exists"],
+)
+def test_bad_input_exits_2_with_one_line_and_leaves_nothing(
+    case, tmp_path, tiny_gpt2_dir, tiny_bert_dir, words, good_task
+):
+    a, b = words[:2]
+    out = tmp_path / "run"
+    model, task, extra, expect = str(tiny_gpt2_dir), good_task, [], []
+    if case == "below":
+        extra = ["--receivers", "L1H0.q", "--senders", "L1H1"]
+        expect = ["Sender L1H1 is in layer 1, not below receiver L1H0.q"]
+    elif case == "kind":
+        extra, expect = ["--receivers", "L1H0.key"], ["Unknown receiver input 'key'"]
+    elif case == "layer0":
+        extra, expect = ["--receivers", "L0H1.q"], ["in layer 0: no head lies below it"]
+    elif case == "position":
+        extra, expect = ["--receivers", "L1H0.q@B"], ["No position 'B'", "A, END"]
+    elif case == "outside":
+        extra, expect = ["--receivers", "L7H0.v"], ["Receiver L7H0.v is outside"]
+    elif case == "lengths":
+        task = _task(
+            tmp_path / "t.jsonl",
+            [
+                {
+                    "clean": f"the {a}",
+                    "corrupt": f"the {a} {a} {a}",
+                    "answer": " " + a,
+                    "wrong": " " + b,
+                }
+            ],
+        )
+        expect = ["Pair 0", "different lengths"]
+    elif case == "encoder":
+        model, expect = str(tiny_bert_dir), ["encoder"]
+    elif case == "direction":
+        extra, expect = ["--direction", "nosing"], ["Did you mean: noising"]
+    elif case == "exists":
+        out.mkdir()
+        (out / "mine.txt").write_text("keep me")
+        expect = ["already exists"]
+    res = run("circuit", model, "--task", task, "--out", str(out), *extra, *FAST)
+    _refused(res, *expect)
+    if case == "exists":
+        assert (out / "mine.txt").read_text() == "keep me" and len(list(out.iterdir())) == 1
+    else:
+        assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
