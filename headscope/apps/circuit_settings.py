@@ -23,8 +23,8 @@ N_PAIRS = 32
 class CircuitConfig:
     """Everything a circuit run is made with but the model and the task."""
 
-    receivers: tuple = opt(
-        (),
+    receivers: tuple | None = opt(
+        None,
         "Receivers, comma-separated: logits, or a head's input LAYERhHEAD.KIND[@POSITION] "
         "(KIND q, k or v; POSITION a named position of the task, shifted like S1+1, or all), "
         "e.g. L9H1.q@END. [default: for IOI, the classes' receivers (logits, then the name "
@@ -33,8 +33,8 @@ class CircuitConfig:
         "largest direct effect]",
         kind="csv",
     )
-    senders: tuple = opt(
-        (),
+    senders: tuple | None = opt(
+        None,
         "Senders, comma-separated head names (L3H0). [default: every head below each receiver]",
         kind="csv",
     )
@@ -93,6 +93,7 @@ class CircuitConfig:
 
         for name in ("receivers", "senders"):
             value = getattr(self, name)
+            value = () if value is None else value
             items = value.split(",") if isinstance(value, str) else list(value)
             put(name, tuple(dict.fromkeys(str(v).strip() for v in items if str(v).strip())))
         put("direction", str(self.direction).strip().lower())
