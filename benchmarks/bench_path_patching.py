@@ -120,7 +120,8 @@ def main() -> None:
         one.add(b, model.n_layers)
         with torch.no_grad():
             m, _ = read_metric(model, tt.metric, hidden, batch.lengths, batch.answer, batch.wrong)
-        worst = max(worst, float((m.double().cpu() - got[((ls, hs), r)]).abs().max()))
+        batched = got[((ls, hs), r)][batch.index]  # the task's pair order -> the batch's rows
+        worst = max(worst, float((m.double().cpu() - batched).abs().max()))
     t_one = (time.perf_counter() - t0) / len(sample) * len(senders)
     full = one_at_a_time_cost(model, b, len(senders))
     res = {
