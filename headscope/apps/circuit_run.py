@@ -95,20 +95,7 @@ def _write(result, tmp: Path, figures, say, t0, started, figure_formats) -> dict
     evidence = result.per_pair.get("evidence")
     if evidence is not None:
         _csv(evidence, tmp / "evidence.csv")
-    tt = result.tokens
-    with (tmp / "tokens.jsonl").open("w") as f:
-        for i in range(len(tt)):
-            rec = {
-                "index": i,
-                "clean": [int(t) for t in tt.clean[i]],
-                "corrupt": [int(t) for t in tt.corrupt[i]],
-                "answer": int(tt.answer[i]),
-                "wrong": int(tt.wrong[i]),
-                "positions": {k: int(v[i]) for k, v in tt.positions.items()},
-            }
-            if tt.info:
-                rec["info"] = tt.info[i]
-            f.write(json.dumps(rec) + "\n")
+    result.tokens.write_jsonl(tmp / "tokens.jsonl")
     meta = {
         k: v
         for k, v in result.metadata.items()
@@ -204,19 +191,7 @@ def load_circuit(path: str | Path) -> CircuitResult:
             dtype={c: str for c in str_cols},
         )
 
-    clean, corrupt, answer, wrong, positions, info = [], [], [], [], {}, []
-    for line in (path / "tokens.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        clean.append(rec["clean"])
-        corrupt.append(rec["corrupt"])
-        answer.append(rec["answer"])
-        wrong.append(rec["wrong"])
-        info.append(rec.get("info", {}))
-        for k, v in rec["positions"].items():
-            positions.setdefault(k, []).append(v)
-    tokens = TokenizedTask(
-        meta.get("task", ""), clean, corrupt, answer, wrong, positions, meta.get("metric"), info
-    )
+    tokens = TokenizedTask.read_jsonl(path / "tokens.jsonl", meta.get("task", ""), meta["metric"])
     classes = read("classes.csv", ("class", "rule"))
     if classes is not None:
         classes[["class", "rule"]] = classes[["class", "rule"]].fillna("")

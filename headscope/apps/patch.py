@@ -653,19 +653,7 @@ def _write(
         result.pattern_scores.to_csv(
             tmp / "pattern_scores.csv", index=False, float_format=FLOAT_FORMAT, na_rep="NaN"
         )
-    with (tmp / "tokens.jsonl").open("w") as f:
-        for i in range(len(tt)):
-            rec = {
-                "index": i,
-                "clean": [int(t) for t in tt.clean[i]],
-                "corrupt": [int(t) for t in tt.corrupt[i]],
-                "answer": int(tt.answer[i]),
-                "wrong": int(tt.wrong[i]),
-                "positions": {k: int(v[i]) for k, v in tt.positions.items()},
-            }
-            if tt.info:
-                rec["info"] = tt.info[i]
-            f.write(json.dumps(rec) + "\n")
+    tt.write_jsonl(tmp / "tokens.jsonl")
     meta = {
         k: v
         for k, v in result.metadata.items()
@@ -761,31 +749,10 @@ def load_patching(path: str | Path) -> PatchResult:
         )
 
     table = read("patching.csv", ("position", "query_heads", "head_name"))
-    clean, corrupt, answer, wrong, positions, info = [], [], [], [], {}, []
+    tokens = None
     if (path / "tokens.jsonl").is_file():
-        for line in (path / "tokens.jsonl").read_text().splitlines():
-            rec = json.loads(line)
-            clean.append(rec["clean"])
-            corrupt.append(rec["corrupt"])
-            answer.append(rec["answer"])
-            wrong.append(rec["wrong"])
-            info.append(rec.get("info", {}))
-            for k, v in rec["positions"].items():
-                positions.setdefault(k, []).append(v)
-    tokens = (
-        TokenizedTask(
-            meta.get("task", ""),
-            clean,
-            corrupt,
-            answer,
-            wrong,
-            positions,
-            meta.get("metric", "logit_diff"),
-            info,
-        )
-        if clean
-        else None
-    )
+        name, metric = meta.get("task", ""), meta.get("metric", "logit_diff")
+        tokens = TokenizedTask.read_jsonl(path / "tokens.jsonl", name, metric)
     return PatchResult(
         meta.get("task", ""),
         meta.get("model", ""),

@@ -263,6 +263,40 @@ class TokenizedTask:
     def lengths(self) -> list[int]:
         return [len(c) for c in self.clean]
 
+    def write_jsonl(self, path: str | Path) -> None:
+        """``tokens.jsonl`` of a patching or circuit run: one line per pair (index, clean and
+        corrupt ids, answer and wrong ids, named positions, and the pair's info when it has one)."""
+        with Path(path).open("w") as f:
+            for i in range(len(self)):
+                rec = {
+                    "index": i,
+                    "clean": [int(t) for t in self.clean[i]],
+                    "corrupt": [int(t) for t in self.corrupt[i]],
+                    "answer": int(self.answer[i]),
+                    "wrong": int(self.wrong[i]),
+                    "positions": {k: int(v[i]) for k, v in self.positions.items()},
+                }
+                if self.info:
+                    rec["info"] = self.info[i]
+                f.write(json.dumps(rec) + "\n")
+
+    @classmethod
+    def read_jsonl(cls, path: str | Path, name: str, metric: str) -> TokenizedTask | None:
+        """The task :meth:`write_jsonl` wrote (None for a file with no pairs)."""
+        clean, corrupt, answer, wrong, positions, info = [], [], [], [], {}, []
+        for line in Path(path).read_text().splitlines():
+            rec = json.loads(line)
+            clean.append(rec["clean"])
+            corrupt.append(rec["corrupt"])
+            answer.append(rec["answer"])
+            wrong.append(rec["wrong"])
+            info.append(rec.get("info", {}))
+            for k, v in rec["positions"].items():
+                positions.setdefault(k, []).append(v)
+        if not clean:
+            return None
+        return cls(name, clean, corrupt, answer, wrong, positions, metric, info)
+
     def subset(self, n: int | None) -> TokenizedTask:
         """The first ``n`` pairs (all for None)."""
         if n is None or n >= len(self):
