@@ -142,3 +142,42 @@ def test_bad_input_exits_2_with_one_line_and_leaves_nothing(
     else:
         assert not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_an_ioi_shaped_task_reads_its_evidence_from_a_scan(tmp_path, tiny_gpt2_dir, words, runs):
+    a, b, c, d, e = words[:5]
+    rows = [
+        {
+            "clean": f"the {x} and the {y} met the {y} and the",
+            "corrupt": f"the {z} and the {w} met the {v} and the",
+            "answer": " " + x,
+            "wrong": " " + y,
+            "positions": {"IO": 2, "S1": 5, "S2": 8},
+        }
+        for x, y, z, w, v in ((a, b, c, d, e), (b, c, d, e, a), (c, d, e, a, b))
+    ]
+    task = _task(tmp_path / "ioi.jsonl", rows)
+    out = tmp_path / "run"
+    res = run(
+        "circuit",
+        str(tiny_gpt2_dir),
+        "--task",
+        task,
+        "--scan",
+        str(runs["gpt2"]),
+        "--out",
+        str(out),
+        "--no-figures",
+        *FAST,
+    )
+    assert res.exit_code == 0, res.output
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["evidence"] == "given" and meta["scan"]["model"]
+    evidence = pd.read_csv(out / "evidence.csv")
+    scan = pd.read_csv(runs["gpt2"] / "scores.csv")
+    want = scan[scan["metric"] == "induction"].set_index(["layer", "head"])["score"]
+    got = evidence.set_index(["layer", "head"])["induction"]
+    pd.testing.assert_series_equal(got.sort_index(), want.sort_index(), check_names=False)
+    classes = pd.read_csv(out / "classes.csv", keep_default_na=False)
+    assert len(classes) == 2 * 4 and "direct_effect" in classes  # tiny GPT-2: 2 layers x 4 heads
+    assert set(pd.read_csv(out / "path.csv")["receiver"]) >= {"logits"}
