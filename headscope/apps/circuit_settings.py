@@ -129,7 +129,7 @@ class CircuitConfig:
             parse_head(s)
         if self.metric is not None and self.metric not in METRICS:
             raise HeadscopeError(
-                f"Unknown metric '{self.metric}' ({setting('metric')})."
+                f"Unknown {setting('metric')} '{self.metric}'."
                 f"{did_you_mean(self.metric, METRICS)} Use one of {', '.join(METRICS)}."
             )
         for name in ("n_pairs", "batch_size", "threads", "n_null", "top_k"):

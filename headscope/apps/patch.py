@@ -202,7 +202,7 @@ class PatchConfig:
                 )
         if self.metric is not None and self.metric not in METRICS:
             raise HeadscopeError(
-                f"Unknown metric '{self.metric}' ({setting('metric')})."
+                f"Unknown {setting('metric')} '{self.metric}'."
                 f"{did_you_mean(self.metric, METRICS)} "
                 f"Use one of {', '.join(METRICS)}."
             )
