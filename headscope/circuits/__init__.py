@@ -22,4 +22,6 @@
 * :mod:`headscope.circuits.path_table`: the tidy table of path effects with intervals over pairs.
 * :mod:`headscope.circuits.evidence`: attention between named positions, scan scores per head.
 * :mod:`headscope.circuits.classes`: the IOI head classes, each by an explicit rule.
+* :mod:`headscope.circuits.faithfulness`: what a head set carries alone (every other head
+  mean-ablated), against random sets of its size.
 """

@@ -62,11 +62,14 @@ def test_writes_a_circuit_run_and_prints_its_summary(tmp_path, tiny_gpt2_dir, go
         "logits,L1H0.k@A,L1H1.v",
         "--out",
         str(out),
+        "--figure-format",
+        "png,svg",
         *FAST,
     )
     assert res.exit_code == 0, res.output
     names = {p.name for p in out.iterdir()}
     assert {"path.csv", "composition.csv", "agreement.csv", "report.html", "circuit.png"} <= names
+    assert {"circuit.svg", "agreement.svg"} <= names  # every figure in each format
     assert "classes.csv" not in names  # not an IOI task: no classes
     path = pd.read_csv(out / "path.csv")
     assert set(path["receiver"]) == {"logits", "L1H0.k@A", "L1H1.v"}
