@@ -159,8 +159,10 @@ def _linear(mod) -> Tensor:
 
 def head_weights(model) -> HeadWeights:
     """Read every head's ``W_Q``, ``W_K``, ``W_V``, ``W_O`` and the norms to fold from the Hugging
-    Face modules (``model.hf``) of a pre-norm decoder: GPT-2 (fused ``c_attn``, LayerNorm), and
-    the ``q_proj/k_proj/v_proj/o_proj`` families (Llama, SmolLM2, Mistral, Qwen2/3, Gemma 1-3).
+    Face modules (``model.hf``) of a pre-norm decoder: GPT-2 (fused ``c_attn``, LayerNorm),
+    GPT-NeoX (``query_key_value`` fused head by head, LayerNorm; with its parallel residual the
+    attention still reads ``input_layernorm`` and writes the residual stream directly), and the
+    ``q_proj/k_proj/v_proj/o_proj`` families (Llama, SmolLM2, Mistral, Qwen2/3, Gemma 1-3).
     Anything else is refused in one line."""
     if not model.causal:
         raise HeadscopeError(
@@ -171,7 +173,11 @@ def head_weights(model) -> HeadWeights:
     Qs, Ks, Vs, Os, ln, post, qg, kg = [], [], [], [], [], [], [], []
     centre = None
     for blk in model.blocks():
-        attn = getattr(blk, "self_attn", None) or getattr(blk, "attn", None)
+        attn = (
+            getattr(blk, "self_attn", None)
+            or getattr(blk, "attn", None)
+            or getattr(blk, "attention", None)  # GPT-NeoX
+        )
         norm = getattr(blk, "input_layernorm", None) or getattr(blk, "ln_1", None)
         if attn is None or norm is None:
             raise _layout(model, blk)
@@ -182,6 +188,11 @@ def head_weights(model) -> HeadWeights:
         elif hasattr(attn, "c_attn") and hasattr(attn, "c_proj") and not attn.is_cross_attention:
             q, k, v = _linear(attn.c_attn).split(H * dh, dim=0)  # [H dh, d_model] each
             o = _linear(attn.c_proj)
+        elif hasattr(attn, "query_key_value") and hasattr(attn, "dense"):
+            # GPT-NeoX fuses q, k, v head by head: rows [head, (q | k | v), d_head]
+            qkv = _linear(attn.query_key_value).view(H, 3, dh, -1)
+            q, k, v = (qkv[:, i].reshape(H * dh, -1) for i in range(3))
+            o = _linear(attn.dense)
         else:
             raise _layout(model, blk)
         if q.shape[0] != H * dh or k.shape[0] != KV * dh or o.shape[1] != H * dh:
@@ -225,8 +236,9 @@ def head_weights(model) -> HeadWeights:
 def _layout(model, blk) -> HeadscopeError:
     return HeadscopeError(
         f"{model.name}: unknown attention layout in {type(blk).__name__} (composition reads "
-        "q_proj/k_proj/v_proj/o_proj or GPT-2's c_attn/c_proj, after an input_layernorm or ln_1); "
-        "supported: GPT-2, Llama (SmolLM2), Mistral, Qwen2/3, Gemma 1-3."
+        "q_proj/k_proj/v_proj/o_proj, GPT-2's c_attn/c_proj or GPT-NeoX's query_key_value/dense, "
+        "after an input_layernorm or ln_1); supported: GPT-2, GPT-NeoX, Llama (SmolLM2), Mistral, "
+        "Qwen2/3, Gemma 1-3."
     )
 
 

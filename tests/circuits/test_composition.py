@@ -47,6 +47,25 @@ def _oracle_matrices(hf, kind: str, fold: bool = True):
                 heads.append((Wq.T @ Wk, Wo @ Wv))
             out.append(heads)
         return out
+    if kind == "neox":  # fused query_key_value: output rows h * 3 dh + (0: q, dh: k, 2 dh: v)
+        d, H = cfg.hidden_size, cfg.num_attention_heads
+        dh = d // H
+        eye = torch.eye(d, dtype=torch.float64)
+        centre = eye - torch.ones(d, d, dtype=torch.float64) / d
+        for blk in hf.gpt_neox.layers:
+            W = blk.attention.query_key_value.weight.detach().double()  # [3 d_model, d_model]
+            P = blk.attention.dense.weight.detach().double()  # [d_model, H dh]
+            inp = torch.diag(blk.input_layernorm.weight.detach().double()) @ centre if fold else eye
+            heads = []
+            for h in range(H):
+                row = 3 * dh * h
+                Wq = W[row : row + dh] @ inp
+                Wk = W[row + dh : row + 2 * dh] @ inp
+                Wv = W[row + 2 * dh : row + 3 * dh] @ inp
+                Wo = P[:, h * dh : (h + 1) * dh]
+                heads.append((Wq.T @ Wk, Wo @ Wv))
+            out.append(heads)
+        return out
     gemma = kind == "gemma3"
     H, KV = cfg.num_attention_heads, cfg.num_key_value_heads
     dh = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
@@ -141,6 +160,19 @@ def test_gpt2_matches_oracle(gpt2_norms):
     # the folds matter here: the oracle without them disagrees (so this test can fail)
     bare = _oracle_matrices(gpt2_norms.hf, "gpt2", fold=False)
     assert abs(_oracle_score(bare, "k", 2, 0, 0, 1) - float(got[1, 2, 0, 0, 1])) > 1e-3
+
+
+def test_gpt_neox_matches_oracle(tmp_path):
+    """Notebook 07's attention-only GPT-NeoX (rotary, q/k/v fused head by head), 3 layers, its
+    LayerNorm gains away from 1."""
+    from headscope.analysis.phase_change import _model, make_tokenizer
+
+    hf = _model(32, 32, 3, 4, 32, seed=0).eval()
+    _randomise_norms(hf, 0.1, 2.1)
+    model = headscope.load_model(hf, make_tokenizer(32), name="tiny-neox")
+    _, got = _check_against_oracle(model, "neox")
+    bare = _oracle_matrices(model.hf, "neox", fold=False)
+    assert abs(_oracle_score(bare, "k", 2, 1, 0, 3) - float(got[1, 2, 1, 0, 3])) > 1e-3
 
 
 def test_gqa_llama_matches_oracle(tiny_gqa_llama):
