@@ -49,33 +49,16 @@ def save_circuit(
     """Write ``result`` to the run directory ``out`` (module docstring), published whole; an
     existing ``out`` is replaced only with ``force`` and only when it is a circuit run (or
     empty)."""
-    from headscope.files import publish_dir
-    from headscope.rundir.signals import Interrupted, held, interruptible, released
-    from headscope.rundir.store import CIRCUIT_RUN_FORMAT, check_out_dir
+    from headscope.rundir.store import CIRCUIT_RUN_FORMAT, check_out_dir, publish_run
 
     out = check_out_dir(out, force, CIRCUIT_RUN_FORMAT)
     t0 = time.perf_counter()
-    saved: dict = {}
-
-    def build(tmp: Path) -> None:
-        with released():
-            saved.update(_write(result, tmp, figures, say, t0, started, figure_formats))
-
-    published = False
-    try:
-        with interruptible(), held():
-            publish_dir(
-                out,
-                build,
-                replace=force and (out.exists() or out.is_symlink()),
-                before_replace=lambda: check_out_dir(out, True, CIRCUIT_RUN_FORMAT),
-            )
-            published = True
-    except Interrupted as exc:
-        if published:
-            exc.written = out
-        raise
-    result.metadata = saved
+    result.metadata = publish_run(
+        out,
+        force,
+        CIRCUIT_RUN_FORMAT,
+        lambda tmp: _write(result, tmp, figures, say, t0, started, figure_formats),
+    )
     return out
 
 

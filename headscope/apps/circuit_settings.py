@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
+from headscope.apps.patch import template_indices
 from headscope.effects.settings import PATCH_DIRECTIONS
 from headscope.errors import HeadscopeError, at_least, did_you_mean, setting
 from headscope.models.sources import check_dtype
@@ -98,19 +99,7 @@ class CircuitConfig:
             put(name, tuple(dict.fromkeys(str(v).strip() for v in items if str(v).strip())))
         put("direction", str(self.direction).strip().lower())
         put("attribution", str(self.attribution).strip().lower())
-        if self.templates is not None:
-            items = (
-                self.templates.split(",")
-                if isinstance(self.templates, str)
-                else list(self.templates)
-            )
-            try:
-                put("templates", tuple(int(t) for t in items if str(t).strip()))
-            except (TypeError, ValueError):
-                raise HeadscopeError(
-                    f"{setting('templates')} are template indices such as 0,3; got "
-                    f"{self.templates!r}."
-                ) from None
+        put("templates", template_indices(self.templates))
         self._check()
 
     def _check(self) -> None:

@@ -161,19 +161,7 @@ class PatchConfig:
             put(name, tuple(dict.fromkeys(str(v).strip() for v in items if str(v).strip())))
         for name in ("estimator", "kv_mode"):
             put(name, str(getattr(self, name)).strip().lower())
-        if self.templates is not None:
-            items = (
-                self.templates.split(",")
-                if isinstance(self.templates, str)
-                else list(self.templates)
-            )
-            try:
-                put("templates", tuple(int(t) for t in items if str(t).strip()))
-            except (TypeError, ValueError):
-                raise HeadscopeError(
-                    f"{setting('templates')} are template indices such as 0,3; got "
-                    f"{self.templates!r}."
-                ) from None
+        put("templates", template_indices(self.templates))
         self._check()
 
     def _check(self) -> None:
@@ -223,6 +211,19 @@ class PatchConfig:
     @classmethod
     def settings(cls) -> list[str]:
         return [f.name for f in fields(cls)]
+
+
+def template_indices(value) -> tuple[int, ...] | None:
+    """A kit's ``templates`` setting (``"0,3"`` or a sequence) as indices, or one line."""
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    try:
+        return tuple(int(t) for t in items if str(t).strip())
+    except (TypeError, ValueError):
+        raise HeadscopeError(
+            f"{setting('templates')} are template indices such as 0,3; got {value!r}."
+        ) from None
 
 
 def configure(config: PatchConfig | None, settings: dict) -> PatchConfig:
@@ -601,33 +602,16 @@ def save_patching(
     an existing ``out`` is replaced only with ``force`` and only when it is a patching run (or
     empty). ``figure_formats``: each figure as png (the default), svg and/or pdf.
     ``result.metadata`` becomes what was saved."""
-    from headscope.files import publish_dir
-    from headscope.rundir.signals import Interrupted, held, interruptible, released
-    from headscope.rundir.store import PATCH_RUN_FORMAT, check_out_dir
+    from headscope.rundir.store import PATCH_RUN_FORMAT, check_out_dir, publish_run
 
     out = check_out_dir(out, force, PATCH_RUN_FORMAT)
     t0 = time.perf_counter()
-    saved: dict = {}
-
-    def build(tmp: Path) -> None:
-        with released():
-            saved.update(_write(result, tmp, figures, say, t0, started, figure_formats))
-
-    published = False
-    try:
-        with interruptible(), held():
-            publish_dir(
-                out,
-                build,
-                replace=force and (out.exists() or out.is_symlink()),
-                before_replace=lambda: check_out_dir(out, True, PATCH_RUN_FORMAT),
-            )
-            published = True
-    except Interrupted as exc:
-        if published:
-            exc.written = out
-        raise
-    result.metadata = saved
+    result.metadata = publish_run(
+        out,
+        force,
+        PATCH_RUN_FORMAT,
+        lambda tmp: _write(result, tmp, figures, say, t0, started, figure_formats),
+    )
     return out
 
 

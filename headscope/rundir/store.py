@@ -517,3 +517,33 @@ def _read_views(path: Path) -> dict:
         # views are an extra of the page: an unreadable file only means a page without them
         return {}
     return {"heads": heads, "examples": examples}
+
+
+def publish_run(out: Path, force: bool, run_format: str, write) -> dict:
+    """Publish the run directory ``out`` whole (``--force`` rules of :func:`check_out_dir` for
+    ``run_format``, checked again just before a replace): ``write(tmp) -> dict`` fills a temporary
+    folder (signals released while it runs) and its dict is returned. An interrupt after the
+    publish says so (``exc.written``)."""
+    from headscope.files import publish_dir
+
+    saved: dict = {}
+
+    def build(tmp: Path) -> None:
+        with released():
+            saved.update(write(tmp))
+
+    published = False
+    try:
+        with interruptible(), held():
+            publish_dir(
+                out,
+                build,
+                replace=force and (out.exists() or out.is_symlink()),
+                before_replace=lambda: check_out_dir(out, True, run_format),
+            )
+            published = True
+    except Interrupted as exc:
+        if published:
+            exc.written = out
+        raise
+    return saved
