@@ -313,6 +313,11 @@ def test_scan_with_effects_writes_them_beside_the_pattern_scores(tmp_path, tiny_
     } <= set(scores.metric)
     effect = scores[scores.metric == "effect_repeat_loss"]
     assert set(effect.estimator) <= {"exact", "attribution"} and (effect.chance == 0).all()
+    # every effect row, exact or estimated, keeps its interval over the effect sequences
+    causal = scores[scores.metric.str.startswith(("effect_", "attribution_"))]
+    lo, hi = (pd.to_numeric(causal[c]) for c in ("ci_low", "ci_high"))
+    assert len(causal) > 0 and lo.notna().all() and hi.notna().all() and (lo <= hi).all()
+    assert (hi > lo).any()  # two sequences that differ give an interval of some width
     assert "effect_repeat_loss" in res.stdout
     summary = (out / "summary.md").read_text()
     assert "## Does the head matter? Causal effects" in summary and "mode `auto`" in summary
