@@ -111,10 +111,13 @@ def side_by_side(
 
     ``metric`` is one metric for every panel, or ``{label: metric}`` to draw a different metric
     in each panel (e.g. one model's ``sink`` next to its ``separator``). The colour bar names the
-    score and marks each panel's chance value; hatched cells (labels whose bootstrap stability is
-    under 0.9) get a key. ``vmax``: the top of the colour scale (default: the metric's own, 0-1 for
-    shares), e.g. to make scores near a small chance value visible.
+    score and marks each panel's chance value with a red line (the value is in the panel's title);
+    a key below the panels names the red line, the numbers (labelled heads) and the hatching
+    (labels whose bootstrap stability is under 0.9). ``vmax``: the top of the colour scale
+    (default: the metric's own, 0-1 for shares), e.g. to make scores near a small chance value
+    visible.
     """
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     from headscope.report.figures import _labelled, _unstable, colour_label, draw_heatmap
@@ -126,11 +129,19 @@ def side_by_side(
     height = max(3.0, 0.22 * max(n for n, _ in shapes.values()) + 1.4)
     fig = Figure(figsize=(sum(widths) + 1.0, height), layout="constrained")
     axes = fig.subplots(1, len(runs), squeeze=False, width_ratios=widths)[0]
+    chances = {}  # panel label -> its chance value
+    for label, scores in runs.items():
+        sub = scores[scores["metric"] == chosen[label]]
+        if "chance" in sub and sub["chance"].notna().any():
+            chances[label] = float(sub["chance"].iloc[0])
     for ax, (label, scores) in zip(axes, runs.items(), strict=True):
         m = chosen[label]
         n = int(scores.loc[scores["metric"] == m, "n"].iloc[0]) if "n" in scores else None
         name = label if isinstance(metric, str) else f"{label}: {m}"
-        im = draw_heatmap(ax, scores, m, title=name + (f" (n = {n} queries)" if n else ""))
+        said = [f"n = {n} queries"] if n else []
+        if label in chances:
+            said.append(f"chance {chances[label]:.3f}")
+        im = draw_heatmap(ax, scores, m, title=name + (f" ({'; '.join(said)})" if said else ""))
         if vmax is not None:
             im.set_clim(0.0, vmax)
     metrics = list(dict.fromkeys(chosen.values()))
@@ -142,39 +153,40 @@ def side_by_side(
         if len(metrics) == 1
         else "score (" + ", ".join(metrics) + ")",
     )
-    chances = {}
-    for label, scores in runs.items():
-        sub = scores[scores["metric"] == chosen[label]]
-        if "chance" in sub and sub["chance"].notna().any():
-            chances.setdefault(round(float(sub["chance"].iloc[0]), 3), []).append(label)
-    for value, labels in chances.items():
+    # each chance value is a red line on the colour bar; its number is in the panel's title (two
+    # labels of close values written on the bar would overprint each other)
+    for value in sorted(set(chances.values())):
         bar.ax.axhline(value, color="red", lw=1.2)
-        bar.ax.text(
-            1.05,
-            value,
-            f"chance {value:.3f}" + (f" ({', '.join(labels)})" if len(chances) > 1 else ""),
-            transform=bar.ax.get_yaxis_transform(),
-            fontsize=6,
-            color="red",
-            va="bottom",
+    keys = []
+    if chances:
+        keys.append(
+            Line2D(
+                [],
+                [],
+                color="red",
+                lw=1.2,
+                label="red line on the colour bar: chance "
+                "(a head spreading its attention evenly; value in each title)",
+            )
+        )
+    if any(_labelled(s, chosen[label]).any() for label, s in runs.items()):
+        keys.append(
+            Patch(facecolor="none", edgecolor="none", label="numbers: the labelled heads' scores")
         )
     if any(
         (_unstable(s, chosen[label]) & _labelled(s, chosen[label])).any()
         for label, s in runs.items()
     ):
-        fig.legend(
-            handles=[
-                Patch(
-                    facecolor="none",
-                    edgecolor="0.45",
-                    hatch="///",
-                    label=f"hatched: label stability < {STABLE} (bootstrap over sequences)",
-                )
-            ],
-            loc="lower center",
-            fontsize=7,
-            frameon=False,
+        keys.append(
+            Patch(
+                facecolor="none",
+                edgecolor="0.45",
+                hatch="///",
+                label=f"hatched: label stability < {STABLE} (bootstrap over sequences)",
+            )
         )
+    if keys:  # below the panels, outside them: never over an axis label
+        fig.legend(handles=keys, loc="outside lower center", fontsize=7, frameon=False)
     fig.suptitle(
         title or (metric if isinstance(metric, str) else ", ".join(dict.fromkeys(chosen.values()))),
         fontsize=11,

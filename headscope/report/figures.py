@@ -194,7 +194,7 @@ def heatmap(scores: pd.DataFrame, metric: str, n_sequences: int | None = None) -
     )
     fig.colorbar(im, ax=ax, shrink=0.8, label=colour_label(metric))
     if shaky:
-        ax.legend(
+        fig.legend(  # below the axes, outside them: never over the "head" axis label
             handles=[
                 Patch(
                     facecolor="none",
@@ -203,8 +203,7 @@ def heatmap(scores: pd.DataFrame, metric: str, n_sequences: int | None = None) -
                     label=f"label stability < {STABLE} (bootstrap)",
                 )
             ],
-            loc="upper center",
-            bbox_to_anchor=(0.5, -0.12),
+            loc="outside lower center",
             fontsize=7,
             frameon=False,
         )

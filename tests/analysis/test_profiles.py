@@ -111,7 +111,10 @@ def _grid(n_layers, n_heads, base):
 def test_side_by_side_draws_each_run():
     fig = side_by_side({"a": _scores("a"), "b": _scores("b", n_layers=6, n_heads=4)}, "sink")
     a, b, _colour_bar = fig.axes
-    assert (a.get_title(), b.get_title()) == ("a (n = 40 queries)", "b (n = 40 queries)")
+    assert (a.get_title(), b.get_title()) == (
+        "a (n = 40 queries; chance 0.050)",
+        "b (n = 40 queries; chance 0.050)",
+    )
     assert fig.get_suptitle() == "sink"
     np.testing.assert_allclose(a.images[0].get_array(), _grid(3, 2, 0.5))
     np.testing.assert_allclose(b.images[0].get_array(), _grid(6, 4, 0.5))
@@ -134,8 +137,22 @@ def test_side_by_side_names_its_colour_scale_and_marks_chance():
     fig = side_by_side({"a": scores}, "separator", vmax=0.4)
     bar = fig.axes[-1]
     assert "separator" in bar.get_ylabel()
-    assert any(t.get_text() == "chance 0.050" for t in bar.texts)
+    assert [line.get_ydata()[0] for line in bar.lines] == [0.05]  # the red chance line
+    assert not bar.texts  # close chance values written on the bar overprinted each other
+    assert fig.axes[0].get_title().endswith("chance 0.050)")
+    keys = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert any(k.startswith("red line on the colour bar: chance") for k in keys)
+    assert not any("stability" in k for k in keys)  # nothing hatched, no hatching key
     assert fig.axes[0].images[0].get_clim() == (0.0, 0.4)
     shaky = scores.assign(stability=0.5)
     fig = side_by_side({"a": shaky}, "sink")
-    assert any("stability" in t.get_text() for leg in fig.legends for t in leg.get_texts())
+    keys = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert any("stability" in k for k in keys) and any("labelled heads" in k for k in keys)
+
+
+def test_side_by_side_keeps_two_close_chance_values_apart():
+    a, b = _scores("a").assign(chance=0.110), _scores("b").assign(chance=0.112)
+    fig = side_by_side({"a": a, "b": b}, "sink")
+    titles = [ax.get_title() for ax in fig.axes[:2]]
+    assert titles[0].endswith("chance 0.110)") and titles[1].endswith("chance 0.112)")
+    assert sorted(line.get_ydata()[0] for line in fig.axes[-1].lines) == [0.110, 0.112]

@@ -245,3 +245,18 @@ def test_threshold_sweep_counts_labelled_heads_at_every_cut(scores):
         entropy.get_title() == "entropy: 2 at <= 0.3"
         and (np.diff(entropy.lines[0].get_ydata()) >= 0).all()
     )
+
+
+def test_hatching_has_its_key_below_the_axes_not_over_them(scores):
+    shaky = scores.assign(stability=np.where(scores["label"] != "", 0.5, 1.0))
+    fig = heatmap(shaky, "induction")
+    assert not fig.axes[0].get_legend()  # a key inside the axes sat over the "head" label
+    (key,) = fig.legends
+    assert [t.get_text() for t in key.get_texts()] == ["label stability < 0.9 (bootstrap)"]
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)  # the key lies wholly below the panel, "head" label included
+    panel = fig.axes[0].get_tightbbox(renderer)
+    assert key.get_window_extent().y1 <= panel.y0 + 1
+    assert not heatmap(scores, "induction").legends  # nothing hatched, no key
