@@ -187,7 +187,6 @@ def unsupported_claims(nb: dict) -> list[str]:
 #: them passes the strict rule, so this list only shrinks.
 NOT_YET_CITED = (
     "02_induction_heads.ipynb",
-    "05_weight_vs_importance.ipynb",
     "06_long_context_heads.ipynb",
 )
 

@@ -27,6 +27,8 @@
 * :mod:`headscope.analysis.timing`: one timer and one quadratic fit (notebooks and ``benchmarks/``).
 * :mod:`headscope.analysis.patching`: attribution against exact patching with intervals over pairs,
   attention from the last position, OV name copying, Wang et al.'s GPT-2 small IOI heads.
+* :mod:`headscope.analysis.weight_importance`: induction scores per sequence, many single-head
+  ablations resumed from one clean pass (a control distribution), resample ablation (notebook 05).
 
 Import the submodules directly (``from headscope.analysis import copying``); nothing is imported
 here, so a missing or broken submodule never breaks the others.
