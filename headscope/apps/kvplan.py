@@ -10,10 +10,17 @@ happily with that cache and some must see everything. A **plan** restricts a fra
 * needle exact match: the needle probe's prompt on held-out prose, the ``K`` needle tokens decoded
   greedily (with a KV cache), all ``K`` right;
 
-against full attention, the same number of heads chosen at random (several seeds), every head
-restricted (StreamingLLM), and every head on a window of the same cache size without sinks (the
-StreamingLLM ablation). Memory counts only KV heads every one of whose query heads is restricted
-(grouped-query attention shares a KV head), as bytes of the K and V cache at the plan's length.
+against full attention, the same number of heads chosen at random (several seeds), random whole
+KV groups (every query head of randomly chosen KV heads) as many as the plan drops (the same memory
+saving), every head restricted (StreamingLLM), and every head on a window of the same cache size
+without sinks (the StreamingLLM ablation). Memory counts only KV heads every one of whose query
+heads is restricted (grouped-query attention shares a KV head), as bytes of the K and V cache at
+the plan's length.
+
+Intervals: the loss change ``L_c - L_full`` (``L = sum_t s_t / sum_t n_t`` over texts ``t``, ``s_t``
+the summed cross-entropy and ``n_t`` the predicted tokens of text ``t``) gets a 95% paired
+bootstrap over texts (the same resampled texts under both conditions); needle exact match ``h / n``
+a 95% Wilson interval over the ``n`` needles.
 """
 
 from __future__ import annotations
@@ -63,6 +70,26 @@ def random_heads(n_layers: int, n_heads: int, count: int, seed: int) -> HeadSet:
     gen = torch.Generator().manual_seed(seed)
     pick = torch.randperm(n_layers * n_heads, generator=gen)[:count].tolist()
     return HeadSet((i // n_heads, i % n_heads) for i in pick)
+
+
+def random_kv_groups(
+    n_layers: int, n_heads: int, n_kv_heads: int, count: int, seed: int
+) -> HeadSet:
+    """``count`` whole KV groups drawn at random (seeded) from all ``n_layers * n_kv_heads``: every
+    query head sharing a drawn KV head, so :func:`kv_saving` drops exactly ``count`` KV heads.
+
+    >>> sorted(random_kv_groups(1, 4, 2, 1, 0))  # one of the two groups of 2 query heads
+    [(0, 0), (0, 1)]
+    """
+    total = n_layers * n_kv_heads
+    if not 0 <= count <= total:
+        raise HeadscopeError(f"Cannot draw {count} KV groups from {total}; use 0..{total}.")
+    group = n_heads // n_kv_heads
+    gen = torch.Generator().manual_seed(seed)
+    pick = torch.randperm(total, generator=gen)[:count].tolist()
+    return HeadSet(
+        (i // n_kv_heads, (i % n_kv_heads) * group + j) for i in pick for j in range(group)
+    )
 
 
 def kv_saving(
@@ -138,29 +165,123 @@ class Restricted:
         return call.with_mask(mask).output()
 
 
-def text_loss(model, texts: Sequence[Sequence[int]], handler) -> float:
-    """Mean next-token cross-entropy (nats) over positions 1..n-1 of every text."""
-    total, count = 0.0, 0
+def text_losses(model, texts: Sequence[Sequence[int]], handler) -> tuple[list[float], list[int]]:
+    """Per text: the summed next-token cross-entropy (nats) over positions 1..n-1, and the number
+    of positions predicted (``s_t``, ``n_t``)."""
+    sums, counts = [], []
     for ids in texts:
         x = torch.tensor([list(ids)])
         logits = model.run(x, handler=handler, output="logits")[0, :-1].float()
         target = x[0, 1:].to(logits.device)
-        total += float(torch.nn.functional.cross_entropy(logits, target, reduction="sum"))
-        count += len(target)
-    return total / count
+        sums.append(float(torch.nn.functional.cross_entropy(logits, target, reduction="sum")))
+        counts.append(len(target))
+    return sums, counts
 
 
-def needle_accuracy(model, probe, handler) -> tuple[float, float]:
+def text_loss(model, texts: Sequence[Sequence[int]], handler) -> float:
+    """Mean next-token cross-entropy (nats) over positions 1..n-1 of every text."""
+    sums, counts = text_losses(model, texts, handler)
+    total = 0.0
+    for v in sums:  # summed in text order, as before per-text sums were kept
+        total += v
+    return total / sum(counts)
+
+
+def needle_hits(
+    model, probe, handler, decode: str = "greedy", batch: int = 8
+) -> tuple[list[bool], list[float]]:
+    """Per needle: (all ``K`` needle tokens right, share of them right).
+
+    ``decode="greedy"``: decoded greedily with a KV cache from the prompt before the answer.
+    ``decode="forced"``: one forward of the whole sequence (needles of one answer position
+    ``batch`` at a time), the arg-max at each answer position against the needle token, the earlier
+    answer tokens given. Exact match is the same under both (greedy decoding gets all ``K`` right
+    exactly when every teacher-forced arg-max is right; up to ties in the last bit); the token
+    share is not (after a miss, greedy decoding continues from its own token)."""
+    if decode not in ("greedy", "forced"):
+        raise HeadscopeError(f"Needle decoding is 'greedy' or 'forced', got {decode!r}.")
+    hits: list[bool] = []
+    tokens: list[float] = []
+    if decode == "greedy":
+        for ids, nd in zip(probe.sequences, probe.needles, strict=True):
+            prompt = list(ids[: nd["answer_start"]])
+            want = list(ids[nd["needle_start"] : nd["needle_start"] + nd["k"]])
+            got = model.greedy(prompt, nd["k"], handler=handler)
+            hits.append(got == want)
+            tokens.append(sum(a == b for a, b in zip(got, want, strict=True)) / len(want))
+        return hits, tokens
+    items = list(zip(probe.sequences, probe.needles, strict=True))
+    out: dict[int, tuple[bool, float]] = {}
+    for key in sorted({(len(ids), nd["answer_start"], nd["k"]) for ids, nd in items}):
+        idx = [
+            i for i, (ids, nd) in enumerate(items) if (len(ids), nd["answer_start"], nd["k"]) == key
+        ]
+        _, a, k = key
+        for j in range(0, len(idx), batch):
+            part = idx[j : j + batch]
+            x = torch.tensor([list(items[i][0]) for i in part])
+            logits = model.run(x, handler=handler, output="logits", logits_from=a - 1)
+            pred = logits[:, :k].argmax(-1).cpu()  # [needle, k]: the guess for answer tokens
+            want = torch.tensor(
+                [list(items[i][0][items[i][1]["needle_start"] :][:k]) for i in part]
+            )
+            right = pred == want
+            for i, r in zip(part, right, strict=True):
+                out[i] = (bool(r.all()), float(r.double().mean()))
+    for i in range(len(items)):
+        hits.append(out[i][0])
+        tokens.append(out[i][1])
+    return hits, tokens
+
+
+def needle_accuracy(model, probe, handler, decode: str = "greedy") -> tuple[float, float]:
     """(share of needles decoded exactly, share of needle tokens decoded right at their place):
-    greedy decoding with a KV cache from the prompt before the answer."""
-    hits, tokens = 0, 0.0
-    for ids, nd in zip(probe.sequences, probe.needles, strict=True):
-        prompt = list(ids[: nd["answer_start"]])
-        want = list(ids[nd["needle_start"] : nd["needle_start"] + nd["k"]])
-        got = model.greedy(prompt, nd["k"], handler=handler)
-        hits += got == want
-        tokens += sum(a == b for a, b in zip(got, want, strict=True)) / len(want)
-    return hits / len(probe.sequences), tokens / len(probe.sequences)
+    :func:`needle_hits` averaged over the needles."""
+    hits, tokens = needle_hits(model, probe, handler, decode)
+    return sum(hits) / len(hits), sum(tokens) / len(tokens)
+
+
+# ------------------------------------------------------------------------------ intervals
+
+
+def wilson(hits: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score interval of a share ``hits / n`` (95% for the default ``z``):
+    ``(p + z²/2n ± z sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n)``.
+
+    >>> tuple(round(v, 4) for v in wilson(0, 10))
+    (0.0, 0.2775)
+    """
+    if n <= 0:
+        return math.nan, math.nan
+    p = hits / n
+    z2 = z * z
+    mid = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def paired_loss_ci(
+    sums: Sequence[float],
+    base_sums: Sequence[float],
+    counts: Sequence[int],
+    resamples: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile interval of ``sum(s) / sum(n) - sum(s_base) / sum(n)`` over texts resampled with
+    replacement, the same draw for both conditions (paired: one set of texts, two conditions).
+    ``(nan, nan)`` with no resamples."""
+    if resamples <= 0 or not len(counts):
+        return math.nan, math.nan
+    s = torch.tensor(list(sums), dtype=torch.float64)
+    b = torch.tensor(list(base_sums), dtype=torch.float64)
+    n = torch.tensor(list(counts), dtype=torch.float64)
+    gen = torch.Generator().manual_seed(int(seed))
+    draws = torch.randint(len(n), (resamples, len(n)), generator=gen)  # [resample, text]
+    delta = (s[draws].sum(1) - b[draws].sum(1)) / n[draws].sum(1)  # [resample]
+    alpha = (1 - level) / 2
+    lo, hi = torch.quantile(delta, torch.tensor([alpha, 1 - alpha], dtype=torch.float64))
+    return float(lo), float(hi)
 
 
 # ------------------------------------------------------------------------------ the plan
@@ -203,10 +324,18 @@ def kv_plan(
     settings: PlanSettings = DEFAULT_SETTINGS,
     say: Callable[[str], None] | None = None,
     inputs=None,
+    decode: str = "greedy",
+    resamples: int = 2000,
 ) -> pd.DataFrame:
     """Every condition, verified: one row per (condition, budget, seed) with heads restricted, KV
-    heads dropped, memory saved, loss, loss change and needle accuracy. ``inputs``: what
-    :func:`plan_inputs` returned for this model and these settings (made here when None)."""
+    heads dropped, memory saved, loss, loss change (with its paired bootstrap interval over texts,
+    ``resamples`` draws) and needle accuracy (with its Wilson interval over needles). The
+    conditions: ``full``, ``streaming_all``, ``window_all``, then per budget ``plan``, ``random``
+    (as many heads, ``seeds`` draws) and ``random_kv`` (as many whole KV groups as the plan drops,
+    ``seeds`` draws). ``inputs``: what :func:`plan_inputs` returned for this model and these
+    settings (made here when None). ``decode``: how needles are read (:func:`needle_hits`).
+    Per-text loss sums are kept in ``df.attrs["text_sums"]`` (one list per row) with
+    ``df.attrs["text_counts"]``."""
     say = say or (lambda _m: None)
     texts, needles = inputs if inputs is not None else plan_inputs(model, settings, say)
     order = ranking(scores)
@@ -219,7 +348,8 @@ def kv_plan(
         ("window_all", 1.0, None, every, 0, s + w),
     ]
     for b in settings.budgets:
-        conditions.append(("plan", b, None, take(order, b), s, w))
+        plan = take(order, b)
+        conditions.append(("plan", b, None, plan, s, w))
         for seed in range(settings.seeds):
             conditions.append(
                 (
@@ -231,13 +361,29 @@ def kv_plan(
                     w,
                 )
             )
-    rows = []
+        dropped = kv_saving(
+            plan, model.n_layers, model.n_heads, model.n_kv_heads, model.d_head, 1, 0
+        )["kv_heads_dropped"]
+        for seed in range(settings.seeds):
+            groups = random_kv_groups(
+                model.n_layers, model.n_heads, model.n_kv_heads, dropped, seed
+            )
+            conditions.append(("random_kv", b, seed, groups, s, w))
+    rows, all_sums = [], []
+    counts: list[int] = []
     for i, (name, budget, seed, heads, sinks, window) in enumerate(conditions):
         handler = Restricted(heads, model.n_heads, sinks, window) if heads else None
         t0 = time.perf_counter()
-        loss = text_loss(model, texts, handler)
-        acc, token_acc = needle_accuracy(model, needles, handler)
+        sums, counts = text_losses(model, texts, handler)
+        loss = 0.0
+        for v in sums:  # the order text_loss sums in
+            loss += v
+        loss /= sum(counts)
+        hits, token_hits = needle_hits(model, needles, handler, decode)
+        acc, token_acc = sum(hits) / len(hits), sum(token_hits) / len(token_hits)
+        n_low, n_high = wilson(sum(hits), len(hits))
         seconds = time.perf_counter() - t0
+        all_sums.append(sums)
         mem = kv_saving(
             heads,
             model.n_layers,
@@ -258,6 +404,9 @@ def kv_plan(
                 **mem,
                 "loss": loss,
                 "needle_acc": acc,
+                "needle_low": n_low,
+                "needle_high": n_high,
+                "needles": len(hits),
                 "needle_token_acc": token_acc,
                 "seconds": seconds,
             }
@@ -270,6 +419,15 @@ def kv_plan(
         )
     df = pd.DataFrame(rows)
     df["loss_delta"] = df["loss"] - float(df.loc[df["condition"] == "full", "loss"].iloc[0])
+    base = all_sums[0]  # the full-attention row
+    ci = [
+        paired_loss_ci(v, base, counts, resamples) if k else (0.0, 0.0)
+        for k, v in enumerate(all_sums)
+    ]
+    df["loss_delta_low"] = [lo for lo, _ in ci]
+    df["loss_delta_high"] = [hi for _, hi in ci]
+    df.attrs["text_sums"] = all_sums
+    df.attrs["text_counts"] = list(counts)
     return df
 
 
@@ -282,51 +440,79 @@ def plan_heads(scores: pd.DataFrame, budgets: Sequence[float]) -> dict[str, list
 
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
-    """Per budget: the plan against the mean (min..max) of its random baselines."""
+    """Per budget: the plan (with its intervals, where the table has them) against the mean
+    (min..max) of its random baselines: ``random`` heads (as many) and ``random_kv`` groups (as
+    many KV heads dropped)."""
     out = []
-    for b, sub in df[df["condition"].isin(["plan", "random"])].groupby("budget"):
+    kinds = ["plan", "random", "random_kv"]
+    for b, sub in df[df["condition"].isin(kinds)].groupby("budget"):
         plan = sub[sub["condition"] == "plan"].iloc[0]
-        rnd = sub[sub["condition"] == "random"]
-        out.append(
-            {
-                "budget": b,
-                "heads": int(plan.heads_restricted),
-                "kv_saved": plan.kv_saved_fraction,
-                "plan_loss_delta": plan.loss_delta,
-                "random_loss_delta": rnd.loss_delta.mean() if len(rnd) else math.nan,
-                "random_loss_delta_max": rnd.loss_delta.max() if len(rnd) else math.nan,
-                "plan_needle": plan.needle_acc,
-                "random_needle": rnd.needle_acc.mean() if len(rnd) else math.nan,
-                "random_kv_saved": rnd.kv_saved_fraction.mean() if len(rnd) else math.nan,
-            }
-        )
+        row = {
+            "budget": b,
+            "heads": int(plan.heads_restricted),
+            "kv_saved": plan.kv_saved_fraction,
+            "plan_loss_delta": plan.loss_delta,
+        }
+        if "loss_delta_low" in sub:
+            row["plan_loss_low"] = plan.loss_delta_low
+            row["plan_loss_high"] = plan.loss_delta_high
+        for kind in ("random", "random_kv"):
+            rnd = sub[sub["condition"] == kind]
+            if kind == "random_kv" and not len(rnd):
+                continue
+            row[f"{kind}_loss_delta"] = rnd.loss_delta.mean() if len(rnd) else math.nan
+            row[f"{kind}_loss_delta_min"] = rnd.loss_delta.min() if len(rnd) else math.nan
+            row[f"{kind}_loss_delta_max"] = rnd.loss_delta.max() if len(rnd) else math.nan
+        row["plan_needle"] = plan.needle_acc
+        if "needle_low" in sub:
+            row["plan_needle_low"] = plan.needle_low
+            row["plan_needle_high"] = plan.needle_high
+        for kind in ("random", "random_kv"):
+            rnd = sub[sub["condition"] == kind]
+            if kind == "random_kv" and not len(rnd):
+                continue
+            row[f"{kind}_needle"] = rnd.needle_acc.mean() if len(rnd) else math.nan
+            row[f"{kind}_kv_saved"] = rnd.kv_saved_fraction.mean() if len(rnd) else math.nan
+        out.append(row)
     return pd.DataFrame(out)
 
 
 def figure(df: pd.DataFrame, model_name: str = "", seq_len: int | None = None):
-    """Loss change and needle accuracy against the share of heads restricted: plan, random,
-    baselines."""
+    """Loss change and needle accuracy against the share of heads restricted: plan (bars: its 95%
+    intervals, where the table has them), random heads, random KV groups, baselines. Needle
+    accuracy on a 0..1 axis."""
     from headscope.report.curves import curve_panels
 
     full = df[df["condition"] == "full"]
     plan = df[df["condition"] == "plan"].sort_values("budget")
-    rnd = df[df["condition"] == "random"]
-    n_seeds = int(rnd["seed"].nunique()) if len(rnd) else 0
     panels = []
-    for col, label in (
-        ("loss_delta", "held-out loss change (nats)"),
-        ("needle_acc", "needle exact match"),
+    for col, label, low, high in (
+        ("loss_delta", "held-out loss change vs full (nats)", "loss_delta_low", "loss_delta_high"),
+        ("needle_acc", "needle exact match (share of needles)", "needle_low", "needle_high"),
     ):
-        lines = [
-            {
-                "x": [0.0, *plan["budget"]],
-                "y": [float(full[col].iloc[0]), *plan[col]],
-                "style": "o-",
-                "colour": "C0",
-                "label": "plan (streaming score)",
-            }
-        ]
-        if len(rnd):
+        line = {
+            "x": [0.0, *plan["budget"]],
+            "y": [float(full[col].iloc[0]), *plan[col]],
+            "style": "o-",
+            "colour": "C0",
+            "label": "plan (streaming score)",
+        }
+        if low in df and high in df and len(full):
+            lo = [0.0 if col == "loss_delta" else float(full[low].iloc[0]), *plan[low]]
+            hi = [0.0 if col == "loss_delta" else float(full[high].iloc[0]), *plan[high]]
+            if not any(math.isnan(v) for v in lo + hi):
+                line["low"], line["high"] = lo, hi
+                what = "texts, paired" if col == "loss_delta" else "needles, Wilson"
+                line["label"] = f"plan (streaming score); bars 95% over {what}"
+        lines = [line]
+        for kind, style, colour, text in (
+            ("random", "s--", "C1", "random heads (as many)"),
+            ("random_kv", "D:", "C4", "random KV groups (as many KV heads dropped)"),
+        ):
+            rnd = df[df["condition"] == kind]
+            if not len(rnd):
+                continue
+            n_seeds = int(rnd["seed"].nunique())
             g = rnd.groupby("budget")[col]
             lines.append(
                 {
@@ -334,10 +520,9 @@ def figure(df: pd.DataFrame, model_name: str = "", seq_len: int | None = None):
                     "y": list(g.mean()),
                     "low": list(g.min()),
                     "high": list(g.max()),
-                    "style": "s--",
-                    "colour": "C1",
-                    "label": f"random heads: mean, bars min-max of {n_seeds} "
-                    f"seed{'s' * (n_seeds != 1)}",
+                    "style": style,
+                    "colour": colour,
+                    "label": f"{text}: mean, bars min-max of {n_seeds} seed{'s' * (n_seeds != 1)}",
                 }
             )
         for name, marker, colour, text in (
@@ -361,6 +546,7 @@ def figure(df: pd.DataFrame, model_name: str = "", seq_len: int | None = None):
                 "lines": lines,
                 "xlabel": "share of heads restricted to sinks + window",
                 "ylabel": label,
+                "ylim": (0.0, 1.0) if col == "needle_acc" else None,
             }
         )
     length = f", {seq_len}-token held-out texts and needles" if seq_len else ""
@@ -385,8 +571,8 @@ def markdown(df: pd.DataFrame, settings: PlanSettings, model_name: str, plans: d
         f"{full.loss:.3f} nats, "
         f"needles {full.needle_acc:.0%}.",
         "",
-        "| condition | budget | seed | heads | KV heads dropped | KV saved | loss change | "
-        "needles |",
+        "| condition | budget | seed | heads | KV heads dropped | KV saved | loss change "
+        "[95% over texts] | needles [95% Wilson] |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in df.itertuples():
@@ -395,10 +581,16 @@ def markdown(df: pd.DataFrame, settings: PlanSettings, model_name: str, plans: d
             if r.seed is None or (isinstance(r.seed, float) and math.isnan(r.seed))
             else int(r.seed)
         )
+        loss_ci = needle_ci = ""
+        if hasattr(r, "loss_delta_low") and not math.isnan(r.loss_delta_low):
+            loss_ci = f" [{r.loss_delta_low:+.3f}, {r.loss_delta_high:+.3f}]"
+        if hasattr(r, "needle_low") and not math.isnan(r.needle_low):
+            needle_ci = f" [{r.needle_low:.0%}, {r.needle_high:.0%}]"
         lines.append(
             f"| {r.condition} | {r.budget:g} | {seed} | {r.heads_restricted} | "
             f"{r.kv_heads_dropped} | "
-            f"{r.kv_saved_fraction:.1%} | {r.loss_delta:+.3f} | {r.needle_acc:.0%} |"
+            f"{r.kv_saved_fraction:.1%} | {r.loss_delta:+.3f}{loss_ci} | "
+            f"{r.needle_acc:.0%}{needle_ci} |"
         )
     lines += [
         "",

@@ -135,11 +135,29 @@ def test_kv_plan_runs_every_condition(llama):
         "plan",
         "random",
         "random",
+        "random_kv",
+        "random_kv",
         "plan",
         "random",
         "random",
+        "random_kv",
+        "random_kv",
     ]
     assert df.loc[0, "loss_delta"] == 0 and df.loc[0, "kv_saved_fraction"] == 0
+    # random KV groups: exactly the plan's KV heads dropped, so the same memory saved
+    for b in (0.25, 1.0):
+        plan = df[(df.condition == "plan") & (df.budget == b)].iloc[0]
+        kv = df[(df.condition == "random_kv") & (df.budget == b)]
+        assert (kv.kv_heads_dropped == plan.kv_heads_dropped).all()
+        assert (kv.kv_saved_fraction == plan.kv_saved_fraction).all()
+        assert (kv.heads_restricted == plan.kv_heads_dropped * 2).all()  # 2 query heads a group
+    # intervals hold their point; per-text sums give back the loss
+    assert (df.loss_delta_low <= df.loss_delta + 1e-12).all()
+    assert (df.loss_delta <= df.loss_delta_high + 1e-12).all()
+    assert (df.needle_low <= df.needle_acc).all() and (df.needle_acc <= df.needle_high).all()
+    sums, counts = df.attrs["text_sums"], df.attrs["text_counts"]
+    for k in range(len(df)):
+        assert sum(sums[k]) / sum(counts) == pytest.approx(df.loss[k], rel=1e-12)
     every = df[df.budget == 1.0]
     assert (every.heads_restricted == 8).all() and (every.kv_heads_dropped == 4).all()
     plan_all = df[(df.condition == "plan") & (df.budget == 1.0)].iloc[0]
@@ -239,3 +257,118 @@ def test_a_figure_that_fails_keeps_the_plan_tables(tmp_path, monkeypatch):
     )
     assert len(heard) == 1 and "everything else was kept" in heard[0]
     assert len(pd.read_csv(tmp_path / "kvplan.csv")) == len(_plan_table())
+
+
+# ------------------------------------------------------------------------------ issue 24: intervals
+
+
+def test_random_kv_groups_restrict_whole_groups_and_drop_exactly_that_many():
+    # 3 layers x 6 query heads, 2 KV heads (groups of 3)
+    for count in range(7):
+        heads = kvplan.random_kv_groups(3, 6, 2, count, seed=count)
+        assert len(heads) == 3 * count
+        assert kvplan.kv_saving(heads, 3, 6, 2, 8, 100, 10)["kv_heads_dropped"] == count
+        for layer, head in heads:  # each drawn group whole
+            g = head // 3
+            assert all((layer, g * 3 + j) in heads for j in range(3))
+    assert kvplan.random_kv_groups(3, 6, 2, 3, 0) == kvplan.random_kv_groups(3, 6, 2, 3, 0)
+    draws = {kvplan.random_kv_groups(3, 6, 2, 3, s) for s in range(10)}
+    assert len(draws) > 1  # seeded, and the seed matters
+    with pytest.raises(HeadscopeError, match="Cannot draw 7 KV groups from 6"):
+        kvplan.random_kv_groups(3, 6, 2, 7, 0)
+
+
+def _wilson_by_inversion(hits: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """The Wilson interval from its definition: the p0 with |h/n - p0| <= z sqrt(p0 (1 - p0) / n),
+    found by bisection (no closed form)."""
+    p = hits / n
+
+    def inside(p0):
+        return abs(p - p0) <= z * (p0 * (1 - p0) / n) ** 0.5
+
+    def edge(a, b):  # a inside, b outside
+        for _ in range(200):
+            m = (a + b) / 2
+            a, b = (m, b) if inside(m) else (a, m)
+        return a
+
+    return (edge(p, 0.0) if p > 0 else 0.0), (edge(p, 1.0) if p < 1 else 1.0)
+
+
+@pytest.mark.parametrize("hits,n", [(0, 10), (1, 10), (5, 10), (37, 100), (100, 100), (3, 7)])
+def test_wilson_interval_matches_its_definition(hits, n):
+    got = kvplan.wilson(hits, n)
+    want = _wilson_by_inversion(hits, n)
+    assert got == pytest.approx(want, abs=1e-9)
+    assert got[0] <= hits / n <= got[1]
+    assert kvplan.wilson(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)  # textbook value
+
+
+def test_paired_loss_interval_is_paired_and_is_the_pooled_delta():
+    counts = [100, 50, 200, 80, 120]
+    base = [250.0, 400.0, 300.0, 90.0, 700.0]  # per-token losses differ a lot across texts
+    # every text 0.1 nats per token worse: paired, the interval is that point
+    shifted = [b + 0.1 * n for b, n in zip(base, counts, strict=True)]
+    lo, hi = kvplan.paired_loss_ci(shifted, base, counts, resamples=500)
+    assert lo == pytest.approx(0.1) and hi == pytest.approx(0.1)
+    # an independent loop over the same draws gives the same percentiles
+    cond = [b + d * n for b, d, n in zip(base, [0.3, -0.1, 0.05, 0.2, 0.0], counts, strict=True)]
+    lo, hi = kvplan.paired_loss_ci(cond, base, counts, resamples=400, seed=3)
+    gen = torch.Generator().manual_seed(3)
+    draws = torch.randint(len(counts), (400, len(counts)), generator=gen).tolist()
+    deltas = sorted(
+        (sum(cond[i] for i in d) - sum(base[i] for i in d)) / sum(counts[i] for i in d)
+        for d in draws
+    )
+    import numpy as np
+
+    want = np.quantile(np.array(deltas), [0.025, 0.975])
+    assert (lo, hi) == pytest.approx(tuple(want), abs=1e-12)
+    pooled = (sum(cond) - sum(base)) / sum(counts)
+    assert lo < pooled < hi and lo < hi
+    assert all(map(np.isnan, kvplan.paired_loss_ci(cond, base, counts, resamples=0)))
+
+
+def test_text_losses_match_a_plain_hf_forward(llama):
+    texts = long_text_probe(llama, 100, 3, part="heldout").sequences
+    sums, counts = kvplan.text_losses(llama, texts, None)
+    assert counts == [99, 99, 99]
+    for ids, s in zip(texts, sums, strict=True):
+        x = torch.tensor([list(ids)])
+        with torch.no_grad():
+            logits = llama.hf(input_ids=x).logits[0, :-1]
+        want = float(torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum"))
+        assert s == pytest.approx(want, rel=1e-5)
+    assert kvplan.text_loss(llama, texts, None) == pytest.approx(sum(sums) / sum(counts), rel=1e-12)
+
+
+class _Needles:
+    """A needle probe whose answers are what the model itself decodes (so greedy decoding gets
+    them right), and the same with one answer token changed (so it does not)."""
+
+    def __init__(self, llama, handler, k=4):
+        self.sequences, self.needles = [], []
+        for n, length in enumerate((60, 60, 60, 75)):
+            prompt = list(long_text_probe(llama, length, 1).sequences[0])
+            prompt[1] = (
+                prompt[1] + n
+            ) % llama.hf.config.vocab_size  # distinct prompts of one length
+            got = llama.greedy(prompt, k, handler=handler)
+            if n % 2:  # a miss at the last answer token
+                got = got[:-1] + [(got[-1] + 1) % llama.hf.config.vocab_size]
+            self.sequences.append(prompt + got)
+            a = len(prompt)
+            self.needles.append({"needle_start": a, "answer_start": a, "k": k})
+
+
+@pytest.mark.parametrize("restricted", [False, True])
+def test_forced_needle_reading_equals_greedy_decoding_on_exact_match(llama, restricted):
+    every = frozenset((la, h) for la in range(llama.n_layers) for h in range(llama.n_heads))
+    handler = kvplan.Restricted(every, llama.n_heads, 1, 8) if restricted else None
+    probe = _Needles(llama, handler)
+    greedy, g_tokens = kvplan.needle_hits(llama, probe, handler, "greedy")
+    forced, f_tokens = kvplan.needle_hits(llama, probe, handler, "forced", batch=2)
+    assert greedy == forced == [True, False, True, False]
+    assert f_tokens == [1.0, 0.75, 1.0, 0.75] == g_tokens  # a miss at the last token only
+    with pytest.raises(HeadscopeError, match="'greedy' or 'forced'"):
+        kvplan.needle_hits(llama, probe, handler, "beam")

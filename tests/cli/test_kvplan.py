@@ -95,7 +95,15 @@ def test_kvplan_cli_writes_the_plan_into_the_run(tmp_path, tiny_gpt2_dir):
         "kvplan.png",
     ]
     df = pd.read_csv(run / "kvplan" / "kvplan.csv")
-    assert list(df.condition) == ["full", "streaming_all", "window_all", "plan", "random"]
+    assert list(df.condition) == [
+        "full",
+        "streaming_all",
+        "window_all",
+        "plan",
+        "random",
+        "random_kv",
+    ]
+    assert {"loss_delta_low", "loss_delta_high", "needle_low", "needle_high"} <= set(df.columns)
     assert foreign_entries(run) == []  # the plan counts as headscope's own inside the run
     again = CliRunner().invoke(main, args)
     assert again.exit_code == 2 and "already exists" in again.output
