@@ -181,40 +181,6 @@ def unsupported_claims(nb: dict) -> list[str]:
     return problems
 
 
-#: Notebooks whose prose does not cite its cells in the form above yet: 02 and 05 are still to
-#: be rewritten (issue 24; 06, 08 and 10 now cite ``[out N]``). Until they do, they are held to the
-#: older rule, :func:`quoted_anywhere`. ``tests/test_notebook_claims.py`` fails as soon as one of
-#: them passes the strict rule, so this list only shrinks.
-NOT_YET_CITED = (
-    "02_induction_heads.ipynb",
-)
-
-
-def quoted_anywhere(nb: dict) -> list[str]:
-    """The older, weaker rule: each number and head name of the prose appears in *some* output of
-    the notebook (at the decimals quoted), whichever sentence quotes it."""
-    shown = outputs_text(nb)
-    values = _numbers(shown)
-    heads = set(HEAD.findall(shown))
-    problems = []
-    for i, cell in enumerate(nb["cells"]):
-        if cell.get("cell_type") != "markdown":
-            continue
-        text = MODEL_NAME.sub("", CITE.sub("", re.sub(r"\$[^$]*\$", "", _text(cell))))
-        for name in sorted(set(HEAD.findall(text)) - heads):
-            problems.append(f"cell {i}: {name} appears in no output")
-        for m in DECIMAL.finditer(text):
-            claim = _value(m.group())
-            places = len(m.group().split(".")[1])
-            if claim is None or any(_rounds_to(abs(v), abs(claim), places) for v in values):
-                continue
-            pct = PERCENT.match(text, m.start())
-            if pct and any(_rounds_to(abs(v) * 100, abs(claim), places) for v in values):
-                continue
-            problems.append(f"cell {i}: {m.group()} matches no number in any output")
-    return problems
-
-
 def check(path: str | Path) -> list[str]:
     nb = json.loads(Path(path).read_text())
     return unsupported_claims(nb)

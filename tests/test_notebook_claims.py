@@ -14,10 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.notebook_claims import (
-    NOT_YET_CITED,
     cited,
     outputs_text,
-    quoted_anywhere,
     sentences,
     unsupported_claims,
 )
@@ -214,26 +212,8 @@ def test_saved_notebook_is_a_full_run_without_errors(path: Path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_saved_notebook_prose_quotes_only_its_outputs(path: Path):
     nb = json.loads(path.read_text())
-    if path.name in NOT_YET_CITED:
-        problems = quoted_anywhere(nb)  # the older rule, until the notebook cites its cells
-        assert not problems, f"{path.name}:\n" + "\n".join(problems)
-        assert unsupported_claims(nb), (
-            f"{path.name} now passes the strict rule: remove it from NOT_YET_CITED"
-        )
-        return
     problems = unsupported_claims(nb)
     assert not problems, f"{path.name}:\n" + "\n".join(problems)
-
-
-def test_the_notebooks_not_yet_cited_exist():
-    assert set(NOT_YET_CITED) <= {p.name for p in NOTEBOOKS}
-
-
-def test_the_older_rule_accepts_a_number_from_any_output_and_still_catches_an_unshown_one():
-    assert quoted_anywhere(_two_cells("L18H6 scores 0.872 [out 2].")) == []
-    assert quoted_anywhere(_two_cells("It scores 0.999.")) == [
-        "cell 2: 0.999 matches no number in any output"
-    ]
 
 
 def test_a_model_name_is_not_a_claim_but_a_version_alone_is():
