@@ -477,21 +477,30 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def figure(df: pd.DataFrame, model_name: str = "", seq_len: int | None = None):
+def figure(
+    df: pd.DataFrame,
+    model_name: str = "",
+    seq_len: int | None = None,
+    needle_len: int | None = None,
+):
     """Loss change and needle accuracy against the share of heads restricted: plan (bars: its 95%
     intervals, where the table has them), random heads, random KV groups, baselines. Needle
-    accuracy on a 0..1 axis."""
+    accuracy on a 0..1 axis. Each condition sits at the share of heads it really restricts (a
+    random KV group restricts every query head of its KV heads, so its share is not the budget's).
+    ``seq_len`` / ``needle_len``: the held-out texts' and needles' lengths for the title (needles
+    as long as the texts when ``needle_len`` is None)."""
     from headscope.report.curves import curve_panels
 
     full = df[df["condition"] == "full"]
     plan = df[df["condition"] == "plan"].sort_values("budget")
+    total = _total_heads(df)
     panels = []
     for col, label, low, high in (
         ("loss_delta", "held-out loss change vs full (nats)", "loss_delta_low", "loss_delta_high"),
         ("needle_acc", "needle exact match (share of needles)", "needle_low", "needle_high"),
     ):
         line = {
-            "x": [0.0, *plan["budget"]],
+            "x": [0.0, *(plan["heads_restricted"] / total)],
             "y": [float(full[col].iloc[0]), *plan[col]],
             "style": "o-",
             "colour": "C0",
@@ -514,9 +523,10 @@ def figure(df: pd.DataFrame, model_name: str = "", seq_len: int | None = None):
                 continue
             n_seeds = int(rnd["seed"].nunique())
             g = rnd.groupby("budget")[col]
+            share = (rnd["heads_restricted"] / total).groupby(rnd["budget"]).mean()
             lines.append(
                 {
-                    "x": list(g.mean().index),
+                    "x": list(share.loc[g.mean().index]),
                     "y": list(g.mean()),
                     "low": list(g.min()),
                     "high": list(g.max()),
@@ -525,15 +535,15 @@ def figure(df: pd.DataFrame, model_name: str = "", seq_len: int | None = None):
                     "label": f"{text}: mean, bars min-max of {n_seeds} seed{'s' * (n_seeds != 1)}",
                 }
             )
-        for name, marker, colour, text in (
-            ("streaming_all", "^", "C2", "all heads: sinks + window"),
-            ("window_all", "v", "C3", "all heads: window, no sinks"),
+        for name, marker, colour, text, nudge in (  # side by side at 1: one hid the other
+            ("streaming_all", "^", "C2", "all heads: sinks + window", -0.015),
+            ("window_all", "v", "C3", "all heads: window, no sinks", 0.015),
         ):
             row = df[df["condition"] == name]
             if len(row):
                 lines.append(
                     {
-                        "x": [1.0],
+                        "x": [1.0 + nudge],
                         "y": [float(row[col].iloc[0])],
                         "style": marker,
                         "colour": colour,
@@ -549,12 +559,26 @@ def figure(df: pd.DataFrame, model_name: str = "", seq_len: int | None = None):
                 "ylim": (0.0, 1.0) if col == "needle_acc" else None,
             }
         )
-    length = f", {seq_len}-token held-out texts and needles" if seq_len else ""
-    return curve_panels(
+    if seq_len and needle_len and needle_len != seq_len:
+        length = f", held-out texts of {seq_len} tokens, needles of {needle_len}"
+    else:
+        length = f", {seq_len}-token held-out texts and needles" if seq_len else ""
+    return curve_panels(  # a legend on each panel: the needle panel is read alone too
         panels,
         title=f"{model_name or 'KV-cache plan'}: restricted heads against full attention{length}",
-        legend_panel=0,
     )
+
+
+def _total_heads(df: pd.DataFrame) -> int:
+    """Query heads in the model: what the ``streaming_all`` row restricts (every head), else the
+    plan's restricted count over its budget."""
+    every = df.loc[df["condition"] == "streaming_all", "heads_restricted"]
+    if len(every):
+        return int(every.iloc[0])
+    plan = df[(df["condition"] == "plan") & (df["budget"] > 0)]
+    if len(plan):
+        return max(1, int(round(float((plan["heads_restricted"] / plan["budget"]).iloc[0]))))
+    return max(1, int(df["heads_restricted"].max()))
 
 
 def markdown(df: pd.DataFrame, settings: PlanSettings, model_name: str, plans: dict) -> str:

@@ -372,3 +372,54 @@ def test_forced_needle_reading_equals_greedy_decoding_on_exact_match(llama, rest
     assert f_tokens == [1.0, 0.75, 1.0, 0.75] == g_tokens  # a miss at the last token only
     with pytest.raises(HeadscopeError, match="'greedy' or 'forced'"):
         kvplan.needle_hits(llama, probe, handler, "beam")
+
+
+def _curve(ax, label: str):
+    """The (x, y) of the curve labelled ``label`` on ``ax`` (a plain line or an errorbar's)."""
+    for c in ax.containers:
+        if c.get_label().startswith(label):
+            return list(c.lines[0].get_xdata()), list(c.lines[0].get_ydata())
+    for line in ax.lines:
+        if line.get_label().startswith(label):
+            return list(line.get_xdata()), list(line.get_ydata())
+    raise AssertionError(f"no curve {label!r} on {[c.get_label() for c in ax.containers]}")
+
+
+def test_the_figure_puts_each_condition_at_the_share_of_heads_it_restricts():
+    """12 query heads in 4 KV groups of 3: the plan and count-matched random heads restrict 3 and
+    6 heads at budgets 0.25 and 0.5; random whole KV groups matched to the plan's KV heads dropped
+    restrict 6 and 9 (two and three groups), so they sit at 0.5 and 0.75, not at the budgets."""
+    base = {"sinks": 4, "window": 64, "kv_saved_fraction": 0.0, "needle_token_acc": 0.5}
+    rows = [{**base, "condition": "full", "budget": 0.0, "seed": None, "heads_restricted": 0}]
+    rows.append({**base, "condition": "streaming_all", "budget": 1.0, "seed": None})
+    rows.append({**base, "condition": "window_all", "budget": 1.0, "seed": None})
+    rows[-1]["heads_restricted"] = rows[-2]["heads_restricted"] = 12
+    for b, n, kv in ((0.25, 3, 6), (0.5, 6, 9)):
+        rows.append({**base, "condition": "plan", "budget": b, "seed": None, "heads_restricted": n})
+        for seed in range(2):
+            rows.append(
+                {**base, "condition": "random", "budget": b, "seed": seed, "heads_restricted": n}
+            )
+            rows.append(
+                {
+                    **base,
+                    "condition": "random_kv",
+                    "budget": b,
+                    "seed": seed,
+                    "heads_restricted": kv,
+                }
+            )
+    df = pd.DataFrame(rows).assign(loss_delta=0.1, needle_acc=0.5)
+    df.loc[df.condition == "full", "loss_delta"] = 0.0
+    fig = kvplan.figure(df, "tiny", 512, needle_len=256)
+    assert "held-out texts of 512 tokens, needles of 256" in fig.texts[0].get_text()
+    loss, needles = fig.axes
+    for ax in (loss, needles):  # each panel keys its own curves
+        assert ax.get_legend() is not None
+        assert _curve(ax, "plan")[0] == pytest.approx([0.0, 0.25, 0.5])
+        assert _curve(ax, "random heads")[0] == pytest.approx([0.25, 0.5])
+        assert _curve(ax, "random KV groups")[0] == pytest.approx([0.5, 0.75])
+        # the two all-heads baselines side by side at 1, not one over the other
+        a, b = _curve(ax, "all heads: sinks")[0], _curve(ax, "all heads: window")[0]
+        assert a[0] < 1.0 < b[0] and b[0] - a[0] < 0.05
+    assert "needles of" not in kvplan.figure(df, "tiny", 512).texts[0].get_text()
