@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 from matplotlib import patheffects
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
 from headscope.catalog import describe, is_below, pattern_names
@@ -170,8 +171,17 @@ def _labelled(scores: pd.DataFrame, metric: str) -> np.ndarray:
     return flags.pivot(index="layer", columns="head", values="on").to_numpy(dtype=bool)
 
 
+def _one_chance(sub: pd.DataFrame) -> float | None:
+    """The chance value every head of ``sub`` shares (None: none, or they differ)."""
+    if "chance" not in sub:
+        return None
+    values = pd.to_numeric(sub["chance"], errors="coerce").dropna().unique()
+    return float(values[0]) if len(values) == 1 and np.isfinite(values[0]) else None
+
+
 def heatmap(scores: pd.DataFrame, metric: str, n_sequences: int | None = None) -> Figure:
-    """A layer x head heatmap of one metric, titled with the model and n."""
+    """A layer x head heatmap of one metric, titled with the model, n and the chance value (a red
+    line on the colour bar too); a key below names the line, the numbers and the hatching."""
     sub = scores[scores["metric"] == metric]
     n_layers, n_heads = sub["layer"].nunique(), sub["head"].nunique()
     fig = Figure(
@@ -189,24 +199,30 @@ def heatmap(scores: pd.DataFrame, metric: str, n_sequences: int | None = None) -
     )
     what = "target tokens" if is_effect(metric) else "queries" if pattern else "positions"
     shaky = "stability" in sub and bool(((sub["stability"] < STABLE) & (sub["label"] != "")).any())
+    chance = _one_chance(sub) if not is_effect(metric) else None
+    said = f"; chance {chance:.3g}" if chance is not None else ""
     im = draw_heatmap(
-        ax, scores, metric, title=f"{model}: {metric}{unit}\n{seqs}n = {n_pairs} {what}"
+        ax, scores, metric, title=f"{model}: {metric}{unit}\n{seqs}n = {n_pairs} {what}{said}"
     )
-    fig.colorbar(im, ax=ax, shrink=0.8, label=colour_label(metric))
+    bar = fig.colorbar(im, ax=ax, shrink=0.8, label=colour_label(metric))
+    keys = []
+    if chance is not None and im.norm.vmin <= chance <= im.norm.vmax:
+        bar.ax.axhline(chance, color="red", lw=1.2)
+        keys.append(Line2D([], [], color="red", lw=1.2, label="red line on the colour bar: chance"))
+    n_cells = n_layers * n_heads
+    if n_cells <= 400 and _labelled(scores, metric).any():
+        keys.append(Patch(facecolor="none", edgecolor="none", label="numbers: the labelled heads"))
     if shaky:
-        fig.legend(  # below the axes, outside them: never over the "head" axis label
-            handles=[
-                Patch(
-                    facecolor="none",
-                    edgecolor="0.45",
-                    hatch="///",
-                    label=f"label stability < {STABLE} (bootstrap)",
-                )
-            ],
-            loc="outside lower center",
-            fontsize=7,
-            frameon=False,
+        keys.append(
+            Patch(
+                facecolor="none",
+                edgecolor="0.45",
+                hatch="///",
+                label=f"label stability < {STABLE} (bootstrap)",
+            )
         )
+    if keys:  # below the axes, outside them: never over the "head" axis label
+        fig.legend(handles=keys, loc="outside lower center", fontsize=7, frameon=False)
     return fig
 
 

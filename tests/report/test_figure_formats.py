@@ -113,9 +113,18 @@ def test_a_heatmap_pdf_has_real_fonts_and_rasterises_to_the_png(tmp_path):
     png = imread(tmp_path / "induction.png")[..., :3]
     raster = imread(tmp_path / "raster.png")[..., :3]
     assert abs(png.shape[0] - raster.shape[0]) <= 1 and abs(png.shape[1] - raster.shape[1]) <= 1
-    h, w = min(png.shape[0], raster.shape[0]), min(png.shape[1], raster.shape[1])
-    diff = np.abs(png[:h, :w].mean(-1) - raster[:h, :w].mean(-1))
-    assert diff.mean() < 0.03, f"the PDF differs from the PNG (mean |diff| {diff.mean():.3f})"
+    # the layouts may differ by a pixel or less (the two renderers measure text apart), so compare
+    # 4 x 4 block means: a shift that small vanishes, a missing or moved element does not
+    h, w = (
+        (min(png.shape[0], raster.shape[0]) // 4) * 4,
+        (min(png.shape[1], raster.shape[1]) // 4) * 4,
+    )
+
+    def blocks(img):
+        return img[:h, :w].mean(-1).reshape(h // 4, 4, w // 4, 4).mean((1, 3))
+
+    diff = float(np.abs(blocks(png) - blocks(raster)).mean())
+    assert diff < 0.03, f"the PDF differs from the PNG (mean |diff| {diff:.3f})"
     assert (raster.mean(-1) < 0.9).mean() > 0.05  # and it is not blank
 
 

@@ -140,14 +140,18 @@ def test_layer_zero_is_at_the_top(scores):
 def test_title_has_model_metric_and_n(scores):
     assert (
         heatmap(scores, "induction").axes[0].get_title()
-        == "org/tiny-gpt2: induction\nn = 8 queries"
+        == "org/tiny-gpt2: induction\nn = 8 queries; chance 0.25"
     )
     assert heatmap(scores, "induction", n_sequences=16).axes[0].get_title() == (
-        "org/tiny-gpt2: induction\n16 seqs, n = 8 queries"
+        "org/tiny-gpt2: induction\n16 seqs, n = 8 queries; chance 0.25"
     )
     assert (
         heatmap(scores, "entropy", 4).axes[0].get_title()
-        == "org/tiny-gpt2: entropy (nats)\n4 seqs, n = 8 queries"
+        == "org/tiny-gpt2: entropy (nats)\n4 seqs, n = 8 queries; chance 0.25"
+    )
+    # no chance value in the table (or several): none in the title
+    assert (
+        heatmap(scores.assign(chance=np.nan), "induction").axes[0].get_title().endswith("queries")
     )
 
 
@@ -252,11 +256,18 @@ def test_hatching_has_its_key_below_the_axes_not_over_them(scores):
     fig = heatmap(shaky, "induction")
     assert not fig.axes[0].get_legend()  # a key inside the axes sat over the "head" label
     (key,) = fig.legends
-    assert [t.get_text() for t in key.get_texts()] == ["label stability < 0.9 (bootstrap)"]
+    assert [t.get_text() for t in key.get_texts()] == [
+        "red line on the colour bar: chance",
+        "numbers: the labelled heads",
+        "label stability < 0.9 (bootstrap)",
+    ]
+    bar = fig.axes[-1]
+    assert [line.get_ydata()[0] for line in bar.lines] == [0.25]  # the chance line
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     renderer = FigureCanvasAgg(fig).get_renderer()
     fig.draw(renderer)  # the key lies wholly below the panel, "head" label included
     panel = fig.axes[0].get_tightbbox(renderer)
     assert key.get_window_extent().y1 <= panel.y0 + 1
-    assert not heatmap(scores, "induction").legends  # nothing hatched, no key
+    plain = [t.get_text() for t in heatmap(scores, "induction").legends[0].get_texts()]
+    assert not any("stability" in t for t in plain)  # nothing hatched, no hatching key
