@@ -200,6 +200,13 @@ main(["scan", model, "--out", out, "--n-prompts", "3", "--repeat-len", "6", "--b
 """
 
 
+def _as_from_a_terminal() -> None:
+    """In the child, before it starts: Ctrl-C as a terminal delivers it. A suite run as a background
+    job inherits SIGINT ignored, and headscope rightly keeps an ignored signal ignored, so without
+    this the SIGINT cases would test the shell, not headscope."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(phase: str, model: Path, out: Path, ready: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
     return subprocess.Popen(
@@ -208,6 +215,7 @@ def _start(phase: str, model: Path, out: Path, ready: Path) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_as_from_a_terminal,
     )
 
 
@@ -269,10 +277,15 @@ def test_a_second_ctrl_c_during_the_clean_up_cannot_stop_it(result, tmp_path, mo
 
     monkeypatch.setattr(rd, "_write", interrupted_write)
     monkeypatch.setattr(rd.shutil, "rmtree", rmtree_with_a_second_ctrl_c)
-    with pytest.raises(KeyboardInterrupt):
-        save_run(result, tmp_path / "deep" / "run")
-    assert len(calls) == 1 and list(tmp_path.iterdir()) == []
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    # Ctrl-C as at a terminal, even when the suite runs as a background job (SIGINT ignored)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            save_run(result, tmp_path / "deep" / "run")
+        assert len(calls) == 1 and list(tmp_path.iterdir()) == []
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert (
         signals._SIGNALS.pending is None
         and signals._SIGNALS.holding == 0
