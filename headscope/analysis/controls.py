@@ -98,16 +98,15 @@ def scan_interval(
 
 
 def proportion_interval(k: int, n: int, level: float = LEVEL) -> tuple[float, float]:
-    """Wilson score interval for ``k`` successes out of ``n`` (``n >= 1``)."""
+    """Wilson score interval for ``k`` successes out of ``n`` (``n >= 1``): kvplan's
+    :func:`~headscope.apps.kvplan.wilson` at the ``level``'s normal quantile."""
     if n < 1 or not 0 <= k <= n:
         raise HeadscopeError(f"proportion_interval needs 0 <= k <= n and n >= 1, got k={k}, n={n}.")
     from statistics import NormalDist
 
-    z = NormalDist().inv_cdf(1 - (1 - level) / 2)
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    from headscope.apps.kvplan import wilson
+
+    return wilson(k, n, z=NormalDist().inv_cdf(1 - (1 - level) / 2))
 
 
 #: Student's t, 97.5th percentile, by degrees of freedom (1..30): a 95% interval of a mean of few
@@ -395,54 +394,6 @@ def random_ordinary_tokens(model, n: int, seed: int = 0) -> list[int]:
     vocab = model.ordinary_vocab()
     gen = torch.Generator().manual_seed(int(seed))
     return vocab[torch.randint(len(vocab), (n,), generator=gen)].tolist()
-
-
-# ------------------------------------------------------------------------------ KV groups
-
-
-def random_kv_groups(
-    n_layers: int, n_heads: int, n_kv_heads: int, count: int, seed: int = 0
-) -> frozenset:
-    """Every query head of ``count`` KV groups drawn at random (seeded): restricting them frees
-    exactly ``count`` KV heads, so the memory saving matches a plan that drops ``count``.
-
-    >>> sorted(random_kv_groups(1, 4, 2, 1, seed=0)) in ([(0, 0), (0, 1)], [(0, 2), (0, 3)])
-    True
-    """
-    group = n_heads // n_kv_heads
-    total = n_layers * n_kv_heads
-    if not 0 <= count <= total:
-        raise HeadscopeError(f"random_kv_groups: count must be 0..{total}, got {count}.")
-    gen = torch.Generator().manual_seed(int(seed))
-    pick = torch.randperm(total, generator=gen)[:count].tolist()
-    return frozenset(
-        (g // n_kv_heads, (g % n_kv_heads) * group + j) for g in pick for j in range(group)
-    )
-
-
-def text_losses(
-    model, texts: Sequence[Sequence[int]], handler=None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per text: summed next-token cross-entropy (nats) over positions 1..n-1, and the count."""
-    sums, counts = [], []
-    for ids in texts:
-        x = torch.tensor([list(ids)])
-        logits = model.run(x, handler=handler, output="logits")[0, :-1].float()
-        target = x[0, 1:].to(logits.device)
-        sums.append(float(torch.nn.functional.cross_entropy(logits, target, reduction="sum")))
-        counts.append(len(target))
-    return np.array(sums), np.array(counts, dtype=float)
-
-
-def needle_hits(model, probe, handler=None) -> np.ndarray:
-    """Per needle: 1 when greedy decoding (with a KV cache) from the prompt gives all ``K`` needle
-    tokens, else 0 (what :func:`headscope.apps.kvplan.needle_accuracy` averages)."""
-    hits = []
-    for ids, nd in zip(probe.sequences, probe.needles, strict=True):
-        prompt = list(ids[: nd["answer_start"]])
-        want = list(ids[nd["needle_start"] : nd["needle_start"] + nd["k"]])
-        hits.append(int(model.greedy(prompt, nd["k"], handler=handler) == want))
-    return np.array(hits)
 
 
 def group_ablation_study(

@@ -456,24 +456,21 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
         if "loss_delta_low" in sub:
             row["plan_loss_low"] = plan.loss_delta_low
             row["plan_loss_high"] = plan.loss_delta_high
-        for kind in ("random", "random_kv"):
-            rnd = sub[sub["condition"] == kind]
-            if kind == "random_kv" and not len(rnd):
-                continue
-            row[f"{kind}_loss_delta"] = rnd.loss_delta.mean() if len(rnd) else math.nan
-            row[f"{kind}_loss_delta_min"] = rnd.loss_delta.min() if len(rnd) else math.nan
-            row[f"{kind}_loss_delta_max"] = rnd.loss_delta.max() if len(rnd) else math.nan
-        row["plan_needle"] = plan.needle_acc
+        needles = {"plan_needle": plan.needle_acc}
         if "needle_low" in sub:
-            row["plan_needle_low"] = plan.needle_low
-            row["plan_needle_high"] = plan.needle_high
+            needles["plan_needle_low"] = plan.needle_low
+            needles["plan_needle_high"] = plan.needle_high
         for kind in ("random", "random_kv"):
             rnd = sub[sub["condition"] == kind]
             if kind == "random_kv" and not len(rnd):
                 continue
-            row[f"{kind}_needle"] = rnd.needle_acc.mean() if len(rnd) else math.nan
-            row[f"{kind}_kv_saved"] = rnd.kv_saved_fraction.mean() if len(rnd) else math.nan
-        out.append(row)
+            some = len(rnd) > 0
+            row[f"{kind}_loss_delta"] = rnd.loss_delta.mean() if some else math.nan
+            row[f"{kind}_loss_delta_min"] = rnd.loss_delta.min() if some else math.nan
+            row[f"{kind}_loss_delta_max"] = rnd.loss_delta.max() if some else math.nan
+            needles[f"{kind}_needle"] = rnd.needle_acc.mean() if some else math.nan
+            needles[f"{kind}_kv_saved"] = rnd.kv_saved_fraction.mean() if some else math.nan
+        out.append({**row, **needles})  # loss columns, then the needles
     return pd.DataFrame(out)
 
 

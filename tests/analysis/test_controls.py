@@ -12,7 +12,6 @@ import torch.nn.functional as F
 
 import headscope
 from headscope.analysis import controls
-from headscope.apps.kvplan import kv_saving
 from headscope.effects.ablation import head_means
 from headscope.errors import HeadscopeError
 from headscope.models.attention import ReplaceHeadOutput
@@ -75,14 +74,6 @@ def test_diff_correlation_tells_linked_curves_from_two_trends():
     c = a + rng.normal(0, 0.05, 60)  # c moves with a
     linked = controls.diff_correlation(a, c)
     assert linked["corr_changes"] > 0.8 and linked["share_shifts_as_strong"] == 0.0
-
-
-def test_random_kv_groups_free_exactly_count_kv_heads():
-    heads = controls.random_kv_groups(30, 9, 3, 7, seed=2)
-    assert len(heads) == 21
-    assert kv_saving(heads, 30, 9, 3, 64, 512, 68)["kv_heads_dropped"] == 7
-    with pytest.raises(HeadscopeError, match="count must be 0..90"):
-        controls.random_kv_groups(30, 9, 3, 91)
 
 
 def test_sink_control_probes():
