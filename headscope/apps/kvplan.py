@@ -431,6 +431,80 @@ def kv_plan(
     return df
 
 
+def random_kv_losses(
+    model,
+    texts: Sequence[Sequence[int]],
+    dropped: int,
+    draws: int,
+    sinks: int,
+    window: int,
+    base_sums: Sequence[float],
+    first_seed: int = 0,
+    say: Callable[[str], None] | None = None,
+) -> pd.DataFrame:
+    """The loss change of ``draws`` random whole-KV-group restrictions (seeds ``first_seed``,
+    ``first_seed + 1``, ...), each restricting every query head of ``dropped`` KV heads drawn by
+    :func:`random_kv_groups` to ``sinks`` + ``window``: the distribution a plan with the same
+    memory saving is ranked in (:func:`rank_in`). Loss only (no needles), measured as
+    :func:`kv_plan` measures it, so seed ``s`` here is the row ``random_kv`` seed ``s`` there:
+    ``loss = sum_t s_t / sum_t n_t`` and ``loss_delta = loss - L_base`` with ``L_base`` from
+    ``base_sums`` (the full-attention per-text sums on the same ``texts``). One row per draw:
+    ``seed``, ``heads_restricted``, ``kv_heads_dropped``, ``loss``, ``loss_delta``; the per-text
+    sums in ``df.attrs["text_sums"]``."""
+    if draws < 1:
+        raise HeadscopeError(f"Draw at least one random KV group set, got draws={draws}.")
+    if len(base_sums) != len(texts):
+        raise HeadscopeError(
+            f"base_sums has {len(base_sums)} per-text sums for {len(texts)} texts; pass the "
+            "full-attention sums of these texts (text_losses(model, texts, None))."
+        )
+    base = 0.0
+    rows, all_sums = [], []
+    for k, seed in enumerate(range(first_seed, first_seed + draws)):
+        heads = random_kv_groups(model.n_layers, model.n_heads, model.n_kv_heads, dropped, seed)
+        handler = Restricted(heads, model.n_heads, sinks, window) if heads else None
+        sums, counts = text_losses(model, texts, handler)
+        if k == 0:
+            for v in base_sums:  # the order kv_plan sums its full row in
+                base += v
+            base /= sum(counts)
+        loss = 0.0
+        for v in sums:
+            loss += v
+        loss /= sum(counts)
+        all_sums.append(sums)
+        rows.append(
+            {
+                "seed": seed,
+                "heads_restricted": len(heads),
+                "kv_heads_dropped": dropped,
+                "loss": loss,
+                "loss_delta": loss - base,
+            }
+        )
+        if say and ((k + 1) % 10 == 0 or k + 1 == draws):
+            say(f"random KV groups ({dropped} KV heads): {k + 1}/{draws} draws")
+    df = pd.DataFrame(rows)
+    df.attrs["text_sums"] = all_sums
+    return df
+
+
+def rank_in(draws: Sequence[float], value: float) -> dict:
+    """Where ``value`` (a plan's loss change) falls among random ``draws`` of it: how many draws
+    are at or below it (``at_or_below``, of ``n``), and the one-sided permutation p-value
+    ``(1 + at_or_below) / (1 + n)`` (the chance that a random draw does as well as ``value`` when
+    ``value`` is itself one more random draw; small means the plan costs less than chance does).
+
+    >>> rank_in([0.1, 0.2, 0.3], 0.15)
+    {'at_or_below': 1, 'n': 3, 'p': 0.5}
+    """
+    vals = [float(v) for v in draws]
+    if not vals:
+        raise HeadscopeError("rank_in needs at least one random draw.")
+    k = sum(v <= value for v in vals)
+    return {"at_or_below": int(k), "n": len(vals), "p": (1 + k) / (1 + len(vals))}
+
+
 def plan_heads(scores: pd.DataFrame, budgets: Sequence[float]) -> dict[str, list[str]]:
     """The heads each budget restricts, by name (``L{layer}H{head}``), for the record."""
     order = ranking(scores)

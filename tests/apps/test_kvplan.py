@@ -165,6 +165,22 @@ def test_kv_plan_runs_every_condition(llama):
     assert plan_all.loss == pytest.approx(stream_all.loss)  # the same heads, the same run
     summary = kvplan.summary(df)
     assert list(summary.budget) == [0.25, 1.0]
+    # the loss-only distribution of random KV groups: its seed s is kv_plan's random_kv seed s
+    texts, _ = kvplan.plan_inputs(llama, st)
+    full_sums = df.attrs["text_sums"][0]
+    for b in (0.25, 1.0):
+        plan = df[(df.condition == "plan") & (df.budget == b)].iloc[0]
+        kv = df[(df.condition == "random_kv") & (df.budget == b)].reset_index(drop=True)
+        dist = kvplan.random_kv_losses(
+            llama, texts, int(plan.kv_heads_dropped), 3, 2, 16, full_sums
+        )
+        assert list(dist.seed) == [0, 1, 2]
+        assert list(dist.loss[:2]) == list(kv.loss) and list(dist.loss_delta[:2]) == list(
+            kv.loss_delta
+        )
+        assert (dist.heads_restricted == plan.kv_heads_dropped * 2).all()
+        rank = kvplan.rank_in(dist.loss_delta, plan.loss_delta)
+        assert rank["n"] == 3 and rank["p"] == (1 + rank["at_or_below"]) / 4
 
 
 def _plan_table(needle: float = 0.2) -> pd.DataFrame:
@@ -423,3 +439,27 @@ def test_the_figure_puts_each_condition_at_the_share_of_heads_it_restricts():
         a, b = _curve(ax, "all heads: sinks")[0], _curve(ax, "all heads: window")[0]
         assert a[0] < 1.0 < b[0] and b[0] - a[0] < 0.05
     assert "needles of" not in kvplan.figure(df, "tiny", 512).texts[0].get_text()
+
+
+def test_random_kv_losses_closed_forms(llama):
+    """No KV head dropped, or a window holding every key: the loss does not move; a real
+    restriction moves it; bad draws and mismatched sums get one clear line."""
+    texts = long_text_probe(llama, 120, 2, part="heldout").sequences
+    base, _ = kvplan.text_losses(llama, texts, None)
+    none = kvplan.random_kv_losses(llama, texts, 0, 2, 2, 16, base)
+    assert (none.loss_delta == 0).all() and (none.heads_restricted == 0).all()
+    wide = kvplan.random_kv_losses(llama, texts, 2, 2, 0, 10_000, base)
+    assert wide.loss_delta.abs().max() < 1e-5
+    tight = kvplan.random_kv_losses(llama, texts, 2, 2, 0, 4, base, first_seed=5)
+    assert list(tight.seed) == [5, 6] and tight.loss_delta.abs().min() > 1e-4
+    with pytest.raises(HeadscopeError, match="at least one"):
+        kvplan.random_kv_losses(llama, texts, 1, 0, 2, 16, base)
+    with pytest.raises(HeadscopeError, match="per-text sums"):
+        kvplan.random_kv_losses(llama, texts, 1, 1, 2, 16, base[:1])
+
+
+def test_rank_in_counts_ties_as_reached():
+    assert kvplan.rank_in([0.1, 0.2, 0.2, 0.4], 0.2) == {"at_or_below": 3, "n": 4, "p": 0.8}
+    assert kvplan.rank_in([0.3] * 99, 0.1) == {"at_or_below": 0, "n": 99, "p": 0.01}
+    with pytest.raises(HeadscopeError, match="at least one"):
+        kvplan.rank_in([], 0.0)
