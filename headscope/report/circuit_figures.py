@@ -8,17 +8,24 @@ receiver, the senders ranked both ways: Spearman rho and the top-k overlap again
 ``classes.csv`` (each head's class by an explicit rule, with its evidence).
 
 * :func:`circuit_edges`: the diagram's edges, one per ``path.csv`` row that qualifies (exact
-  estimator, one direction, sender and receiver both nodes, ``|effect| >= threshold``);
+  estimator, one direction, sender and receiver both nodes, ``|effect| >= threshold``); a group
+  receiver (several heads' inputs patched at once, :func:`group_members`) is a receiver whose
+  heads are all nodes;
 * :func:`circuit_diagram`: heads with a class as nodes (x = layer, rows grouped by class,
-  coloured by class), a ``logits`` node at the right, the edges as arrows sender -> receiver
-  whose width is proportional to ``|effect|`` (the share of the clean-corrupt gap the path
-  carries), red where the effect is positive and blue where negative, the receiver's input
-  (q/k/v/logits) as the line style and a letter on the edge;
+  coloured by class), a ``logits`` node right of the last layer (a column apart, and between node
+  rows, so that it never covers a head and no edge into it runs through one), the edges as arrows
+  sender -> receiver whose width is proportional to ``|effect|`` (the share of the clean-corrupt
+  gap the path carries), red where the effect is positive and blue where negative, pale where the
+  effect's interval includes 0, the receiver's input (q/k/v/logits) as the line style and a
+  letter on the edge; a group receiver is a dashed box around its heads, its edges end on the
+  box;
 * :func:`svg_diagram`: the same diagram as SVG text, with ``<title>`` tooltips (each edge's effect
   and interval, each node's class, rule and evidence); every edge is one ``<path class="edge">``
-  (the legend's samples are ``<line>``; the arrowheads ``<polygon>``);
+  (the legend's samples are ``<line>``; the arrowheads ``<polygon>``; a group's box a
+  ``<rect class="group">``);
 * :func:`agreement_figure`: per receiver, each sender's composition z against its path-patching
-  effect into that receiver, with the Spearman rho and the top-k overlap in the panel's title;
+  effect into that receiver, with the Spearman rho and the top-k overlap in the panel's title (the
+  axes padded so that every point and interval bar lies clear of the border);
 * :func:`save_circuit_figures` writes ``circuit.png`` and ``agreement.png`` into a run directory.
 """
 
@@ -26,14 +33,16 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.colors import to_hex, to_rgb
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.patches import FancyArrowPatch
+from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 
 from headscope.files import figure_files, save_figure
 
@@ -56,6 +65,25 @@ CLASS_COLOURS = {
 }
 OTHER_COLOURS = ("#a6761d", "#666666", "#17becf", "#8c564b")  # classes outside CLASSES
 POSITIVE, NEGATIVE = "#b2182b", "#2166ac"  # the ends of RdBu_r, as in the patching heatmaps
+
+
+def _pale(colour: str, share: float = 0.55) -> str:
+    """``colour`` mixed with ``share`` of white."""
+    return to_hex([c + (1.0 - c) * share for c in to_rgb(colour)])
+
+
+#: An edge whose effect's interval includes 0 (the sign is not settled): its sign's colour, pale.
+#: Not a dash: the line style already says the receiver's input.
+PALE = {POSITIVE: _pale(POSITIVE), NEGATIVE: _pale(NEGATIVE)}
+UNSURE = "pale: its interval includes 0"
+#: A group receiver's box: an outline in grey, dashed, around its heads.
+GROUP_COLOUR, GROUP_DASH = "#777777", "4 3"
+GROUP_WHAT = (  # the legend's lines
+    "dashed box: a group receiver",
+    "(its heads' inputs patched at once);",
+    "an edge into the box is one path",
+    "into the whole group",
+)
 #: The receiver's input as a line style: matplotlib's, and SVG's ``stroke-dasharray``.
 KINDS = ("logits", "q", "k", "v")
 KIND_STYLE = {"logits": "solid", "q": (0, (6, 3)), "k": (0, (1.5, 2)), "v": (0, (6, 2, 1.5, 2))}
@@ -68,6 +96,9 @@ KIND_WHAT = {
 }
 MAX_WIDTH = 5.0  # points (figure) / pixels (SVG) of the edge with the largest |effect|
 LOGITS = "logits"
+LOGITS_GAP = 2.0  # layers from the last layer to the logits column: never on a head
+#: A head receiver's name (``L9H1.q@END``) at the start of a name or after a ``+``.
+_MEMBER = re.compile(r"(?:^|\+)L(\d+)H(\d+)\.[qkv](?=@|\+|$)")
 #: Evidence columns of classes.csv, in the order a reader meets them.
 EVIDENCE = (
     "direct_effect",
@@ -120,6 +151,30 @@ def _direction(path: pd.DataFrame, direction: str | None) -> str:
     return "noising" if "noising" in have else have[0]
 
 
+def group_members(receiver: str, layer: int, classes: pd.DataFrame) -> list[str] | None:
+    """The heads of a group receiver (a ``path.csv`` row with ``receiver_head`` -1 and a q, k or v
+    input: several heads' inputs patched at once), read from its name, in (layer, head) order:
+
+    * its members' names joined by ``+`` (``L9H6.q@END+L9H9.q@END``, a
+      :class:`~headscope.circuits.receivers.ReceiverGroup` without a label);
+    * ``CLASS.KIND@POSITION`` (``name_mover.q@END``, the label ``headscope circuit`` writes): every
+      head of that class from ``layer`` up (the row's ``receiver_layer``, the lowest member's
+      layer; the run leaves the class's layer-0 heads out, as nothing lies below them).
+
+    ``None`` when a member is not a classed head (the diagram has no node to box) or the name
+    names no head."""
+    nodes = classed(classes)
+    names = set(nodes.apply(lambda r: _head(r["layer"], r["head"]), axis=1))
+    if _MEMBER.match(receiver):
+        heads = sorted({(int(la), int(h)) for la, h in _MEMBER.findall(receiver)})
+        members = [_head(la, h) for la, h in heads]
+    else:
+        cls = receiver.split(".", 1)[0]
+        sub = nodes[(nodes["class"] == cls) & (nodes["layer"].astype(int) >= int(layer))]
+        members = [_head(la, h) for la, h in sorted(zip(sub["layer"], sub["head"], strict=True))]
+    return members if members and set(members) <= names else None
+
+
 def circuit_edges(
     classes: pd.DataFrame,
     path: pd.DataFrame,
@@ -127,36 +182,73 @@ def circuit_edges(
     direction: str | None = None,
 ) -> pd.DataFrame:
     """The diagram's edges: the exact ``path.csv`` rows of one direction (see :func:`_direction`)
-    whose sender is a classed head and whose receiver is a classed head or the logits, with
-    ``|effect| >= threshold`` (a NaN effect never qualifies); one edge per row, largest
-    ``|effect|`` first, with ``source`` and ``target`` node names added."""
+    whose sender is a classed head and whose receiver is a classed head, the logits or a group
+    whose heads are all classed (:func:`group_members`), with ``|effect| >= threshold`` (a NaN
+    effect never qualifies); one edge per row, largest ``|effect|`` first, with ``source`` and
+    ``target`` node names (a group's target is its receiver name) and ``members`` (the heads the
+    path enters, space-separated: the receiver head, a group's heads, "" for the logits)
+    added."""
     nodes = set(classed(classes).apply(lambda r: _head(r["layer"], r["head"]), axis=1))
     if path.empty:
-        return path.assign(source=[], target=[])
+        return path.assign(source=[], target=[], members=[])
     direction = _direction(path, direction)
     sub = path[(path["estimator"] == "exact") & (path["direction"].astype(str) == direction)]
     source = [_head(la, h) for la, h in zip(sub["sender_layer"], sub["sender_head"], strict=True)]
-    target = [
-        LOGITS if k == LOGITS else _head(la, h)
-        for k, la, h in zip(
-            sub["receiver_kind"], sub["receiver_layer"], sub["receiver_head"], strict=True
-        )
-    ]
-    sub = sub.assign(source=source, target=target)
+    target, members = [], []
+    for name, k, la, h in zip(
+        sub["receiver"].astype(str),
+        sub["receiver_kind"].astype(str),
+        sub["receiver_layer"],
+        sub["receiver_head"],
+        strict=True,
+    ):
+        if k == LOGITS:
+            target.append(LOGITS)
+            members.append("")
+        elif int(h) < 0:  # a group: path_table writes receiver_head -1
+            heads = group_members(name, la, classes)
+            target.append(name)
+            members.append(" ".join(heads) if heads else "")
+        else:
+            target.append(_head(la, h))
+            members.append(target[-1])
+    sub = sub.assign(source=source, target=target, members=members)
     effect = sub["effect"].astype(float)
     keep = (
         sub["source"].isin(nodes)
-        & (sub["target"].isin(nodes) | (sub["target"] == LOGITS))
+        & (sub["target"].isin(nodes) | (sub["target"] == LOGITS) | _is_group(sub))
         & (effect.abs() >= threshold)
     )
     sub = sub[keep.to_numpy()]
     return sub.reindex(sub["effect"].abs().sort_values(ascending=False).index)
 
 
+def _is_group(edges: pd.DataFrame) -> pd.Series:
+    """The edges into a group receiver whose heads are all nodes (``members`` set)."""
+    return (
+        (edges["target"] != LOGITS)
+        & (edges["target"] != edges["members"])
+        & (edges["members"] != "")
+    )
+
+
+def _unsure(edges: pd.DataFrame) -> np.ndarray:
+    """Per edge: does its effect's interval (``ci_low``, ``ci_high``) include 0? False where the
+    interval is missing (NaN, or a table without it): nothing to say then."""
+    if not len(edges) or not {"ci_low", "ci_high"} <= set(edges.columns):
+        return np.zeros(len(edges), bool)
+    lo = pd.to_numeric(edges["ci_low"], errors="coerce").to_numpy(float)
+    hi = pd.to_numeric(edges["ci_high"], errors="coerce").to_numpy(float)
+    with np.errstate(invalid="ignore"):
+        return (lo <= 0.0) & (hi >= 0.0)
+
+
 def _layout(nodes: pd.DataFrame, n_layers: int) -> tuple[dict, list[tuple[str, float]], float]:
-    """Node positions in data units: x = layer (the logits at ``n_layers``), y = a row, classes in
-    bands top to bottom (heads of one class in one layer stacked). Returns ``{name: (x, y)}``, the
-    band centres ``[(class, y)]`` and the number of rows."""
+    """Node positions in data units: x = layer, y = a row, classes in bands top to bottom (heads of
+    one class in one layer stacked); the logits at x = ``n_layers - 1 + LOGITS_GAP`` (a column
+    clear of the last layer's heads, whichever they are) and y = the middle row, or the nearest
+    height between node rows when a node sits there (:func:`_free_y`). Returns ``{name: (x, y)}``,
+    the band centres ``[(class, y)]`` and the number of rows."""
     pos: dict[str, tuple[float, float]] = {}
     bands = []
     row = 0.0
@@ -170,8 +262,51 @@ def _layout(nodes: pd.DataFrame, n_layers: int) -> tuple[dict, list[tuple[str, f
         bands.append((str(cls), row + (depth - 1) / 2))
         row += depth + 0.6  # a gap between bands
     n_rows = max(row - 0.6, 1.0)
-    pos[LOGITS] = (float(n_layers), (n_rows - 1) / 2)
+    heads = [y for _, y in pos.values()]
+    pos[LOGITS] = (n_layers - 1 + LOGITS_GAP, _free_y(heads, (n_rows - 1) / 2))
     return pos, bands, n_rows
+
+
+def _free_y(rows: list[float], centre: float) -> float:
+    """``centre``, or, when a node row lies within half a row of it, the nearest height halfway
+    between two node rows (or half a row below the last; a tie: the lower on the page): no node
+    then sits in the logits' row, where a head's edge into the logits would run through it or hide
+    behind it."""
+    rows = sorted(set(rows))
+    if all(abs(centre - y) >= 0.5 for y in rows):
+        return centre
+    free = [(a + b) / 2 for a, b in zip(rows, rows[1:], strict=False)] + [rows[-1] + 0.5]
+    return min(free, key=lambda y: (abs(y - centre), -y))
+
+
+def _group_boxes(edges: pd.DataFrame, pos: dict) -> dict[str, tuple[list[str], tuple]]:
+    """The box of each group receiver of ``edges``, by its heads (``members``): ``{members:
+    (group names, (x0, y0, x1, y1))}`` in data units, around the heads' nodes and their labels (y0
+    the top). Groups of the same heads share a box."""
+    boxes: dict[str, tuple[list[str], tuple]] = {}
+    if not len(edges):
+        return boxes
+    for name, members in zip(edges["target"], edges["members"], strict=True):
+        if name == LOGITS or name == members or not members:
+            continue  # the logits or a single head
+        if members in boxes:
+            if name not in boxes[members][0]:
+                boxes[members][0].append(name)
+            continue
+        xs, ys = zip(*(pos[m] for m in members.split()), strict=True)
+        boxes[members] = ([name], (min(xs) - 0.4, min(ys) - 0.5, max(xs) + 0.4, max(ys) + 0.35))
+    return boxes
+
+
+def _box_end(start: tuple[float, float], box: tuple) -> tuple[float, float]:
+    """Where an edge from ``start`` ends on a group's box: the middle of the side facing it (the
+    left side for a sender below every member, as path patching's senders are)."""
+    (x, y), (x0, y0, x1, y1) = start, box
+    if x < x0:
+        return x0, (y0 + y1) / 2
+    if x > x1:
+        return x1, (y0 + y1) / 2
+    return (x0 + x1) / 2, (y0 if y < y0 else y1)
 
 
 def _context(path: pd.DataFrame, model: str, task: str | None, direction: str) -> str:
@@ -197,8 +332,9 @@ def circuit_diagram(
     direction: str | None = None,
 ) -> Figure:
     """The circuit as a figure: classed heads as nodes, :func:`circuit_edges` as arrows (see the
-    module docstring). Each edge is a ``FancyArrowPatch`` whose gid is ``edge:SOURCE->TARGET``,
-    each node's marker collection has gid ``node:NAME``."""
+    module docstring). Each edge is a ``FancyArrowPatch`` whose gid is ``edge:SOURCE->TARGET`` (a
+    group's TARGET its receiver name), each node's marker collection has gid ``node:NAME`` (the
+    logits' square has none), each group's box is a ``Rectangle`` with gid ``group:MEMBERS``."""
     nodes = classed(classes)
     names = list(dict.fromkeys(nodes["class"]))
     direction = _direction(path, direction) if len(path) else (direction or "noising")
@@ -210,10 +346,38 @@ def circuit_diagram(
     )
     ax = fig.add_subplot()
     widths, top = _widths(edges) if len(edges) else (np.array([]), 1.0)
-    for r, w in zip(edges.itertuples(), widths, strict=True):
-        (x0, y0), (x1, y1) = pos[r.source], pos[r.target]
+    boxes = _group_boxes(edges, pos)
+    for members, (groups, (bx0, by0, bx1, by1)) in boxes.items():
+        box = Rectangle(
+            (bx0, by0),
+            bx1 - bx0,
+            by1 - by0,
+            facecolor="none",
+            edgecolor=GROUP_COLOUR,
+            linestyle=(0, (4, 3)),
+            linewidth=1.0,
+            zorder=1,
+        )
+        box.set_gid(f"group:{members}")
+        ax.add_patch(box)
+        ax.text(
+            bx0,
+            by1,
+            ", ".join(groups),
+            fontsize=6.5,
+            color=GROUP_COLOUR,
+            va="top",
+            zorder=4,
+            bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8},
+        )
+    unsure = _unsure(edges)
+    for r, w, pale in zip(edges.itertuples(), widths, unsure, strict=True):
+        (x0, y0) = pos[r.source]
+        group = r.target not in pos  # a group: the edge ends on its box
+        (x1, y1) = _box_end((x0, y0), boxes[r.members][1]) if group else pos[r.target]
         kind = str(r.receiver_kind)
         colour = POSITIVE if r.effect > 0 else NEGATIVE
+        colour = PALE[colour] if pale else colour
         arrow = FancyArrowPatch(
             (x0, y0),
             (x1, y1),
@@ -224,9 +388,9 @@ def circuit_diagram(
             color=colour,
             alpha=0.8,
             shrinkA=7,
-            shrinkB=7,
+            shrinkB=1 if group else 7,
             connectionstyle="arc3,rad=0.08",
-            zorder=2,
+            zorder=1.9 if pale else 2,  # the settled edges on top
         )
         arrow.set_gid(f"edge:{r.source}->{r.target}")
         ax.add_patch(arrow)
@@ -277,11 +441,11 @@ def circuit_diagram(
         fontsize=8,
         zorder=5,
     )
-    ax.set_xlim(-0.7, n_layers + 0.7)
+    ax.set_xlim(-0.7, lx + 0.7)
     ax.set_ylim(n_rows - 0.3, -0.9)  # the first class at the top
     step = max(1, math.ceil(n_layers / 15))
     ticks = list(range(0, n_layers, step))
-    ax.set_xticks([*ticks, n_layers], [*map(str, ticks), LOGITS], fontsize=8)
+    ax.set_xticks([*ticks, lx], [*map(str, ticks), LOGITS], fontsize=8)
     ax.set_yticks([y for _, y in bands], [c.replace("_", " ") for c, _ in bands], fontsize=8)
     ax.set_xlabel("layer (sender -> receiver; the logits at the right)")
     ax.set_ylabel("head class")
@@ -304,6 +468,8 @@ def circuit_diagram(
         Line2D([], [], color=POSITIVE, lw=2, label="effect > 0 (path carries the gap)"),
         Line2D([], [], color=NEGATIVE, lw=2, label="effect < 0 (path works against it)"),
     ]
+    if unsure.any():
+        handles.append(Line2D([], [], color=PALE[POSITIVE], lw=2, label=UNSURE))
     kinds = [k for k in KINDS if k in set(edges["receiver_kind"].astype(str))] if len(edges) else []
     handles += [
         Line2D(
@@ -316,6 +482,15 @@ def circuit_diagram(
         )
         for k in kinds
     ]
+    if boxes:
+        handles.append(
+            Patch(
+                facecolor="none",
+                edgecolor=GROUP_COLOUR,
+                linestyle=(0, (4, 3)),
+                label="\n".join(GROUP_WHAT),
+            )
+        )
     if len(edges):
         handles += [
             Line2D([], [], color="#444444", lw=MAX_WIDTH * f, label=f"|effect| = {f * top:.2f}")
@@ -369,32 +544,37 @@ def svg_diagram(
 ) -> str:
     """The diagram of :func:`circuit_diagram` as one ``<svg>`` element (no script, nothing
     fetched): every edge one ``<path class="edge">`` with a ``<title>`` (sender, receiver, effect
-    and its interval, the raw metric change), every node a ``<circle class="node">`` with a
-    ``<title>`` (class, rule, evidence)."""
+    and its interval, the raw metric change; class ``unsure`` and pale where the interval includes
+    0, class ``group`` where it ends on a group's box), every node a ``<circle class="node">`` with
+    a ``<title>`` (class, rule, evidence), every group receiver's box a ``<rect class="group">``
+    around its heads."""
     nodes = classed(classes)
     names = list(dict.fromkeys(nodes["class"]))
     direction = _direction(path, direction) if len(path) else (direction or "noising")
     edges = circuit_edges(classes, path, threshold, direction) if len(path) else path
     pos, bands, n_rows = _layout(nodes, n_layers)
     left, top_m, dx, dy = 150.0, 56.0, max(26.0, min(60.0, 700.0 / max(n_layers, 1))), 44.0
-    plot_w = dx * (n_layers + 1)
+    plot_w = dx * (pos[LOGITS][0] + 1)
     legend_x = left + plot_w + 30
-    width = legend_x + 240
+    width = legend_x + 270
     plot_h = dy * n_rows
-    height = max(top_m + plot_h + 60, top_m + 22 * (len(names) + 10))
+
+    def px(x: float, y: float) -> tuple[float, float]:  # data units -> pixels
+        return left + dx * (x + 0.5), top_m + dy * (y + 0.5)
 
     def xy(name: str) -> tuple[float, float]:
-        x, y = pos[name]
-        return left + dx * (x + 0.5), top_m + dy * (y + 0.5)
+        return px(*pos[name])
 
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="hs-circuit" width="{width:.0f}" '
-        f'height="{height:.0f}" viewBox="0 0 {width:.0f} {height:.0f}" '
+        f'height="HEIGHT" viewBox="0 0 {width:.0f} HEIGHT" '
         'font-family="system-ui, sans-serif" font-size="11">',
         f"<title>{_attr(_context(path, model, task, direction))}: circuit diagram</title>",
         "<defs>",
     ]
-    for name, colour in (("pos", POSITIVE), ("neg", NEGATIVE)):
+    markers = (("pos", POSITIVE), ("neg", NEGATIVE))
+    markers += (("pos-unsure", PALE[POSITIVE]), ("neg-unsure", PALE[NEGATIVE]))
+    for name, colour in markers:
         out.append(
             f'<marker id="hs-arrow-{name}" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="9" '
             'markerHeight="9" markerUnits="userSpaceOnUse" orient="auto-start-reverse">'
@@ -426,31 +606,60 @@ def svg_diagram(
             f'text-anchor="end">{_attr(cls.replace("_", " "))}</text>'
         )
     widths, top = _widths(edges) if len(edges) else (np.array([]), 1.0)
+    boxes = _group_boxes(edges, pos)
+    out.append('<g class="groups" fill="none">')  # under the edges and nodes
+    for members, (groups, (bx0, by0, bx1, by1)) in boxes.items():
+        (gx0, gy0), (gx1, gy1) = px(bx0, by0), px(bx1, by1)
+        tip = f"group receiver {', '.join(groups)}: the inputs of {', '.join(members.split())} "
+        tip += "patched at once (an edge into the box is one path into the whole group)"
+        out.append(
+            f'<rect class="group" data-group="{_attr(" ".join(groups))}" '
+            f'data-members="{_attr(members)}" x="{gx0:.1f}" y="{gy0:.1f}" '
+            f'width="{gx1 - gx0:.1f}" height="{gy1 - gy0:.1f}" rx="6" stroke="{GROUP_COLOUR}" '
+            f'stroke-dasharray="{GROUP_DASH}"><title>{_attr(tip)}</title></rect>'
+            f'<text x="{gx0 + 3:.1f}" y="{gy1 + 11:.1f}" font-size="10" fill="{GROUP_COLOUR}">'
+            f"{_attr(', '.join(groups))}</text>"
+        )
+    out.append("</g>")
+    unsure = _unsure(edges)
     out.append('<g class="edges" fill="none">')
-    for r, w in zip(edges.itertuples(), widths, strict=True):
-        (x0, y0), (x1, y1) = xy(r.source), xy(r.target)
+    for r, w, pale in zip(edges.itertuples(), widths, unsure, strict=True):
+        group = r.target not in pos  # a group: the edge ends on its box
+        (x0, y0) = xy(r.source)
+        if group:
+            (x1, y1) = px(*_box_end(pos[r.source], boxes[r.members][1]))
+        else:
+            (x1, y1) = xy(r.target)
         length = math.hypot(x1 - x0, y1 - y0) or 1.0
         ux, uy = (x1 - x0) / length, (y1 - y0) / length
-        x0, y0, x1, y1 = x0 + 9 * ux, y0 + 9 * uy, x1 - 11 * ux, y1 - 11 * uy
+        end = 1 if group else 11  # the arrow's tip on the box, or short of the node
+        x0, y0, x1, y1 = x0 + 9 * ux, y0 + 9 * uy, x1 - end * ux, y1 - end * uy
         mx, my = (x0 + x1) / 2 - 0.08 * (y1 - y0), (y0 + y1) / 2 + 0.08 * (x1 - x0)
         kind = str(r.receiver_kind)
         sign = "pos" if r.effect > 0 else "neg"
         colour = POSITIVE if r.effect > 0 else NEGATIVE
+        colour, marker = (PALE[colour], f"{sign}-unsure") if pale else (colour, sign)
         dash = KIND_DASH.get(kind, "")
+        into = KIND_WHAT.get(kind, kind)
+        into += f" of the group {', '.join(r.members.split())} at once" if group else ""
         tip = (
-            f"{r.sender} -> {r.receiver} ({KIND_WHAT.get(kind, kind)}), {r.direction}\n"
-            f"effect {_num(r.effect)} [{_num(r.ci_low)}, {_num(r.ci_high)}]\n"
-            f"metric change {_num(r.delta)} [{_num(r.delta_ci_low)}, {_num(r.delta_ci_high)}]"
+            f"{r.sender} -> {r.receiver} ({into}), {r.direction}\n"
+            f"effect {_num(r.effect)} [{_num(r.ci_low)}, {_num(r.ci_high)}]"
+            + (" (the interval includes 0)" if pale else "")
+            + f"\nmetric change {_num(r.delta)} [{_num(r.delta_ci_low)}, "
+            f"{_num(r.delta_ci_high)}]"
             f"\nMLPs {'frozen' if str(r.freeze_mlps).lower() == 'true' else 'not frozen'}, "
             f"n = {r.n_pairs} pairs"
         )
+        classes_ = f"edge {sign} kind-{_attr(kind)}" + (" unsure" if pale else "")
+        classes_ += " group" if group else ""
         out.append(
-            f'<path class="edge {sign} kind-{_attr(kind)}" data-source="{_attr(r.source)}" '
+            f'<path class="{classes_}" data-source="{_attr(r.source)}" '
             f'data-target="{_attr(r.target)}" d="M{x0:.1f},{y0:.1f} Q{mx:.1f},{my:.1f} '
             f'{x1:.1f},{y1:.1f}" stroke="{colour}" stroke-width="{max(w, 0.3):.2f}" '
             f'stroke-opacity="0.8"'
             + (f' stroke-dasharray="{dash}"' if dash else "")
-            + f' marker-end="url(#hs-arrow-{sign})"><title>{_attr(tip)}</title></path>'
+            + f' marker-end="url(#hs-arrow-{marker})"><title>{_attr(tip)}</title></path>'
         )
         if kind != LOGITS:
             cx, cy = (x0 + 2 * mx + x1) / 4, (y0 + 2 * my + y1) / 4  # the curve's midpoint
@@ -500,20 +709,40 @@ def svg_diagram(
         (POSITIVE, "", 2.5, "effect &gt; 0 (carries the gap)"),
         (NEGATIVE, "", 2.5, "effect &lt; 0 (works against it)"),
     ]
+    if unsure.any():
+        samples.append((PALE[POSITIVE], "", 2.5, _attr(UNSURE)))
     kinds = [k for k in KINDS if len(edges) and k in set(edges["receiver_kind"].astype(str))]
     samples += [("#444", KIND_DASH[k], 1.5, _attr(KIND_WHAT[k])) for k in kinds]
+    if boxes:  # a dashed grey sample, then the sentence's other lines (no sample)
+        samples.append((GROUP_COLOUR, GROUP_DASH, 1.0, _attr(GROUP_WHAT[0])))
+        samples += [(None, "", 0.0, _attr(line)) for line in GROUP_WHAT[1:]]
     if len(edges):
         samples += [("#444", "", MAX_WIDTH * f, f"|effect| = {f * top:.2f}") for f in (1.0, 0.5)]
     for colour, dash, w, label in samples:
-        ly += 18
-        out.append(
-            f'<line x1="{legend_x}" y1="{ly - 4}" x2="{legend_x + 30}" y2="{ly - 4}" '
-            f'stroke="{colour}" stroke-width="{w:.2f}"'
-            + (f' stroke-dasharray="{dash}"' if dash else "")
-            + f'/><text x="{legend_x + 38}" y="{ly}">{label}</text>'
-        )
+        ly += 18 if colour is not None else 14
+        if colour is not None:
+            out.append(
+                f'<line x1="{legend_x}" y1="{ly - 4}" x2="{legend_x + 30}" y2="{ly - 4}" '
+                f'stroke="{colour}" stroke-width="{w:.2f}"'
+                + (f' stroke-dasharray="{dash}"' if dash else "")
+                + "/>"
+            )
+        out.append(f'<text x="{legend_x + 38}" y="{ly}">{label}</text>')
     out.append("</g></svg>")
+    height = max(top_m + plot_h + 60, ly + 20)  # the plot or the legend, whichever is taller
+    out[0] = out[0].replace("HEIGHT", f"{height:.0f}")
     return "\n".join(out)
+
+
+def _padded(values, share: float, at_least: float) -> tuple[float, float]:
+    """Axis limits that hold every finite one of ``values`` strictly inside: their range widened
+    on each side by ``share`` of its span, and by ``at_least`` at the least, so that the outermost
+    point (and its interval bar) sits clear of the border, not on it."""
+    v = np.asarray(values, float)
+    v = v[np.isfinite(v)]
+    lo, hi = (float(v.min()), float(v.max())) if len(v) else (0.0, 1.0)
+    margin = max(share * (hi - lo), at_least)
+    return lo - margin, hi + margin
 
 
 def _receiver_rows(path: pd.DataFrame, receiver: str, direction: str | None) -> pd.DataFrame:
@@ -577,9 +806,11 @@ def agreement_figure(
             label="sender (bar: its interval)",
         )
         ax.axvline(2.0, color="#b2182b", ls="--", lw=0.9, label="z = 2")
-        zs = [2.0, *both["z"].astype(float).dropna()]
-        ax.set_xlim(min(zs) - 0.5, max(zs) + 0.5)
         ax.axhline(0.0, color="#cccccc", lw=0.8, zorder=0)
+        # limits padded by a share of the span (z reaches 100s): every point, interval bar and
+        # the z = 2 and 0 lines inside, none on the border
+        ax.set_xlim(*_padded([2.0, *both["z"].astype(float)], 0.06, 0.5))
+        ax.set_ylim(*_padded([0.0, *y, *(y - err[0]), *(y + err[1])], 0.08, 0.01))
         strongest = both.reindex(both["effect"].abs().sort_values(ascending=False).index)[:3]
         for r in strongest.itertuples():
             ax.annotate(

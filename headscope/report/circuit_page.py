@@ -320,8 +320,10 @@ def circuit_page_html(got: dict, figures: bool = True, pngs: dict[str, str] | No
         body.append(
             '<p class="muted">Nodes: the heads that passed a class rule (x = layer). Edges: exact '
             f"path-patching effects with |effect| &gt;= {_e(f'{threshold:g}')} between two of "
-            "them or into the logits, width proportional to |effect|. Hover an edge for its "
-            "effect and interval, a node for its class, rule and evidence.</p>"
+            "them, into a group of heads (a dashed box: one path into all of them at once) or "
+            "into the logits, width proportional to |effect|, pale where the effect's interval "
+            "includes 0. Hover an edge for its effect and interval, a node for its class, rule "
+            "and evidence.</p>"
         )
         svg = svg_diagram(classes, path, n_layers, threshold, model=model, task=task)
         body.append(f'<div class="hs-diagram">{svg}</div>')

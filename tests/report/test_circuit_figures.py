@@ -8,19 +8,22 @@ import sys
 import xml.etree.ElementTree as ET
 
 import numpy as np
+import pandas as pd
 import pytest
 from matplotlib.colors import to_rgb
-from matplotlib.patches import FancyArrowPatch
+from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from headscope.files import png_is_ours
 from headscope.report.circuit_figures import (
     KIND_DASH,
     MAX_WIDTH,
     NEGATIVE,
+    PALE,
     POSITIVE,
     agreement_figure,
     circuit_diagram,
     circuit_edges,
+    group_members,
     save_circuit_figures,
     svg_diagram,
 )
@@ -232,3 +235,280 @@ def test_importing_the_circuit_report_loads_no_compute_module():
     ]
     assert heavy == []
     assert "headscope.report.circuit_page" in loaded
+
+
+# --- the agreement panels' axes: padded so that nothing sits on the border ---------------------
+
+
+def test_agreement_axes_hold_every_point_and_bar_clear_of_the_border(tables):
+    """One sender's z is far larger than the rest (186.69, as Q-composition z reach in real runs):
+    its point and its interval bar lie strictly inside the axes, a visible margin from the edge
+    (the old limits ended 0.5 past it: 0.3% of the span, the point half-clipped)."""
+    _, path = tables
+    comp = T.composition_table()
+    big = (comp["sender"] == "L0H2") & (comp["receiver"] == "L1H1") & (comp["kind"] == "k")
+    comp.loc[big, "z"] = 186.69
+    fig = agreement_figure(comp, path, T.agreement_table(), ["L1H1.k@S2"])
+    ax = fig.axes[0]
+    container = ax.containers[0]
+    xs = container.lines[0].get_xdata()
+    assert max(xs) == pytest.approx(186.69)
+    ends = np.vstack([seg for bars in container.lines[2] for seg in bars.get_segments()])
+    assert len(ends) == 2 * len(xs)  # a bar per point: its interval's two ends
+    for lim, values in ((ax.get_xlim(), [*xs, *ends[:, 0]]), (ax.get_ylim(), ends[:, 1])):
+        lo, hi = lim
+        margin = 0.03 * (hi - lo)
+        assert lo + margin < min(values) and max(values) < hi - margin, (lim, values)
+
+
+# --- a group receiver: a box around its heads, the edge into the box ----------------------------
+
+
+@pytest.fixture(scope="module")
+def grouped():
+    """Two name movers (L3H0 and L3H2) and the path L2H0 -> both their queries at once, as
+    ``headscope circuit`` writes it (receiver ``name_mover.q@END``, receiver_layer the lowest
+    member's, receiver_head -1), beside the single-head rows."""
+    classes = T.classes_table()
+    classes.loc[classes["head_name"] == "L3H2", ["class", "rule"]] = ["name_mover", "r"]
+    path = T.path_table()
+    row = path[(path["sender"] == "L2H0") & (path["receiver"] == "L3H0.q@END")].iloc[[0]]
+    group = row.assign(receiver="name_mover.q@END", receiver_head=-1, effect=0.3)
+    group = group.assign(ci_low=0.2, ci_high=0.4)
+    return classes, pd.concat([path, group], ignore_index=True)
+
+
+def test_group_members_by_label_or_joined_names(grouped):
+    classes, _ = grouped
+    assert group_members("name_mover.q@END", 3, classes) == ["L3H0", "L3H2"]
+    assert group_members("s_inhibition.v@S2", 2, classes) == ["L2H0", "L2H2"]
+    assert group_members("s_inhibition.v@S2", 3, classes) is None  # no member from layer 3 up
+    assert group_members("L3H2.q@END+L3H0.q@END", 3, classes) == ["L3H0", "L3H2"]
+    assert group_members("L3H0.k@S1+1+L3H2.k@S1+1", 3, classes) == ["L3H0", "L3H2"]  # + in S1+1
+    assert group_members("L3H0.q@END+L2H1.q@END", 2, classes) is None  # L2H1 has no class
+    edges = circuit_edges(*grouped)
+    g = edges[edges["target"] == "name_mover.q@END"]
+    assert len(g) == 1 and g["source"].iloc[0] == "L2H0" and g["members"].iloc[0] == "L3H0 L3H2"
+    # the 7 hand-counted edges, L2H0 -> L3H2 (0.40: its receiver now has a class) and the group's
+    assert len(edges) == 9
+
+
+def _node_xy(ax) -> dict[str, tuple[float, float]]:
+    return {
+        c.get_gid().removeprefix("node:"): tuple(c.get_offsets()[0])
+        for c in ax.collections
+        if (c.get_gid() or "").startswith("node:")
+    }
+
+
+def test_figure_group_edge_ends_on_a_box_around_both_heads(grouped):
+    """Not an edge into one head (the old figure dropped the row, and a reader took the single
+    row L2H0 -> L3H0 for it): one arrow into a dashed box holding both name movers, with the
+    query's line style, and the legend saying what the box is."""
+    classes, path = grouped
+    fig = circuit_diagram(classes, path, T.N_LAYERS)
+    ax = fig.axes[0]
+    arrow = next(a for a in _arrows(fig) if a.get_gid() == "edge:L2H0->name_mover.q@END")
+    box = next(p for p in ax.patches if p.get_gid() == "group:L3H0 L3H2")
+    assert isinstance(box, Rectangle)
+    x0, y0 = box.get_xy()
+    x1, y1 = x0 + box.get_width(), y0 + box.get_height()
+    nodes = _node_xy(ax)
+    for head in ("L3H0", "L3H2"):  # the box holds both heads, and no other node
+        x, y = nodes[head]
+        assert x0 < x < x1 and y0 < y < y1
+    inside = {n for n, (x, y) in nodes.items() if x0 < x < x1 and y0 < y < y1}
+    assert inside == {"L3H0", "L3H2"}
+    (sx, sy), (ex, ey) = arrow._posA_posB
+    assert (sx, sy) == nodes["L2H0"]
+    assert ex == pytest.approx(x0) and y0 < ey < y1  # on the box's side facing the sender
+    assert all(np.hypot(ex - x, ey - y) > 0.3 for x, y in nodes.values())  # not into one head
+    single = next(a for a in _arrows(fig) if a.get_gid() == "edge:L2H0->L3H0")
+    assert str(arrow.get_linestyle()) == str(single.get_linestyle())  # both into a query
+    legend = " ".join(t.get_text() for t in ax.get_legend().get_texts())
+    assert "group receiver" in legend and "one path" in legend and "whole group" in legend
+    assert "name_mover.q@END" in {t.get_text() for t in ax.texts}  # the box is labelled
+    # without a group: no box, no such legend entry
+    plain = circuit_diagram(T.classes_table(), T.path_table(), T.N_LAYERS).axes[0]
+    assert not any((p.get_gid() or "").startswith("group:") for p in plain.patches)
+    assert "group receiver" not in " ".join(t.get_text() for t in plain.get_legend().get_texts())
+
+
+def test_svg_group_edge_ends_on_a_box_around_both_heads(grouped):
+    classes, path = grouped
+    root = ET.fromstring(svg_diagram(classes, path, T.N_LAYERS))
+    rect = next(r for r in root.iter(f"{SVG}rect") if r.get("class") == "group")
+    assert rect.get("data-members") == "L3H0 L3H2" and rect.get("data-group") == "name_mover.q@END"
+    x0, y0 = float(rect.get("x")), float(rect.get("y"))
+    x1, y1 = x0 + float(rect.get("width")), y0 + float(rect.get("height"))
+    circles = {c.get("data-head"): c for c in root.iter(f"{SVG}circle") if c.get("class")}
+    inside = {
+        h
+        for h, c in circles.items()
+        if x0 < float(c.get("cx")) < x1 and y0 < float(c.get("cy")) < y1
+    }
+    assert inside == {"L3H0", "L3H2"}
+    edge = next(e for e in root.iter(f"{SVG}path") if "group" in e.get("class"))
+    assert edge.get("data-source") == "L2H0" and edge.get("data-target") == "name_mover.q@END"
+    ex, ey = map(float, edge.get("d").split()[-1].split(","))
+    assert abs(ex - x0) <= 2 and y0 < ey < y1  # the tip on the box's left side
+    assert "L3H0, L3H2 at once" in edge.find(f"{SVG}title").text
+    legend = next(g for g in root.iter(f"{SVG}g") if g.get("class") == "legend")
+    texts = " ".join(t.text or "" for t in legend.iter(f"{SVG}text"))
+    assert "group receiver" in texts and "whole group" in texts
+    plain = svg_diagram(T.classes_table(), T.path_table(), T.N_LAYERS)
+    assert 'class="group"' not in plain and "group receiver" not in plain
+
+
+# --- the logits box: never on a head, whatever the last layer holds -----------------------------
+
+#: Gemma 3 270M's IOI classes (notebook 09): 18 layers, the negative name mover L17H2 in the last
+#: layer with a direct effect of -0.246, drawn on the old figure on top of the logits, in its row.
+GEMMA = {
+    (10, 3): ("s_inhibition", 0.004),
+    (11, 2): ("name_mover", 0.177),
+    (12, 1): ("name_mover", 0.293),
+    (13, 3): ("negative_name_mover", -0.226),
+    (17, 0): ("name_mover", 0.067),
+    (17, 2): ("negative_name_mover", -0.246),
+}
+#: The last layer full: three heads of one class stacked in one column.
+STACKED = {(1, 0): ("induction", 0.1), **{(3, h): ("name_mover", 0.2 + 0.1 * h) for h in range(3)}}
+
+
+def _tables(heads: dict, n_layers: int, n_heads: int = 4):
+    classes = pd.DataFrame(
+        [
+            {"head_name": f"L{la}H{h}", "layer": la, "head": h, "rule": ""}
+            | {"class": heads.get((la, h), ("", 0))[0]}
+            for la in range(n_layers)
+            for h in range(n_heads)
+        ]
+    )
+    rows = [
+        {
+            "task": "ioi",
+            "direction": "noising",
+            "sender": f"L{la}H{h}",
+            "sender_layer": la,
+            "sender_head": h,
+            "receiver": "logits",
+            "receiver_kind": "logits",
+            "receiver_layer": n_layers,
+            "receiver_head": -1,
+            "receiver_position": "last",
+            "effect": e,
+            "ci_low": e - 0.04 * np.sign(e),
+            "ci_high": e + 0.04 * np.sign(e),
+            "delta": -2.0 * e,
+            "delta_ci_low": -2.0 * e - 0.1,
+            "delta_ci_high": -2.0 * e + 0.1,
+            "estimator": "exact",
+            "freeze_mlps": False,
+            "n_pairs": 16,
+        }
+        for (la, h), (_, e) in heads.items()
+    ]
+    return classes, pd.DataFrame(rows)
+
+
+def _px_boxes(fig):
+    """Each marker's extent in pixels ``{name: (x0, y0, x1, y1)}`` (the logits' square under
+    ``logits``), from its centre and its size (points squared) at the figure's dpi."""
+    fig.draw_without_rendering()
+    ax = fig.axes[0]
+    out = {}
+    for c in ax.collections:
+        (x, y), size = ax.transData.transform(c.get_offsets()[0]), c.get_sizes()[0]
+        half = np.sqrt(size) / 2 * fig.dpi / 72 + c.get_linewidths()[0] * fig.dpi / 72
+        out[(c.get_gid() or "node:logits").removeprefix("node:")] = (
+            x - half,
+            y - half,
+            x + half,
+            y + half,
+        )
+    return out
+
+
+@pytest.mark.parametrize("heads, n_layers", [(GEMMA, 18), (STACKED, 4)], ids=["gemma3", "stacked"])
+def test_figure_logits_box_never_on_a_head(heads, n_layers):
+    """No node's extent meets the logits box's, and no node sits in the logits' row (where the
+    old figure put L17H2: its edge into the logits hidden behind the others)."""
+    classes, path = _tables(heads, n_layers)
+    fig = circuit_diagram(classes, path, n_layers, model="gemma3-270m")
+    boxes = _px_boxes(fig)
+    lx0, ly0, lx1, ly1 = boxes.pop("logits")
+    assert len(boxes) == len(heads)
+    for name, (x0, y0, x1, y1) in boxes.items():
+        assert x1 < lx0 or x0 > lx1 or y1 < ly0 or y0 > ly1, name  # the extents do not meet
+        assert y1 < ly0 or y0 > ly1, name  # and the node is not in the logits' row
+    last = [n for n in boxes if n.startswith(f"L{n_layers - 1}H")]
+    assert last and all(any(a.get_gid() == f"edge:{n}->logits" for a in _arrows(fig)) for n in last)
+
+
+@pytest.mark.parametrize("heads, n_layers", [(GEMMA, 18), (STACKED, 4)], ids=["gemma3", "stacked"])
+def test_svg_logits_box_never_on_a_head(heads, n_layers):
+    classes, path = _tables(heads, n_layers)
+    root = ET.fromstring(svg_diagram(classes, path, n_layers))
+    rect = next(r for r in root.iter(f"{SVG}rect") if "logits" in (r.get("class") or ""))
+    lx0, ly0 = float(rect.get("x")), float(rect.get("y"))
+    ly1 = ly0 + float(rect.get("height"))
+    circles = [c for c in root.iter(f"{SVG}circle") if c.get("class") == "node"]
+    assert len(circles) == len(heads)
+    for c in circles:
+        x, y, r = float(c.get("cx")), float(c.get("cy")), float(c.get("r"))
+        assert y + r < ly0 or y - r > ly1, c.get("data-head")  # not in the logits' row
+        assert x + r < lx0, c.get("data-head")  # left of the logits column
+
+
+# --- an edge whose interval includes 0: pale, and said so in the legend -------------------------
+
+
+@pytest.fixture(scope="module")
+def unsure():
+    """The hand-made tables with one edge's interval widened across 0: L2H2 -> L3H0.q (0.07,
+    [-0.01, 0.11]); every other edge's interval excludes 0."""
+    path = T.path_table()
+    one = (path["sender"] == "L2H2") & (path["receiver"] == "L3H0.q@END")
+    path.loc[one, "ci_low"] = -0.01
+    return T.classes_table(), path
+
+
+def test_figure_edge_whose_interval_includes_0_is_pale(tables, unsure):
+    fig = circuit_diagram(*unsure, T.N_LAYERS)
+    arrows = {a.get_gid(): a for a in _arrows(fig)}
+    assert len(arrows) == 7  # still drawn: the threshold is on the point effect
+    pale = arrows.pop("edge:L2H2->L3H0")
+    assert np.allclose(pale.get_edgecolor()[:3], to_rgb(PALE[POSITIVE]))
+    assert str(pale.get_linestyle()) == str(arrows["edge:L2H0->L3H0"].get_linestyle())  # still q
+    effect = {f"edge:{s}->{_target(r)}": e for s, r, _, e, _ in T.EDGES}
+    for gid, a in arrows.items():  # every interval excluding 0: the full colour of its sign
+        assert np.allclose(a.get_edgecolor()[:3], to_rgb(POSITIVE if effect[gid] > 0 else NEGATIVE))
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert any("interval includes 0" in t for t in legend)
+    handle = next(
+        h
+        for h, t in zip(fig.axes[0].get_legend().legend_handles, legend, strict=True)
+        if "interval includes 0" in t
+    )
+    assert np.allclose(to_rgb(handle.get_color()), to_rgb(PALE[POSITIVE]))
+    # no such edge, no such entry
+    plain = circuit_diagram(*tables, T.N_LAYERS).axes[0].get_legend().get_texts()
+    assert not any("interval includes 0" in t.get_text() for t in plain)
+
+
+def test_svg_edge_whose_interval_includes_0_is_pale(tables, unsure):
+    root = ET.fromstring(svg_diagram(*unsure, T.N_LAYERS))
+    edges = {(e.get("data-source"), e.get("data-target")): e for e in root.iter(f"{SVG}path")}
+    pale = edges.pop(("L2H2", "L3H0"))
+    assert "unsure" in pale.get("class") and pale.get("stroke") == PALE[POSITIVE]
+    assert pale.get("marker-end") == "url(#hs-arrow-pos-unsure)"
+    assert pale.get("stroke-dasharray") == KIND_DASH["q"]
+    assert "interval includes 0" in pale.find(f"{SVG}title").text
+    assert all(
+        "unsure" not in e.get("class") and e.get("stroke") in (POSITIVE, NEGATIVE)
+        for e in edges.values()
+    )
+    legend = next(g for g in root.iter(f"{SVG}g") if g.get("class") == "legend")
+    assert "interval includes 0" in " ".join(t.text or "" for t in legend.iter(f"{SVG}text"))
+    assert "interval includes 0" not in svg_diagram(*tables, T.N_LAYERS)
