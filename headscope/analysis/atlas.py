@@ -38,7 +38,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
+from headscope.catalog import describe
 from headscope.errors import HeadscopeError
 
 #: The columns :func:`atlas` returns, in order.
@@ -210,6 +212,15 @@ def layer_profile(table: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def _unit(metric: str) -> str:
+    """The score's unit (``nats`` for entropy), empty for shares and for scores headscope does not
+    know."""
+    try:
+        return describe(metric).unit
+    except HeadscopeError:
+        return ""
+
+
 def atlas_figure(
     table: pd.DataFrame,
     metrics: Sequence[str] | None = None,
@@ -232,10 +243,14 @@ def atlas_figure(
     nrows = -(-len(metrics) // ncols)
     fig = Figure(figsize=(3.6 * ncols, 2.8 * nrows), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    colours = {m: f"C{i}" for i, m in enumerate(table["model"].unique())}
+    models = list(table["model"].unique())
+    colours = {m: f"C{i}" for i, m in enumerate(models)}
+    # one dash pattern per model, so chance lines that coincide can still be told apart
+    dashes = {m: [(4, 2), (1, 1.5), (6, 1.5, 1, 1.5), (2, 3)][i % 4] for i, m in enumerate(models)}
     nbins = len(table["depth_bin"].cat.categories) if hasattr(table["depth_bin"], "cat") else 3
     for ax, metric in zip(axes, metrics, strict=False):
         sub = prof[prof["metric"] == metric]
+        said = []
         for model, rows in sub.groupby("model", sort=False):
             ax.plot(
                 rows["depth"],
@@ -247,13 +262,25 @@ def atlas_figure(
                 label=model,
             )
             if stat != "frac_labelled" and rows["chance"].notna().any():
-                ax.plot(rows["depth"], rows["chance"], ls="--", lw=0.8, color=colours[model])
+                ax.plot(
+                    rows["depth"],
+                    rows["chance"],
+                    lw=0.9,
+                    color=colours[model],
+                    dashes=dashes[model],
+                )
+                ch = rows["chance"].dropna()
+                said.append(f"{ch.iloc[0]:.3f}" if ch.nunique() == 1 else "varies by layer")
         for edge in np.arange(1, nbins) / nbins:
             ax.axvline(edge, color="0.85", lw=0.8, zorder=0)
-        ax.set_title(metric, fontsize=10)
+        ax.set_title(
+            metric + (f"\nchance {' / '.join(said)}" if said else ""),
+            fontsize=10 if not said else 9,
+        )
         ax.set_xlim(-0.03, 1.03)
         ax.set_xlabel("relative depth (layer / (n_layers - 1))", fontsize=8)
-        ax.set_ylabel(stat.replace("_", " "), fontsize=8)
+        unit = _unit(metric) if stat != "frac_labelled" else ""
+        ax.set_ylabel(stat.replace("_", " ") + (f" ({unit})" if unit else ""), fontsize=8)
         if sub[stat].isna().all():
             ax.text(
                 0.5,
@@ -267,8 +294,22 @@ def atlas_figure(
             )
     for ax in axes[len(metrics) :]:
         ax.set_visible(False)
+    keys = [Line2D([], [], marker="o", ms=3, lw=1.2, color=colours[m], label=m) for m in models]
     if stat != "frac_labelled":
-        axes[0].plot([], [], ls="--", lw=0.8, color="0.4", label="chance (dashed, model's colour)")
-    axes[0].plot([], [], color="0.85", lw=0.8, label="depth thirds (early | middle | late)")
-    axes[0].legend(fontsize=7, loc="best")
+        keys += [
+            Line2D([], [], lw=0.9, color=colours[m], dashes=dashes[m], label=f"chance, {m}")
+            for m in models
+        ]
+    keys.append(Line2D([], [], color="0.85", lw=0.8, label="depth thirds (early | middle | late)"))
+    fig.legend(
+        handles=keys,
+        loc="outside lower center",
+        ncol=min(len(keys), 4),
+        fontsize=7,
+        frameon=False,
+        title=f"chance values in each title, in the order {' / '.join(models)}"
+        if stat != "frac_labelled"
+        else None,
+        title_fontsize=7,
+    )
     return fig

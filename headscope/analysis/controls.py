@@ -4,6 +4,8 @@ comparisons against a base rate that could have failed.
 * :func:`pooled_interval`: the percentile interval of any statistic of a scan's per-head scores
   (the mean over heads, the share of heads above a threshold, ...) by resampling *sequences*, the
   unit that was sampled, from the per-sequence sums a scan keeps (``ScanResult.per_sequence``).
+* :func:`layer_intervals`: the same interval for every layer's mean over its heads, for several
+  scores at once (the per-layer curves of Clark et al.).
 * :func:`proportion_interval`: a Wilson interval for ``k`` hits out of ``n`` (needles, seeds).
 * :func:`random_groups`: many distinct random head groups of one size from a pool, seeded.
 * :func:`group_effects`: the change in a loss target when each of several head groups is ablated
@@ -95,6 +97,53 @@ def scan_interval(
         )
     ps = result.per_sequence[score]
     return pooled_interval(ps["total"], ps["count"], statistic, **kw)
+
+
+def layer_intervals(
+    result,
+    scores: Sequence[str],
+    resamples: int = RESAMPLES,
+    level: float = LEVEL,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Per (score, layer): the mean of the layer's per-head scores with its percentile interval
+    from resampling sequences, for a :class:`~headscope.result.ScanResult` scanned with its
+    bootstrap on. Columns ``model, metric, layer, mean, ci_low, ci_high, resamples, level``.
+
+    Each row is :func:`scan_interval` of ``nanmean(scores[layer])`` with the same draws (same
+    ``seed``), computed for all layers in one pass; NaN heads are left out of a layer's mean.
+    """
+    rows = []
+    for score in scores:
+        if score not in result.per_sequence:
+            raise HeadscopeError(
+                f"The scan kept no per-sequence sums for '{score}'; scan with bootstrap on "
+                f"(kept: {', '.join(result.per_sequence) or 'none'})."
+            )
+        ps = result.per_sequence[score]
+        total = torch.as_tensor(np.asarray(ps["total"]), dtype=torch.float64)
+        count = torch.as_tensor(np.asarray(ps["count"]), dtype=torch.float64)
+        n, n_layers, n_heads = total.shape
+        point = np.nanmean((total.sum(0) / count.sum()).numpy(), axis=1)  # [layer]
+        w = _draws(n, resamples, seed)
+        pooled = (w @ total.reshape(n, -1)) / (w @ count)[:, None]
+        per_layer = np.nanmean(pooled.reshape(resamples, n_layers, n_heads).numpy(), axis=2)
+        a = (1 - level) / 2
+        lo, hi = np.nanquantile(per_layer, a, axis=0), np.nanquantile(per_layer, 1 - a, axis=0)
+        for layer in range(n_layers):
+            rows.append(
+                {
+                    "model": result.model_name,
+                    "metric": score,
+                    "layer": layer,
+                    "mean": float(point[layer]),
+                    "ci_low": float(lo[layer]),
+                    "ci_high": float(hi[layer]),
+                    "resamples": resamples,
+                    "level": level,
+                }
+            )
+    return pd.DataFrame(rows)
 
 
 def proportion_interval(k: int, n: int, level: float = LEVEL) -> tuple[float, float]:

@@ -68,35 +68,49 @@ def layer_curves(
     """Per-layer mean curves from :func:`layer_means` tables (concatenated).
 
     One panel per value of ``panels``, one line per value of ``lines``; each line's chance value is
-    drawn dashed in the same colour. y runs 0-1; x is the layer.
+    drawn dashed in the same colour. With ``ci_low`` / ``ci_high`` columns (e.g. merged from
+    :func:`headscope.analysis.controls.layer_intervals`) each line gets its interval as a shaded
+    band. y runs 0-1; x is the layer. The key sits below the panels, never over a curve.
     """
     for col in (panels, lines):
         if col not in table.columns:
             raise HeadscopeError(
                 f"layer_curves: no column '{col}'; use one of {', '.join(table.columns)}."
             )
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    bands = {"ci_low", "ci_high"} <= set(table.columns)
     groups = list(dict.fromkeys(table[panels]))
-    fig = Figure(figsize=(4.6 * len(groups), 3.6), layout="constrained")
+    names = list(dict.fromkeys(table[lines]))
+    colours = {name: f"C{i}" for i, name in enumerate(names)}
+    fig = Figure(figsize=(4.6 * len(groups), 3.9), layout="constrained")
     axes = fig.subplots(1, len(groups), squeeze=False)[0]
     for ax, group in zip(axes, groups, strict=True):
         sub = table[table[panels] == group]
-        for i, (name, line) in enumerate(sub.groupby(lines, sort=False)):
-            colour = f"C{i}"
-            ax.plot(line["layer"], line["mean"], marker="o", ms=3, color=colour, label=str(name))
+        for name, line in sub.groupby(lines, sort=False):
+            colour = colours[name]
+            if bands:
+                ax.fill_between(
+                    line["layer"], line["ci_low"], line["ci_high"], color=colour, alpha=0.25, lw=0
+                )
+            ax.plot(line["layer"], line["mean"], marker="o", ms=3, color=colour)
             ax.plot(line["layer"], line["chance"], ls="--", lw=0.8, color=colour)
-        ax.plot(
-            [],
-            [],
-            ls="--",
-            lw=0.8,
-            color="0.4",
-            label="chance (a uniform head),\nin the line's colour",
-        )
         ax.set_ylim(0, 1)
         ax.set_xlabel("layer")
         ax.set_ylabel("mean score over the layer's heads")
         ax.set_title(str(group), fontsize=10)
-        ax.legend(fontsize=8)
+    keys = [Line2D([], [], marker="o", ms=3, color=colours[n], label=str(n)) for n in names]
+    keys.append(
+        Line2D([], [], ls="--", lw=0.8, color="0.4", label="chance (a uniform head), line's colour")
+    )
+    if bands:
+        level = table["level"].iloc[0] if "level" in table.columns else None
+        said = f"{level:.0%} interval" if level is not None else "interval"
+        keys.append(Patch(color="0.4", alpha=0.25, label=f"shaded: {said} (resampled sequences)"))
+    fig.legend(
+        handles=keys, loc="outside lower center", ncol=min(len(keys), 5), fontsize=8, frameon=False
+    )
     fig.suptitle(title or "mean attention per layer (dashed: a uniform head)", fontsize=11)
     return fig
 
@@ -106,16 +120,18 @@ def side_by_side(
     metric: str | Mapping[str, str],
     title: str | None = None,
     vmax: float | None = None,
+    thresholds: Mapping[str, float] | None = None,
 ) -> Figure:
     """Layer x head heatmaps of several tables (``{label: scores}``) in one figure.
 
     ``metric`` is one metric for every panel, or ``{label: metric}`` to draw a different metric
     in each panel (e.g. one model's ``sink`` next to its ``separator``). The colour bar names the
-    score and marks each panel's chance value with a red line (the value is in the panel's title);
-    a key below the panels names the red line, the numbers (labelled heads) and the hatching
-    (labels whose bootstrap stability is under 0.9). ``vmax``: the top of the colour scale
-    (default: the metric's own, 0-1 for shares), e.g. to make scores near a small chance value
-    visible.
+    score and marks each panel's chance value with a red line, one line style per value (the value
+    is also in the panel's title); a key below the panels names each red line's panels and value,
+    the numbers (labelled heads, with the label's cut: the metric's threshold unless
+    ``thresholds`` gives the run's) and the hatching (labels whose bootstrap stability is under
+    0.9). ``vmax``: the top of the colour scale (default: the metric's own, 0-1 for shares), e.g. to
+    make scores near a small chance value visible.
     """
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -153,25 +169,49 @@ def side_by_side(
         if len(metrics) == 1
         else "score (" + ", ".join(metrics) + ")",
     )
-    # each chance value is a red line on the colour bar; its number is in the panel's title (two
-    # labels of close values written on the bar would overprint each other)
-    for value in sorted(set(chances.values())):
-        bar.ax.axhline(value, color="red", lw=1.2)
+    # each chance value is a red line on the colour bar, one line style per value, named in the key
+    # with its panels and value (two labels of close values written on the bar would overprint
+    # each other; two close lines in one style could not be told apart)
+    styles = [("-", "solid"), ("--", "dashed"), (":", "dotted"), ("-.", "dash-dot")]
+    by_value = {}  # chance value -> the panels that have it
+    for label, value in chances.items():
+        by_value.setdefault(value, []).append(label)
     keys = []
-    if chances:
+    for i, (value, labels) in enumerate(sorted(by_value.items())):
+        ls, said = styles[i % len(styles)]
+        bar.ax.axhline(value, color="red", lw=1.2, ls=ls)
         keys.append(
             Line2D(
                 [],
                 [],
                 color="red",
                 lw=1.2,
-                label="red line on the colour bar: chance "
-                "(a head spreading its attention evenly; value in each title)",
+                ls=ls,
+                label=f"colour bar, red {said}: chance of {', '.join(labels)} ({value:.3f})",
+            )
+        )
+    if keys:
+        keys.append(
+            Patch(
+                facecolor="none",
+                edgecolor="none",
+                label="chance: a head spreading its attention evenly",
             )
         )
     if any(_labelled(s, chosen[label]).any() for label, s in runs.items()):
+        cuts = []
+        for m in metrics:
+            info = REGISTRY[m] if m in REGISTRY else None
+            if info is not None:
+                t = (thresholds or {}).get(m, info.threshold)
+                cuts.append(f"{m} {'<=' if info.below else '>='} {t:g}")
         keys.append(
-            Patch(facecolor="none", edgecolor="none", label="numbers: the labelled heads' scores")
+            Patch(
+                facecolor="none",
+                edgecolor="none",
+                label="numbers: the labelled heads' scores"
+                + (f" (labelled: {', '.join(cuts)})" if cuts else ""),
+            )
         )
     if any(
         (_unstable(s, chosen[label]) & _labelled(s, chosen[label])).any()
@@ -182,7 +222,8 @@ def side_by_side(
                 facecolor="none",
                 edgecolor="0.45",
                 hatch="///",
-                label=f"hatched: label stability < {STABLE} (bootstrap over sequences)",
+                label=f"hatched: label stability < {STABLE} (stability: the share of bootstrap "
+                "resamples of the sequences in which the head keeps its label)",
             )
         )
     if keys:  # below the panels, outside them: never over an axis label

@@ -338,11 +338,20 @@ def threshold_sweep(scores: pd.DataFrame, thresholds: dict[str, float] | None = 
         ax.plot(grid, counts, color="C0")
         t = thresholds.get(metric, info.threshold)
         ax.axvline(t, color="C3", linestyle="--", linewidth=1)
+        sign = "<=" if info.below else ">="
         n = int((values <= t).sum() if info.below else (values >= t).sum())
-        ax.set_title(f"{metric}: {n} at {'<=' if info.below else '>='} {t:g}", fontsize=9)
-        ax.set_xlabel("threshold", fontsize=8)
-        ax.set_ylabel("heads labelled", fontsize=8)
+        ax.set_title(f"{metric}: {n} at {sign} {t:g}", fontsize=9)
+        unit = getattr(info, "unit", "")
+        ax.set_xlabel(f"threshold t{f' ({unit})' if unit else ''}", fontsize=8)
+        ax.set_ylabel(f"heads with score {sign} t", fontsize=8)
         ax.tick_params(labelsize=7)
+    keys = [
+        Line2D([], [], color="C0", label="heads labelled at threshold t"),
+        Line2D(
+            [], [], color="C3", ls="--", lw=1, label="this run's threshold (count in each title)"
+        ),
+    ]
+    fig.legend(handles=keys, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
     fig.suptitle(f"{scores['model'].iloc[0]}: labelled heads against the threshold")
     return fig
 

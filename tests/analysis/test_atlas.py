@@ -136,3 +136,25 @@ def test_bad_input_is_one_line(tmp_path):
 def test_other_bin_counts():
     assert list(depth_bins([0.0, 0.49, 0.5, 1.0], 2)) == ["early", "early", "late", "late"]
     assert list(depth_bins([0.0, 0.26, 0.99, 1.0], 4)) == ["d1", "d2", "d4", "d4"]
+
+
+def test_figure_keeps_coinciding_chance_lines_apart_and_names_units():
+    """Two models with the same chance value: two dash patterns, both values in the title, one
+    key below the panels; entropy's axis says nats."""
+    ind = atlas([_table("a", 3), _table("b", 4)])
+    ent = atlas(
+        [
+            _table("a", 3, metric="entropy", label="focused head"),
+            _table("b", 4, metric="entropy", label="focused head"),
+        ]
+    )
+    fig = atlas_figure(pd.concat([ind, ent], ignore_index=True), metrics=["induction", "entropy"])
+    ax_ind, ax_ent = [ax for ax in fig.axes if ax.get_visible()]
+    assert ax_ind.get_title() == "induction\nchance 0.010 / 0.010"
+    chance = [line for line in ax_ind.lines if set(line.get_ydata()) == {0.01}]
+    assert len(chance) == 2 and chance[0]._dash_pattern != chance[1]._dash_pattern
+    assert ax_ent.get_ylabel() == "mean score (nats)" and ax_ind.get_ylabel() == "mean score"
+    assert ax_ind.get_legend() is None and len(fig.legends) == 1
+    texts = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert texts[:4] == ["a", "b", "chance, a", "chance, b"]
+    assert fig.legends[0].get_title().get_text().endswith("in the order a / b")

@@ -42,6 +42,55 @@ def test_pooled_interval_covers_the_spread_of_sequences():
     assert lo < v < hi and (hi - lo) == pytest.approx(2 * 1.96 * se, rel=0.3)
 
 
+def test_layer_intervals_are_scan_intervals_of_each_layer_mean():
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(1)
+    total = rng.uniform(0, 1, (30, 3, 4))  # [sequence, layer, head]
+    total[:, 2, 1] = np.nan  # a NaN head is left out of its layer's mean
+    count = rng.integers(1, 4, 30).astype(float)
+    result = SimpleNamespace(
+        model_name="m",
+        per_sequence={
+            "sink": {"total": total, "count": count},
+            "other": {"total": total * 0 + 0.25, "count": np.ones(30)},
+        },
+    )
+    table = controls.layer_intervals(result, ["sink", "other"], resamples=200, seed=3)
+    assert list(table.columns) == [
+        "model",
+        "metric",
+        "layer",
+        "mean",
+        "ci_low",
+        "ci_high",
+        "resamples",
+        "level",
+    ]
+    sink = table[table.metric == "sink"]
+    for layer in range(3):
+        v, lo, hi = controls.scan_interval(
+            result,
+            "sink",
+            lambda s, layer=layer: float(np.nanmean(s[layer])),
+            resamples=200,
+            seed=3,
+        )
+        row = sink[sink.layer == layer].iloc[0]
+        assert (row["mean"], row.ci_low, row.ci_high) == pytest.approx((v, lo, hi), rel=1e-12)
+        pooled = np.nansum(total[:, layer], 0) / count.sum() if layer < 2 else None
+        if pooled is not None:
+            assert row["mean"] == pytest.approx(pooled.mean())
+    other = table[table.metric == "other"]  # every sequence alike: the interval is the point
+    assert (
+        (other["mean"] == 0.25).all()
+        and (other.ci_low == 0.25).all()
+        and (other.ci_high == 0.25).all()
+    )
+    with pytest.raises(HeadscopeError, match="no per-sequence sums for 'entropy'"):
+        controls.layer_intervals(result, ["entropy"])
+
+
 def test_random_groups_are_distinct_seeded_and_capped():
     pool = [(layer, h) for layer in range(2) for h in range(3)]
     groups = controls.random_groups(pool, 2, 100, seed=1)

@@ -58,8 +58,8 @@ def test_layer_curves_one_panel_per_run():
     assert [ax.get_title() for ax in fig.axes] == ["a", "b"]
     assert fig.get_suptitle().startswith("mean attention per layer")
     a, b = fig.axes
-    # per metric: the mean, then its chance value dashed; then the key to the dashes
-    assert len(a.lines) == 7
+    # per metric: the mean, then its chance value dashed
+    assert len(a.lines) == 6
     sink, sink_chance = a.lines[:2]
     np.testing.assert_array_equal(sink.get_xdata(), [0, 1, 2])
     np.testing.assert_allclose(sink.get_ydata(), [0.505, 0.605, 0.705])
@@ -67,14 +67,25 @@ def test_layer_curves_one_panel_per_run():
     assert sink_chance.get_linestyle() == "--" and sink_chance.get_color() == sink.get_color()
     np.testing.assert_allclose(a.lines[2].get_ydata(), [0.105, 0.205, 0.305])  # separator
     np.testing.assert_array_equal(b.lines[0].get_xdata(), [0, 1, 2, 3, 4])
-    assert [t.get_text() for t in a.get_legend().get_texts()][:3] == [
-        "sink",
-        "separator",
-        "punctuation",
-    ]
-    assert a.get_legend().get_texts()[3].get_text().startswith("chance (a uniform head)")
+    # one key for the figure, below the panels (never over a curve), no band without intervals
+    assert a.get_legend() is None and len(fig.legends) == 1
+    texts = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert texts[:3] == ["sink", "separator", "punctuation"]
+    assert texts[3].startswith("chance (a uniform head)") and len(texts) == 4
+    assert not a.collections
     with pytest.raises(HeadscopeError, match="no column"):
         layer_curves(table, panels="nope")
+
+
+def test_layer_curves_shade_the_intervals_when_given():
+    table = layer_means(_scores("a"), ["sink"])
+    table = table.assign(ci_low=table["mean"] - 0.01, ci_high=table["mean"] + 0.02, level=0.95)
+    fig = layer_curves(table)
+    (ax,) = fig.axes
+    (band,) = ax.collections
+    ys = band.get_paths()[0].vertices[:, 1]
+    assert ys.min() == pytest.approx(0.495) and ys.max() == pytest.approx(0.725)
+    assert fig.legends[0].get_texts()[-1].get_text() == "shaded: 95% interval (resampled sequences)"
 
 
 def test_labelled_heads_strongest_first():
@@ -141,13 +152,20 @@ def test_side_by_side_names_its_colour_scale_and_marks_chance():
     assert not bar.texts  # close chance values written on the bar overprinted each other
     assert fig.axes[0].get_title().endswith("chance 0.050)")
     keys = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
-    assert any(k.startswith("red line on the colour bar: chance") for k in keys)
+    assert "colour bar, red solid: chance of a (0.050)" in keys
     assert not any("stability" in k for k in keys)  # nothing hatched, no hatching key
     assert fig.axes[0].images[0].get_clim() == (0.0, 0.4)
     shaky = scores.assign(stability=0.5)
     fig = side_by_side({"a": shaky}, "sink")
     keys = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
     assert any("stability" in k for k in keys) and any("labelled heads" in k for k in keys)
+    assert any(
+        k.startswith("hatched: label stability < 0.9 (stability: the share of") for k in keys
+    )
+    assert "numbers: the labelled heads' scores (labelled: sink >= 0.5)" in keys
+    fig = side_by_side({"a": shaky}, "sink", thresholds={"sink": 0.3})
+    keys = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert "numbers: the labelled heads' scores (labelled: sink >= 0.3)" in keys
 
 
 def test_side_by_side_keeps_two_close_chance_values_apart():
@@ -156,3 +174,14 @@ def test_side_by_side_keeps_two_close_chance_values_apart():
     titles = [ax.get_title() for ax in fig.axes[:2]]
     assert titles[0].endswith("chance 0.110)") and titles[1].endswith("chance 0.112)")
     assert sorted(line.get_ydata()[0] for line in fig.axes[-1].lines) == [0.110, 0.112]
+    # one line style per value, each named in the key with its panel: they can be told apart
+    styles = {line.get_ydata()[0]: line.get_linestyle() for line in fig.axes[-1].lines}
+    assert styles[0.110] != styles[0.112]
+    keys = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert "colour bar, red solid: chance of a (0.110)" in keys
+    assert "colour bar, red dashed: chance of b (0.112)" in keys
+    same = side_by_side({"a": a, "c": a}, "sink")  # one value, one line, both panels named
+    assert len(same.axes[-1].lines) == 1
+    assert "colour bar, red solid: chance of a, c (0.110)" in [
+        t.get_text() for leg in same.legends for t in leg.get_texts()
+    ]

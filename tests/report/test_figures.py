@@ -249,6 +249,12 @@ def test_threshold_sweep_counts_labelled_heads_at_every_cut(scores):
         entropy.get_title() == "entropy: 2 at <= 0.3"
         and (np.diff(entropy.lines[0].get_ydata()) >= 0).all()
     )
+    # axes say which way the count runs and in what unit; one key names the dashed line
+    assert ax.get_ylabel() == "heads with score >= t" and ax.get_xlabel() == "threshold t"
+    assert entropy.get_ylabel() == "heads with score <= t"
+    assert entropy.get_xlabel() == "threshold t (nats)"
+    (key,) = fig.legends
+    assert [t.get_text() for t in key.get_texts()][1].startswith("this run's threshold")
 
 
 def test_hatching_has_its_key_below_the_axes_not_over_them(scores):
