@@ -120,7 +120,9 @@ def induction_copying_heads(
 
     ``induction_threshold`` defaults to the induction metric's label threshold. One row per head of
     ``copying``, with both scores and three flags; heads that do both come first, then by
-    induction score.
+    induction score. The copying table's interval (``ci_low``, ``ci_high`` of :func:`ov_copying`),
+    control (``null``) and ``median_rank`` travel with each head; the interval is renamed
+    ``{column}_low`` / ``{column}_high``.
     """
     from headscope.metrics import get_metric
 
@@ -133,10 +135,14 @@ def induction_copying_heads(
             f"The copying table has no column '{column}'; it has {', '.join(copying.columns)}."
         )
     keep = ["model", "layer", "head", "head_name", column] + [
-        c for c in ("median_rank", "null") if c in copying.columns
+        c for c in ("ci_low", "ci_high", "median_rank", "null") if c in copying.columns
     ]
-    out = copying[keep].merge(
-        ind.rename(columns={"score": "induction"}), on=["layer", "head"], how="inner"
+    # the copying interval travels with its head, named for its score (induction has its own)
+    named = {"ci_low": f"{column}_low", "ci_high": f"{column}_high"}
+    out = (
+        copying[keep]
+        .rename(columns=named)
+        .merge(ind.rename(columns={"score": "induction"}), on=["layer", "head"], how="inner")
     )
     out["prefix_matching"] = out["induction"] >= t
     out["copies"] = out[column] >= copying_threshold
@@ -144,7 +150,7 @@ def induction_copying_heads(
     out = out.sort_values(["induction_head", "induction"], ascending=[False, False], kind="stable")
     cols = (
         ["model", "head_name", "layer", "head", "induction", column]
-        + keep[5:]
+        + [named.get(c, c) for c in keep[5:]]
         + ["prefix_matching", "copies", "induction_head"]
     )
     return out.reset_index(drop=True)[cols]

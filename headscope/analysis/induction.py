@@ -91,6 +91,18 @@ def stripe_figure(pattern: np.ndarray, repeat_len: int, title: str) -> Figure:
         fontsize=9,
     )
     ax2.legend(fontsize=8, loc="center right")
+    from matplotlib.lines import Line2D
+
+    key = Line2D(
+        [],
+        [],
+        color="0.3",
+        lw=0.8,
+        ls=":",
+        label=f"left, dotted (white) lines: between BOS (position 0) and the first copy of R "
+        f"(1-{L}), and where the second copy starts ({L + 1})",
+    )
+    fig.legend(handles=[key], loc="outside lower left", fontsize=8, frameon=False)
     return fig
 
 

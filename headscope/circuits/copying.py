@@ -242,19 +242,30 @@ def ov_copying(
     k: int = COPYING_K,
     weights: HeadWeights | None = None,
     batch_size: int = 4,
+    resamples: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
 ) -> pd.DataFrame:
     """Copying on real inputs, for ``heads`` (default: every head), on a repeat ``probe``.
 
     The attended positions are the first copy of ``R`` (positions ``1..L``). Returns one row per
     head: ``copying`` = copying@k (share of positions whose own-token logit is among the ``k``
-    highest of the ordinary vocabulary), ``median_rank`` (0 = highest), ``null`` = copying@k of
-    another token of ``R`` read from the same output (the control, :func:`null_columns`), ``n``
-    positions and ``chance`` = ``k / vocab``. Cost: about ``2 * n * d_model * vocab`` flops per
-    head.
+    highest of the ordinary vocabulary), ``ci_low`` / ``ci_high`` its percentile interval from
+    resampling the probe's sequences (``resamples`` times at ``level``, seeded; positions of one
+    sequence stay together), ``median_rank`` (0 = highest), ``null`` = copying@k of another token
+    of ``R`` read from the same output (the control, :func:`null_columns`), ``n`` positions and
+    ``chance`` = ``k / vocab``. Cost: about ``2 * n * d_model * vocab`` flops per head.
     """
+    from headscope.uncertainty import bootstrap
+
     ranks, vocab = copying_ranks(model, probe, heads, weights, batch_size, null=True)
+    L = probe.repeat_len
+    # [sequence, head, 1]: hits per sequence, what the interval resamples
+    hits = torch.stack([(r[..., 0] < k).double().sum(1) for r in ranks.values()], 1)[..., None]
+    counts = torch.full((len(probe),), float(L), dtype=torch.float64)
+    spread = bootstrap(hits, counts, None, resamples, level, seed) if resamples else None
     rows = []
-    for (layer, head), r in ranks.items():
+    for i, ((layer, head), r) in enumerate(ranks.items()):
         own, other = r[..., 0].flatten(), r[..., 1].flatten()
         rows.append(
             {
@@ -263,6 +274,8 @@ def ov_copying(
                 "head": head,
                 "head_name": head_name(layer, head),
                 "copying": float((own < k).float().mean()),
+                "ci_low": float(spread.ci_low[i, 0]) if spread else float("nan"),
+                "ci_high": float(spread.ci_high[i, 0]) if spread else float("nan"),
                 "median_rank": float(own.float().median()),
                 "null": float((other < k).float().mean()),
                 "n": len(own),

@@ -170,6 +170,9 @@ def test_induction_copying_heads_needs_both_halves():
     with_null = induction_copying_heads(scores, cop.assign(null=[0.0, 0.05, 0.1]))
     # the control travels with its head
     assert with_null.set_index("head_name").loc["L0H1", "null"] == 0.05
+    spread = induction_copying_heads(scores, cop.assign(ci_low=[0.0, 0.8, 0.6], ci_high=0.95))
+    row = spread.set_index("head_name").loc["L1H0"]  # the interval travels with its head too
+    assert (row["copying_low"], row["copying_high"]) == (0.6, 0.95) and "ci_low" not in spread
     with pytest.raises(HeadscopeError, match="no 'induction' rows"):
         induction_copying_heads(scores.assign(metric="sink"), cop)
 

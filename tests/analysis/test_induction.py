@@ -49,6 +49,9 @@ def test_stripe_figure_draws_the_pattern_and_the_offsets():
     rows, cols = ax.lines[0::2], ax.lines[1::2]
     assert [line.get_ydata()[0] for line in rows] == [0.5, 5.5]
     assert [line.get_xdata()[0] for line in cols] == [0.5, 5.5]
+    (key,) = fig.legends  # the dotted lines are keyed
+    assert key.get_texts()[0].get_text().startswith("left, dotted (white) lines: between BOS")
+    assert "second copy starts (6)" in key.get_texts()[0].get_text()
     lines = {
         t.get_text(): line for t, line in zip(ax2.get_legend().get_texts(), ax2.lines, strict=True)
     }
