@@ -171,13 +171,14 @@ def side_by_side(
     )
     # each chance value is a red line on the colour bar, one line style per value, named in the key
     # with its panels and value (two labels of close values written on the bar would overprint
-    # each other; two close lines in one style could not be told apart)
+    # each other; two close lines in one style could not be told apart). Styles follow the panels'
+    # order, so the first panel's chance is solid in every figure of the same runs.
     styles = [("-", "solid"), ("--", "dashed"), (":", "dotted"), ("-.", "dash-dot")]
-    by_value = {}  # chance value -> the panels that have it
+    by_value = {}  # chance value -> the panels that have it, in panel order
     for label, value in chances.items():
         by_value.setdefault(value, []).append(label)
     keys = []
-    for i, (value, labels) in enumerate(sorted(by_value.items())):
+    for i, (value, labels) in enumerate(by_value.items()):
         ls, said = styles[i % len(styles)]
         bar.ax.axhline(value, color="red", lw=1.2, ls=ls)
         keys.append(

@@ -180,6 +180,9 @@ def test_side_by_side_keeps_two_close_chance_values_apart():
     keys = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
     assert "colour bar, red solid: chance of a (0.110)" in keys
     assert "colour bar, red dashed: chance of b (0.112)" in keys
+    flipped = side_by_side({"b": b, "a": a}, "sink")  # styles follow the panels, not the values
+    keys = [t.get_text() for leg in flipped.legends for t in leg.get_texts()]
+    assert "colour bar, red solid: chance of b (0.112)" in keys
     same = side_by_side({"a": a, "c": a}, "sink")  # one value, one line, both panels named
     assert len(same.axes[-1].lines) == 1
     assert "colour bar, red solid: chance of a, c (0.110)" in [
