@@ -3,8 +3,8 @@ computes it."""
 
 from __future__ import annotations
 
-import pytest
 import numpy as np
+import pytest
 import torch
 
 import headscope
