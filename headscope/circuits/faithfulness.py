@@ -74,7 +74,19 @@ def head_means(model, batches: Sequence[Batch], side: str) -> Float[Tensor, "lay
 
 
 def _metrics(model, batches, metric, means, keeps: Float[Tensor, "set layer head"], n_pairs):
-    """``[set, pair]``: the clean metric with every head outside each set mean-ablated."""
+    """``[set, pair]``: the clean metric with every head outside each set mean-ablated. Each
+    distinct set runs once (first occurrence order) and repeats copy its row, so equal sets give
+    equal metrics bit for bit: a batched forward's last bits depend on the row's place in it."""
+    flat = keeps.flatten(1)
+    first: dict[bytes, int] = {}
+    where = [first.setdefault(row.numpy().tobytes(), len(first)) for row in flat]
+    distinct = torch.stack([flat[where.index(j)] for j in range(len(first))]).view(
+        -1, *keeps.shape[1:]
+    )
+    return _distinct_metrics(model, batches, metric, means, distinct, n_pairs)[where]
+
+
+def _distinct_metrics(model, batches, metric, means, keeps, n_pairs):
     n_sets = keeps.shape[0]
     out = torch.full((n_sets, n_pairs), torch.nan, dtype=torch.float64)
     for batch in batches:
