@@ -6,6 +6,9 @@ comparisons against a base rate that could have failed.
   unit that was sampled, from the per-sequence sums a scan keeps (``ScanResult.per_sequence``).
 * :func:`layer_intervals`: the same interval for every layer's mean over its heads, for several
   scores at once (the per-layer curves of Clark et al.).
+* :func:`joint_interval`: the same for a statistic of several scores measured on the same
+  sequences, resampled together (a census run's ``noop_sequences.csv``, read by
+  :func:`sequence_sums`).
 * :func:`proportion_interval`: a Wilson interval for ``k`` hits out of ``n`` (needles, seeds).
 * :func:`random_groups`: many distinct random head groups of one size from a pool, seeded.
 * :func:`group_effects`: the change in a loss target when each of several head groups is ablated
@@ -74,15 +77,65 @@ def pooled_interval(
     >>> round(v, 3), lo <= v <= hi
     (0.5, True)
     """
-    total = torch.as_tensor(np.asarray(total), dtype=torch.float64)
-    count = torch.as_tensor(np.asarray(count), dtype=torch.float64)
-    n = total.shape[0]
-    value = statistic((total.sum(0) / count.sum()).numpy())
+    return joint_interval(
+        {"x": (total, count)}, lambda s: statistic(s["x"]), resamples, level, seed
+    )
+
+
+def joint_interval(
+    parts: Mapping[str, tuple],
+    statistic: Callable[[Mapping[str, np.ndarray]], float],
+    resamples: int = RESAMPLES,
+    level: float = LEVEL,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """:func:`pooled_interval` of a statistic of several pooled scores measured on the same
+    sequences (``parts``: name -> ``(total [sequence, layer, head], count [sequence])``), each
+    resample drawing the same sequences for all of them: e.g. the median over heads of one
+    effect's size over another's. ``statistic`` gets ``{name: scores [layer, head]}``.
+
+    >>> t = np.array([[[1.0, 2.0]], [[3.0, 2.0]]]); c = np.ones(2)
+    >>> v, lo, hi = joint_interval({"a": (t, c), "b": (2 * t, c)},
+    ...                            lambda s: float(np.median(s["b"] / s["a"])))
+    >>> (v, lo, hi)
+    (2.0, 2.0, 2.0)
+    """
+    tensors = {}
+    for name, (total, count) in parts.items():
+        t = torch.as_tensor(np.asarray(total), dtype=torch.float64)
+        c = torch.as_tensor(np.asarray(count), dtype=torch.float64)
+        tensors[name] = (t, c)
+    sizes = {t.shape[0] for t, _ in tensors.values()}
+    if len(sizes) != 1:
+        raise HeadscopeError(
+            f"Each part must be measured on the same sequences; got {sorted(sizes)} sequences."
+        )
+    n = sizes.pop()
+    value = statistic({k: (t.sum(0) / c.sum()).numpy() for k, (t, c) in tensors.items()})
     w = _draws(n, resamples, seed)  # [resample, sequence]
-    pooled = (w @ total.reshape(n, -1)) / (w @ count)[:, None]  # [resample, layer * head]
-    stats = np.array([statistic(p.reshape(total.shape[1:]).numpy()) for p in pooled])
+    pooled = {  # name -> [resample, layer, head]
+        k: ((w @ t.reshape(n, -1)) / (w @ c)[:, None]).reshape(resamples, *t.shape[1:]).numpy()
+        for k, (t, c) in tensors.items()
+    }
+    stats = np.array([statistic({k: p[i] for k, p in pooled.items()}) for i in range(resamples)])
     a = (1 - level) / 2
     return float(value), float(np.nanquantile(stats, a)), float(np.nanquantile(stats, 1 - a))
+
+
+def sequence_sums(table: pd.DataFrame, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(total [sequence, layer, head], count [sequence])`` of one metric of a census run's
+    ``noop_sequences.csv`` (``load_census(dir)["noop_sequences"]``), for :func:`joint_interval`."""
+    have = sorted(set(table["metric"]))
+    if metric not in have:
+        raise HeadscopeError(
+            f"noop_sequences.csv has no rows for '{metric}'; it has {', '.join(have) or 'none'}."
+        )
+    t = table[table["metric"] == metric]
+    n, n_layers, n_heads = (int(t[c].max()) + 1 for c in ("sequence", "layer", "head"))
+    total = np.full((n, n_layers, n_heads), np.nan)
+    total[t["sequence"], t["layer"], t["head"]] = t["total"]
+    count = t.groupby("sequence")["count"].first().reindex(range(n)).to_numpy(float)
+    return total, count
 
 
 def scan_interval(

@@ -13,6 +13,10 @@ writes::
                               interval, best offset, its accuracy, the difference and its interval
       syntax_heads.csv        every head's accuracy per (relation, direction), with its interval
       syntax_sentences.jsonl  sentences scored: token ids, words, word token spans, silver parses
+      noop_sequences.csv      per metric (no-op effect, its weight, the mean ablation), text
+                              sequence and head: the total and count each row of scores.csv is
+                              pooled from (score = sum total / sum count), to resample any
+                              statistic of the heads by sequence (analysis.controls.joint_interval)
       tokens.jsonl            the text and repeat probes' token ids
       summary.md              the tables a reader sees first (the SILVER note by the syntax table)
       *.png, report.html      heatmaps and the page (a figure or page that fails costs only itself)
@@ -121,7 +125,7 @@ def census(
     """Run the census parts of ``settings`` on ``model`` and publish ``out`` whole (see the module
     docstring). Bad input (an ``out`` that may not be written, spaCy or its pipeline missing, a
     tokenizer without offsets, no ordinal set of single tokens) is one line, and nothing is left."""
-    from headscope.apps.census_parts import PART_FNS, Context
+    from headscope.apps.census_parts import PART_FNS, SEQUENCES_FILE, Context, per_sequence_table
     from headscope.probes.pairs import repeat_probe, text_probe
     from headscope.rundir.store import check_out_dir
 
@@ -150,7 +154,10 @@ def census(
     def build(tmp: Path) -> None:
         t0 = time.perf_counter()
         frame.to_csv(tmp / "scores.csv", index=False, float_format=FLOAT_FORMAT, na_rep="NaN")
-        for name, table in ctx.tables.items():
+        tables = dict(ctx.tables)
+        if ctx.sequences:
+            tables[SEQUENCES_FILE] = per_sequence_table(ctx.sequences)
+        for name, table in tables.items():
             table.to_csv(tmp / name, index=False, float_format=FLOAT_FORMAT, na_rep="NaN")
         for name, write in ctx.files.items():
             write(tmp / name)
@@ -264,7 +271,8 @@ def write_page(run_dir: Path, figures: bool) -> None:
 
 
 def load_census(run_dir: str | Path) -> dict:
-    """A census run directory read back: ``{"scores", "metadata", "syntax_table", "summary"}``."""
+    """A census run directory read back: ``{"scores", "metadata", "syntax_table",
+    "noop_sequences"}`` (the last two None when the run has none)."""
     from headscope.report.census_page import read_census
 
     return read_census(Path(run_dir))

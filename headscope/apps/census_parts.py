@@ -51,6 +51,7 @@ class Context:
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # file name -> table to write
     files: dict[str, Callable] = field(default_factory=dict)  # file name -> write(path)
     ablation: dict | None = None  # the whole-head mean ablation, computed once
+    sequences: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)  # SEQUENCES_FILE
 
 
 # ------------------------------------------------------------------------------ rows
@@ -96,6 +97,34 @@ def rows(
                 row[k] = float(v[layer, h])
             out.append(row)
     return out
+
+
+SEQUENCES_FILE = "noop_sequences.csv"
+
+
+def per_sequence_table(parts: dict[str, tuple[Tensor, Tensor]]) -> pd.DataFrame:
+    """``noop_sequences.csv``: per metric, sequence and head, the sums a pooled score is made of
+    (``score = sum total / sum count`` over the sequences), so that any statistic of the heads'
+    scores (a layer's mean, a median ratio of two metrics) can be resampled by sequence."""
+    frames = []
+    for metric, (total, count) in parts.items():
+        n, n_layers, n_heads = total.shape
+        seq, layer, head = torch.meshgrid(
+            torch.arange(n), torch.arange(n_layers), torch.arange(n_heads), indexing="ij"
+        )
+        frames.append(
+            pd.DataFrame(
+                {
+                    "metric": metric,
+                    "sequence": seq.flatten().numpy(),
+                    "layer": layer.flatten().numpy(),
+                    "head": head.flatten().numpy(),
+                    "total": total.double().flatten().numpy(),
+                    "count": count.double()[:, None, None].expand(total.shape).flatten().numpy(),
+                }
+            )
+        )
+    return pd.concat(frames, ignore_index=True)
 
 
 def _pooled(sums: dict, n_seq: int, model) -> tuple[Tensor, Tensor]:
@@ -291,6 +320,7 @@ def ablation(ctx: Context) -> list[dict]:
     score = tot.sum(0) / cnt.sum()
     info = EFFECTS[target.metric]
     ctx.ablation = {"metric": target.metric, "score": score}
+    ctx.sequences[target.metric] = (tot, cnt)
     return rows(
         model,
         target.metric,
@@ -341,6 +371,8 @@ def noop_part(ctx: Context) -> list[dict]:
     )
     out += ablation(ctx)
     ab = ctx.ablation["score"] if ctx.ablation else None
+    ctx.sequences[info.name] = (tot, cnt)
+    ctx.sequences["noop_weight"] = (w.seq_total, w.seq_count)
     ctx.meta["noop"] = {
         "removed": "position 0 (BOS)" if model.causal else "[SEP] keys k >= 1",
         "weight_metric": weight_metric.name,

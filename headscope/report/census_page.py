@@ -54,8 +54,8 @@ th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: ta
 
 
 def read_census(run_dir: Path) -> dict:
-    """The files a census page is drawn from: ``scores``, ``metadata``, ``syntax_table`` (or
-    None)."""
+    """The files a census page is drawn from: ``scores``, ``metadata``, ``syntax_table`` and
+    ``noop_sequences`` (each None when the run has no such file)."""
     run_dir = Path(run_dir)
     na = {c: ["NaN", "nan", ""] for c in ("score", "chance", "null", "ci_low", "ci_high")}
     scores = pd.read_csv(
@@ -64,10 +64,12 @@ def read_census(run_dir: Path) -> dict:
     scores["label"] = scores["label"].fillna("")
     meta = json.loads((run_dir / "metadata.json").read_text())
     table = run_dir / "syntax_table.csv"
+    sequences = run_dir / "noop_sequences.csv"
     return {
         "scores": scores,
         "metadata": meta,
         "syntax_table": pd.read_csv(table) if table.is_file() else None,
+        "noop_sequences": pd.read_csv(sequences) if sequences.is_file() else None,
     }
 
 

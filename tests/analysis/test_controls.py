@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -89,6 +90,43 @@ def test_layer_intervals_are_scan_intervals_of_each_layer_mean():
     )
     with pytest.raises(HeadscopeError, match="no per-sequence sums for 'entropy'"):
         controls.layer_intervals(result, ["entropy"])
+
+
+def test_joint_interval_resamples_the_same_sequences_for_every_part():
+    rng = np.random.default_rng(2)
+    a = rng.uniform(0.5, 1.5, (25, 2, 3))
+    c = rng.integers(1, 5, 25).astype(float)
+    # b is a exactly doubled, sequence by sequence: any resample that draws the same sequences
+    # for both gives a ratio of exactly 2; independent draws would not
+    v, lo, hi = controls.joint_interval(
+        {"a": (a, c), "b": (2 * a, c)}, lambda s: float(np.median(s["b"] / s["a"])), resamples=300
+    )
+    assert (v, lo, hi) == pytest.approx((2.0, 2.0, 2.0), rel=1e-12)
+    # one part alone is pooled_interval, draw for draw
+    one = controls.joint_interval({"a": (a, c)}, lambda s: float(s["a"][1].mean()), seed=4)
+    assert one == controls.pooled_interval(a, c, lambda s: float(s[1].mean()), seed=4)
+    # a median ratio that varies: the interval holds the point and has width
+    b = a * rng.uniform(0.5, 1.5, a.shape)
+    v, lo, hi = controls.joint_interval(
+        {"a": (a, c), "b": (b, c)}, lambda s: float(np.median(s["b"] / s["a"]))
+    )
+    assert lo < v < hi
+    with pytest.raises(HeadscopeError, match="same sequences"):
+        controls.joint_interval({"a": (a, c), "b": (a[:3], c[:3])}, lambda s: 0.0)
+
+
+def test_sequence_sums_read_the_long_table_back():
+    rows = [
+        {"metric": m, "sequence": q, "layer": la, "head": h, "total": q + 10 * la + h, "count": 2}
+        for m in ("x", "y")
+        for q in range(3)
+        for la in range(2)
+        for h in range(4)
+    ]
+    total, count = controls.sequence_sums(pd.DataFrame(rows), "y")
+    assert total.shape == (3, 2, 4) and total[2, 1, 3] == 2 + 10 + 3 and list(count) == [2, 2, 2]
+    with pytest.raises(HeadscopeError, match="has no rows for 'z'; it has x, y"):
+        controls.sequence_sums(pd.DataFrame(rows), "z")
 
 
 def test_random_groups_are_distinct_seeded_and_capped():

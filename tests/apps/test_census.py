@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from headscope.apps.census import census, census_to_dir
+from headscope.apps.census import load_census as load_census_dir
 from headscope.apps.census_settings import CensusSettings
 from headscope.errors import HeadscopeError
 from headscope.probes import parser, sentences
@@ -132,6 +133,7 @@ def test_every_part_writes_its_rows_tables_and_records(gpt2_run, tiny_gpt2):
         "syntax_table.csv",
         "syntax_heads.csv",
         "syntax_sentences.jsonl",
+        "noop_sequences.csv",
         "tokens.jsonl",
         "summary.md",
         "report.html",
@@ -143,6 +145,38 @@ def test_every_part_writes_its_rows_tables_and_records(gpt2_run, tiny_gpt2):
     page = (gpt2_run / "report.html").read_text()
     assert "SILVER" in page and "UAS" in page
     assert "SILVER" in (gpt2_run / "summary.md").read_text()
+
+
+def test_the_per_sequence_sums_rebuild_every_noop_row_and_its_interval(gpt2_run, tiny_gpt2):
+    """noop_sequences.csv holds what each no-op, weight and ablation row is pooled from: summing
+    it gives scores.csv's score, and resampling it (same seed and draws) its interval."""
+    from headscope.analysis.controls import joint_interval, sequence_sums
+    from headscope.apps.census import load_census
+
+    run = load_census(gpt2_run)
+    table, scores = run["noop_sequences"], run["scores"]
+    assert set(table.metric) == {"effect_noop_text_loss", "noop_weight", "effect_text_loss"}
+    for metric in set(table.metric):
+        total, count = sequence_sums(table, metric)
+        assert total.shape == (SMALL["noop_sequences"], tiny_gpt2.n_layers, tiny_gpt2.n_heads)
+        rows = scores[scores.metric == metric].sort_values(["layer", "head"])
+        pooled = total.sum(0) / count.sum()
+        assert pooled.flatten() == pytest.approx(rows.score.to_numpy(), rel=1e-6, abs=1e-9)
+        for i in (0, 5):  # two heads' intervals, as the census drew them
+            la, h = divmod(i, tiny_gpt2.n_heads)
+            _, lo, hi = joint_interval(
+                {"x": (total, count)}, lambda s, la=la, h=h: s["x"][la, h], resamples=20
+            )
+            r = rows.iloc[i]
+            assert (lo, hi) == pytest.approx((r.ci_low, r.ci_high), rel=1e-5, abs=1e-9)
+    with pytest.raises(HeadscopeError, match="has no rows for 'sink'"):
+        sequence_sums(table, "sink")
+
+
+def test_a_census_without_effects_writes_no_sequence_file(tiny_gpt2, tmp_path):
+    out = census(tiny_gpt2, tmp_path / "run", CensusSettings(**SMALL, parts=("rare_word",)))
+    assert not (out / "noop_sequences.csv").exists()
+    assert load_census_dir(out)["noop_sequences"] is None
 
 
 def test_the_page_is_self_contained(gpt2_run):
