@@ -547,9 +547,22 @@ def _special_tokens(tok, causal: bool) -> dict:
 
 def _dequantize_gguf(gguf: Path, out: Path) -> None:
     """Dequantize a GGUF checkpoint to an fp32 safetensors folder with its tokenizer."""
+    from unittest import mock
+
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    with _quiet_loading():
+    # transformers' GGUF reader draws its own tqdm bar (not under its progress-bar switch), which
+    # lands in a notebook's saved stderr on a machine's first load: silence it there
+    try:
+        from transformers import modeling_gguf_pytorch_utils as reader
+    except ImportError:  # another layout: its bar shows, nothing else changes
+        reader = None
+    bar = (
+        mock.patch.object(reader, "tqdm", lambda it, *a, **k: it)
+        if reader is not None and hasattr(reader, "tqdm")
+        else contextlib.nullcontext()
+    )
+    with _quiet_loading(), bar:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(
             gguf.parent, gguf_file=gguf.name, dtype=torch.float32, attn_implementation="eager"
