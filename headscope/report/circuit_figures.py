@@ -67,6 +67,9 @@ OTHER_COLOURS = ("#a6761d", "#666666", "#17becf", "#8c564b")  # classes outside 
 POSITIVE, NEGATIVE = "#b2182b", "#2166ac"  # the ends of RdBu_r, as in the patching heatmaps
 
 
+LABEL_BOX = {"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.9}
+
+
 def _pale(colour: str, share: float = 0.55) -> str:
     """``colour`` mixed with ``share`` of white."""
     return to_hex([c + (1.0 - c) * share for c in to_rgb(colour)])
@@ -367,8 +370,8 @@ def circuit_diagram(
             fontsize=6.5,
             color=GROUP_COLOUR,
             va="top",
-            zorder=4,
-            bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8},
+            zorder=4.5,  # over the edges into its box
+            bbox=LABEL_BOX,
         )
     unsure = _unsure(edges)
     for r, w, pale in zip(edges.itertuples(), widths, unsure, strict=True):
@@ -421,7 +424,7 @@ def circuit_diagram(
                 linewidths=0.6,
             )
             dot.set_gid(f"node:{name}")
-            ax.annotate(
+            ax.annotate(  # above the edges and their arrowheads, on white so that they stay legible
                 name,
                 (x, y),
                 xytext=(0, 9),
@@ -429,6 +432,7 @@ def circuit_diagram(
                 ha="center",
                 fontsize=7,
                 zorder=5,
+                bbox=LABEL_BOX,
             )
     lx, ly = pos[LOGITS]
     ax.scatter([lx], [ly], s=260, marker="s", color="#dddddd", edgecolors="black", zorder=3)
@@ -752,6 +756,49 @@ def _receiver_rows(path: pd.DataFrame, receiver: str, direction: str | None) -> 
     return sub[sub["direction"].astype(str) == _direction(sub, direction)]
 
 
+# where a point's label may go, in points from the point (x, y, ha, va): up-right first
+LABEL_SPOTS = (
+    (3, 3, "left", "bottom"),
+    (3, -3, "left", "top"),
+    (-3, 3, "right", "bottom"),
+    (-3, -3, "right", "top"),
+    (3, 12, "left", "bottom"),
+    (3, -12, "left", "top"),
+    (-3, 12, "right", "bottom"),
+    (-3, -12, "right", "top"),
+)
+
+
+def _label_points(ax, points: Sequence[tuple[str, float, float]], fontsize: float = 7) -> None:
+    """Label each ``(text, x, y)`` beside its point, in the first of :data:`LABEL_SPOTS` whose box
+    overlaps no label placed before it (points near each other, e.g. two senders with nearly
+    equal z and effect, otherwise print their names over each other). Boxes are measured on the
+    axes as they are now (the limits set), in points; the first spot is the fallback."""
+    to_pt = 72.0 / ax.figure.dpi
+    placed: list[tuple[float, float, float, float]] = []  # (x0, y0, x1, y1) in points
+    for text, x, y in points:
+        best = None
+        for dx, dy, ha, va in LABEL_SPOTS:
+            t = ax.annotate(
+                text, (x, y), xytext=(dx, dy), textcoords="offset points",
+                fontsize=fontsize, ha=ha, va=va,
+            )  # fmt: skip
+            bb = t.get_window_extent()
+            box = (bb.x0 * to_pt, bb.y0 * to_pt, bb.x1 * to_pt, bb.y1 * to_pt)
+            clear = all(
+                box[2] <= o[0] or o[2] <= box[0] or box[3] <= o[1] or o[3] <= box[1] for o in placed
+            )
+            if clear or best is None:
+                if best is not None:
+                    best[0].remove()
+                best = (t, box)
+                if clear:
+                    break
+            else:
+                t.remove()
+        placed.append(best[1])
+
+
 def agreement_figure(
     composition: pd.DataFrame,
     path: pd.DataFrame,
@@ -777,6 +824,7 @@ def agreement_figure(
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax in axes[n:]:
         ax.set_visible(False)
+    labels = []  # (axes, points): placed once the layout is final
     for ax, receiver in zip(axes, receivers, strict=False):
         if receiver == LOGITS:
             raise ValueError("The logits have no composition score; pick head receivers.")
@@ -812,14 +860,7 @@ def agreement_figure(
         ax.set_xlim(*_padded([2.0, *both["z"].astype(float)], 0.06, 0.5))
         ax.set_ylim(*_padded([0.0, *y, *(y - err[0]), *(y + err[1])], 0.08, 0.01))
         strongest = both.reindex(both["effect"].abs().sort_values(ascending=False).index)[:3]
-        for r in strongest.itertuples():
-            ax.annotate(
-                str(r.sender),
-                (r.z, r.effect),
-                xytext=(3, 3),
-                textcoords="offset points",
-                fontsize=7,
-            )
+        labels.append((ax, [(str(r.sender), r.z, r.effect) for r in strongest.itertuples()]))
         ax.set_xlabel(f"{kind}-composition z against the random-weight null")
         ax.set_ylabel(f"path effect into {receiver} (share of gap)", fontsize=8)
         a = agreement[
@@ -844,6 +885,9 @@ def agreement_figure(
         f"(exact, n = {int(path['n_pairs'].iloc[0])} pairs)",
         fontsize=10,
     )
+    fig.get_layout_engine().execute(fig)  # the axes' final size, so label boxes measure true
+    for ax, points in labels:
+        _label_points(ax, points)
     return fig
 
 

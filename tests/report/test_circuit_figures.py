@@ -512,3 +512,41 @@ def test_svg_edge_whose_interval_includes_0_is_pale(tables, unsure):
     legend = next(g for g in root.iter(f"{SVG}g") if g.get("class") == "legend")
     assert "interval includes 0" in " ".join(t.text or "" for t in legend.iter(f"{SVG}text"))
     assert "interval includes 0" not in svg_diagram(*tables, T.N_LAYERS)
+
+
+def test_agreement_labels_of_nearby_points_do_not_overlap(tables):
+    """Two senders at the same z and nearly the same effect (as L0H2 and L9H4 into SmolLM2's
+    L17H4): their names are printed beside their points without covering each other."""
+    _, path = tables
+    comp = T.composition_table()
+    path = path.copy()
+    into = (path["receiver"] == "L1H1.k@S2") & (path["direction"] == "noising")
+    for sender, effect in (("L0H1", 0.2), ("L0H2", 0.2001)):
+        at = into & (path["sender"] == sender)
+        path.loc[at, ["effect", "ci_low", "ci_high"]] = [effect, effect - 0.05, effect + 0.05]
+    pick = (
+        (comp["receiver"] == "L1H1") & (comp["kind"] == "k") & comp["sender"].isin(["L0H1", "L0H2"])
+    )
+    comp.loc[pick, "z"] = 1.0
+    fig = agreement_figure(comp, path, T.agreement_table(), ["L1H1.k@S2"])
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    texts = [t for t in ax.texts if t.get_text() in {"L0H0", "L0H1", "L0H2"}]
+    assert sorted(t.get_text() for t in texts) == ["L0H0", "L0H1", "L0H2"]  # one label each
+    boxes = [t.get_window_extent() for t in texts]
+    for i in range(len(boxes)):
+        for j in range(i + 1, len(boxes)):
+            assert not boxes[i].overlaps(boxes[j]), (texts[i].get_text(), texts[j].get_text())
+
+
+def test_diagram_node_labels_sit_on_white_above_the_edges(tables):
+    classes, path = tables
+    fig = circuit_diagram(classes, path, n_layers=4)
+    ax = fig.axes[0]
+    names = [t for t in ax.texts if t.get_text() in CLASSED]
+    assert {t.get_text() for t in names} == CLASSED
+    edge_z = max(a.get_zorder() for a in _arrows(fig))
+    for t in names:
+        patch = t.get_bbox_patch()
+        assert patch is not None and to_rgb(patch.get_facecolor()) == (1.0, 1.0, 1.0)
+        assert t.get_zorder() > edge_z
