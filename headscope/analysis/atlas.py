@@ -247,7 +247,12 @@ def atlas_figure(
     colours = {m: f"C{i}" for i, m in enumerate(models)}
     # one dash pattern per model, so chance lines that coincide can still be told apart
     dashes = {m: [(4, 2), (1, 1.5), (6, 1.5, 1, 1.5), (2, 3)][i % 4] for i, m in enumerate(models)}
-    nbins = len(table["depth_bin"].cat.categories) if hasattr(table["depth_bin"], "cat") else 3
+    bin_names = (
+        [str(c) for c in table["depth_bin"].cat.categories]
+        if hasattr(table["depth_bin"], "cat")
+        else ["early", "middle", "late"]
+    )
+    nbins = len(bin_names)
     for ax, metric in zip(axes, metrics, strict=False):
         sub = prof[prof["metric"] == metric]
         said = []
@@ -273,6 +278,9 @@ def atlas_figure(
                 said.append(f"{ch.iloc[0]:.3f}" if ch.nunique() == 1 else "varies by layer")
         for edge in np.arange(1, nbins) / nbins:
             ax.axvline(edge, color="0.85", lw=0.8, zorder=0)
+        top = ax.secondary_xaxis("top")  # each bin named on the axis, not only in the key
+        top.set_xticks((np.arange(nbins) + 0.5) / nbins, bin_names, fontsize=7, color="0.4")
+        top.tick_params(length=0, pad=1)
         ax.set_title(
             metric + (f"\nchance {' / '.join(said)}" if said else ""),
             fontsize=10 if not said else 9,

@@ -68,9 +68,10 @@ def layer_curves(
     """Per-layer mean curves from :func:`layer_means` tables (concatenated).
 
     One panel per value of ``panels``, one line per value of ``lines``; each line's chance value is
-    drawn dashed in the same colour. With ``ci_low`` / ``ci_high`` columns (e.g. merged from
-    :func:`headscope.analysis.controls.layer_intervals`) each line gets its interval as a shaded
-    band. y runs 0-1; x is the layer. The key sits below the panels, never over a curve.
+    drawn dashed in the same colour and written in the panel's title. With ``ci_low`` /
+    ``ci_high`` columns (e.g. merged from :func:`headscope.analysis.controls.layer_intervals`)
+    each line gets its interval as a shaded band. y runs 0-1; x is the layer. The key sits below
+    the panels, never over a curve.
     """
     for col in (panels, lines):
         if col not in table.columns:
@@ -88,8 +89,12 @@ def layer_curves(
     axes = fig.subplots(1, len(groups), squeeze=False)[0]
     for ax, group in zip(axes, groups, strict=True):
         sub = table[table[panels] == group]
+        said = []  # each line's chance value, for the title: close dashed lines hide each other
         for name, line in sub.groupby(lines, sort=False):
             colour = colours[name]
+            ch = line["chance"].dropna()
+            if len(ch):
+                said.append(f"{name} {ch.iloc[0]:.3f}" if ch.nunique() == 1 else f"{name} varies")
             if bands:
                 ax.fill_between(
                     line["layer"], line["ci_low"], line["ci_high"], color=colour, alpha=0.25, lw=0
@@ -99,7 +104,10 @@ def layer_curves(
         ax.set_ylim(0, 1)
         ax.set_xlabel("layer")
         ax.set_ylabel("mean score over the layer's heads")
-        ax.set_title(str(group), fontsize=10)
+        ax.set_title(
+            str(group) + (f"\nchance: {', '.join(said)}" if said else ""),
+            fontsize=10 if not said else 9,
+        )
     keys = [Line2D([], [], marker="o", ms=3, color=colours[n], label=str(n)) for n in names]
     keys.append(
         Line2D([], [], ls="--", lw=0.8, color="0.4", label="chance (a uniform head), line's colour")
@@ -121,6 +129,7 @@ def side_by_side(
     title: str | None = None,
     vmax: float | None = None,
     thresholds: Mapping[str, float] | None = None,
+    marks: Mapping[str, float] | None = None,
 ) -> Figure:
     """Layer x head heatmaps of several tables (``{label: scores}``) in one figure.
 
@@ -131,7 +140,10 @@ def side_by_side(
     the numbers (labelled heads, with the label's cut: the metric's threshold unless
     ``thresholds`` gives the run's) and the hatching (labels whose bootstrap stability is under
     0.9). ``vmax``: the top of the colour scale (default: the metric's own, 0-1 for shares), e.g. to
-    make scores near a small chance value visible.
+    make scores near a small chance value visible. Each chance line also gets a red marker left of
+    the bar, one shape and place per value, so that two close values stay apart. ``marks``: other
+    values to mark on the bar (``{what: value}``, e.g. a cut the text counts heads above), black,
+    named in the key.
     """
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -164,7 +176,8 @@ def side_by_side(
     bar = fig.colorbar(
         im,
         ax=list(axes),
-        shrink=0.8,
+        shrink=1.0,  # as tall as the panels: a short bar crowds its marks
+        pad=0.06,  # room for the chance markers left of it
         label=colour_label(metrics[0])
         if len(metrics) == 1
         else "score (" + ", ".join(metrics) + ")",
@@ -177,10 +190,22 @@ def side_by_side(
     by_value = {}  # chance value -> the panels that have it, in panel order
     for label, value in chances.items():
         by_value.setdefault(value, []).append(label)
+    shapes = [(">", "triangle"), ("D", "diamond"), ("s", "square"), ("o", "circle")]
     keys = []
     for i, (value, labels) in enumerate(by_value.items()):
         ls, said = styles[i % len(styles)]
+        mk, shape = shapes[i % len(shapes)]
         bar.ax.axhline(value, color="red", lw=1.2, ls=ls)
+        bar.ax.plot(  # beside the bar, each value at its own distance from it
+            [-0.35 - 0.6 * (i % len(shapes))],
+            [value],
+            marker=mk,
+            ms=5,
+            color="red",
+            ls="",
+            transform=bar.ax.get_yaxis_transform(),
+            clip_on=False,
+        )
         keys.append(
             Line2D(
                 [],
@@ -188,9 +213,15 @@ def side_by_side(
                 color="red",
                 lw=1.2,
                 ls=ls,
-                label=f"colour bar, red {said}: chance of {', '.join(labels)} ({value:.3f})",
+                marker=mk,
+                ms=5,
+                label=f"colour bar, red {said} line and {shape}: chance of {', '.join(labels)} "
+                f"({value:.3f})",
             )
         )
+    for what, value in (marks or {}).items():
+        bar.ax.axhline(value, color="black", lw=1.6)
+        keys.append(Line2D([], [], color="black", lw=1.6, label=f"colour bar, black: {what}"))
     if keys:
         keys.append(
             Patch(

@@ -54,7 +54,14 @@ def draw_matrix(ax, values: np.ndarray, cmap: str, vmin: float, vmax: float):
     ax.set_ylabel("layer")
     ax.set_xticks(range(n_heads))
     ax.set_yticks(range(n_layers))
-    ax.tick_params(labelsize=7 if max(n_layers, n_heads) > 16 else 9)
+    # tick labels as large as a row (column) allows, 5-9 points: 30 layers on a tall panel read
+    # at 9 points where a fixed 7 came out tiny
+    fig_w, fig_h = ax.figure.get_size_inches()
+    pos = ax.get_position()
+    row = fig_h * pos.height * 72 / max(n_layers, 1)  # points per layer
+    col = fig_w * pos.width * 72 / max(n_heads, 1)  # points per head
+    ax.tick_params(axis="y", labelsize=float(np.clip(0.7 * row, 5.0, 9.0)))
+    ax.tick_params(axis="x", labelsize=float(np.clip(0.45 * col, 5.0, 9.0)))
     return im
 
 

@@ -158,3 +158,7 @@ def test_figure_keeps_coinciding_chance_lines_apart_and_names_units():
     texts = [t.get_text() for t in fig.legends[0].get_texts()]
     assert texts[:4] == ["a", "b", "chance, a", "chance, b"]
     assert fig.legends[0].get_title().get_text().endswith("in the order a / b")
+    # the depth thirds named on the axis itself, at the middle of each third
+    top = ax_ind.child_axes[0]
+    assert [t.get_text() for t in top.get_xticklabels()] == ["early", "middle", "late"]
+    assert list(top.get_xticks()) == pytest.approx([1 / 6, 1 / 2, 5 / 6])

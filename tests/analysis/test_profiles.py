@@ -55,7 +55,9 @@ def test_layer_means_name_the_missing_metric():
 def test_layer_curves_one_panel_per_run():
     table = pd.concat([layer_means(_scores("a")), layer_means(_scores("b", n_layers=5))])
     fig = layer_curves(table)
-    assert [ax.get_title() for ax in fig.axes] == ["a", "b"]
+    # each line's chance value in the title: the dashed lines of close values hide each other
+    chances = "chance: sink 0.050, separator 0.050, punctuation 0.050"
+    assert [ax.get_title() for ax in fig.axes] == [f"a\n{chances}", f"b\n{chances}"]
     assert fig.get_suptitle().startswith("mean attention per layer")
     a, b = fig.axes
     # per metric: the mean, then its chance value dashed
@@ -148,11 +150,12 @@ def test_side_by_side_names_its_colour_scale_and_marks_chance():
     fig = side_by_side({"a": scores}, "separator", vmax=0.4)
     bar = fig.axes[-1]
     assert "separator" in bar.get_ylabel()
-    assert [line.get_ydata()[0] for line in bar.lines] == [0.05]  # the red chance line
+    assert [line.get_ydata()[0] for line in _bar_lines(bar)] == [0.05]  # the red chance line
+    assert [m.get_ydata()[0] for m in _bar_markers(bar)] == [0.05]  # and its marker beside it
     assert not bar.texts  # close chance values written on the bar overprinted each other
     assert fig.axes[0].get_title().endswith("chance 0.050)")
     keys = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
-    assert "colour bar, red solid: chance of a (0.050)" in keys
+    assert "colour bar, red solid line and triangle: chance of a (0.050)" in keys
     assert not any("stability" in k for k in keys)  # nothing hatched, no hatching key
     assert fig.axes[0].images[0].get_clim() == (0.0, 0.4)
     shaky = scores.assign(stability=0.5)
@@ -173,18 +176,47 @@ def test_side_by_side_keeps_two_close_chance_values_apart():
     fig = side_by_side({"a": a, "b": b}, "sink")
     titles = [ax.get_title() for ax in fig.axes[:2]]
     assert titles[0].endswith("chance 0.110)") and titles[1].endswith("chance 0.112)")
-    assert sorted(line.get_ydata()[0] for line in fig.axes[-1].lines) == [0.110, 0.112]
+    bar = fig.axes[-1]
+    assert sorted(line.get_ydata()[0] for line in _bar_lines(bar)) == [0.110, 0.112]
     # one line style per value, each named in the key with its panel: they can be told apart
-    styles = {line.get_ydata()[0]: line.get_linestyle() for line in fig.axes[-1].lines}
+    styles = {line.get_ydata()[0]: line.get_linestyle() for line in _bar_lines(bar)}
     assert styles[0.110] != styles[0.112]
+    # and one marker shape per value, each at its own distance left of the bar: two values a
+    # line's width apart on a short bar still show as two marks
+    marks = {m.get_ydata()[0]: (m.get_marker(), m.get_xdata()[0]) for m in _bar_markers(bar)}
+    assert marks[0.110][0] != marks[0.112][0] and marks[0.110][1] != marks[0.112][1]
+    assert all(x < 0 for _, x in marks.values())  # outside the bar, on the panels' side
     keys = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
-    assert "colour bar, red solid: chance of a (0.110)" in keys
-    assert "colour bar, red dashed: chance of b (0.112)" in keys
+    assert "colour bar, red solid line and triangle: chance of a (0.110)" in keys
+    assert "colour bar, red dashed line and diamond: chance of b (0.112)" in keys
     flipped = side_by_side({"b": b, "a": a}, "sink")  # styles follow the panels, not the values
     keys = [t.get_text() for leg in flipped.legends for t in leg.get_texts()]
-    assert "colour bar, red solid: chance of b (0.112)" in keys
+    assert "colour bar, red solid line and triangle: chance of b (0.112)" in keys
     same = side_by_side({"a": a, "c": a}, "sink")  # one value, one line, both panels named
-    assert len(same.axes[-1].lines) == 1
-    assert "colour bar, red solid: chance of a, c (0.110)" in [
+    assert len(_bar_lines(same.axes[-1])) == 1 and len(_bar_markers(same.axes[-1])) == 1
+    assert "colour bar, red solid line and triangle: chance of a, c (0.110)" in [
         t.get_text() for leg in same.legends for t in leg.get_texts()
     ]
+
+
+def test_side_by_side_marks_a_cut_on_the_colour_bar():
+    fig = side_by_side(
+        {"a": _scores("a")}, "sink", marks={"epsilon = 0.3 (the sink-rate cut)": 0.3}
+    )
+    bar = fig.axes[-1]
+    black = [ln for ln in _bar_lines(bar) if ln.get_color() == "black"]
+    assert [ln.get_ydata()[0] for ln in black] == [0.3]
+    keys = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert "colour bar, black: epsilon = 0.3 (the sink-rate cut)" in keys
+    assert bar.get_window_extent().height == pytest.approx(
+        fig.axes[0].get_window_extent().height, rel=0.05
+    )  # the bar is as tall as the panel
+
+
+def _bar_lines(bar):
+    """The horizontal lines across a colour bar (axhline: x from 0 to 1 in axes units)."""
+    return [ln for ln in bar.lines if list(ln.get_xdata()) == [0, 1]]
+
+
+def _bar_markers(bar):
+    return [ln for ln in bar.lines if ln.get_marker() not in (None, "None", "")]
