@@ -163,7 +163,9 @@ def loss_figure(losses: Tensor, repeat_len: int, title: str) -> Figure:
         label=f"25th-75th percentile over the {arr.shape[0]} sequences",
     )
     ax.plot(x, arr.mean(0), lw=1.5, label=f"mean over the {arr.shape[0]} sequences")
-    ax.axvline(L + 0.5, color="grey", ls="--", lw=1)
+    ax.axvline(
+        L + 0.5, color="grey", ls="--", lw=1, label=f"the second copy starts (position {L + 1})"
+    )
     top = float(arr.mean(0).max())
     ax.text(L / 2, top, "first copy of R", ha="center", va="top", fontsize=9)
     ax.text(1.5 * L, top, "second copy of R", ha="center", va="top", fontsize=9)

@@ -85,6 +85,8 @@ def test_loss_figure_draws_the_mean_loss_per_position():
     assert [t.get_text() for t in ax.texts] == ["first copy of R", "second copy of R"]
     assert [t.get_position() for t in ax.texts] == [(2.0, 8.0), (6.0, 8.0)]
     assert ax.get_title() == "t" and ax.get_ylim()[0] == 0
+    keys = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "the second copy starts (position 5)" in keys  # the dashed line is keyed
 
 
 def test_sweep_figure_draws_each_head_and_chance():
