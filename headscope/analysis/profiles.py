@@ -147,6 +147,7 @@ def side_by_side(
     """
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
+    from matplotlib.transforms import ScaledTranslation
 
     from headscope.report.figures import _labelled, _unstable, colour_label, draw_heatmap
     from headscope.uncertainty import STABLE
@@ -154,7 +155,7 @@ def side_by_side(
     chosen = {label: metric if isinstance(metric, str) else metric[label] for label in runs}
     shapes = {label: (s["layer"].nunique(), s["head"].nunique()) for label, s in runs.items()}
     widths = [max(2.5, 0.4 * h + 1.5) for _, h in shapes.values()]
-    height = max(3.0, 0.22 * max(n for n, _ in shapes.values()) + 1.4)
+    height = max(2.4, 0.22 * max(n for n, _ in shapes.values())) + 1.2  # panels + titles, axes
     fig = Figure(figsize=(sum(widths) + 1.0, height), layout="constrained")
     axes = fig.subplots(1, len(runs), squeeze=False, width_ratios=widths)[0]
     chances = {}  # panel label -> its chance value
@@ -196,14 +197,15 @@ def side_by_side(
         ls, said = styles[i % len(styles)]
         mk, shape = shapes[i % len(shapes)]
         bar.ax.axhline(value, color="red", lw=1.2, ls=ls)
-        bar.ax.plot(  # beside the bar, each value at its own distance from it
-            [-0.35 - 0.6 * (i % len(shapes))],
+        left = ScaledTranslation(-(6 + 9 * (i % len(shapes))) / 72, 0, fig.dpi_scale_trans)
+        bar.ax.plot(  # beside the bar, each value its own distance (points) from it
+            [0.0],
             [value],
             marker=mk,
             ms=5,
             color="red",
             ls="",
-            transform=bar.ax.get_yaxis_transform(),
+            transform=bar.ax.get_yaxis_transform() + left,
             clip_on=False,
         )
         keys.append(
@@ -260,6 +262,7 @@ def side_by_side(
         )
     if keys:  # below the panels, outside them: never over an axis label
         fig.legend(handles=keys, loc="outside lower center", fontsize=7, frameon=False)
+        fig.set_figheight(height + 0.16 * len(keys))  # room for the key, not taken from the panels
     fig.suptitle(
         title or (metric if isinstance(metric, str) else ", ".join(dict.fromkeys(chosen.values()))),
         fontsize=11,

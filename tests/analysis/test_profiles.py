@@ -183,9 +183,15 @@ def test_side_by_side_keeps_two_close_chance_values_apart():
     assert styles[0.110] != styles[0.112]
     # and one marker shape per value, each at its own distance left of the bar: two values a
     # line's width apart on a short bar still show as two marks
-    marks = {m.get_ydata()[0]: (m.get_marker(), m.get_xdata()[0]) for m in _bar_markers(bar)}
-    assert marks[0.110][0] != marks[0.112][0] and marks[0.110][1] != marks[0.112][1]
-    assert all(x < 0 for _, x in marks.values())  # outside the bar, on the panels' side
+    fig.canvas.draw()
+    marks = {
+        m.get_ydata()[0]: (m.get_marker(), m.get_transform().transform([[0.0, 0.1]])[0][0])
+        for m in _bar_markers(bar)
+    }  # value -> (shape, x in pixels)
+    assert marks[0.110][0] != marks[0.112][0]
+    assert abs(marks[0.110][1] - marks[0.112][1]) >= 8 * fig.dpi / 72  # >= 8 points apart
+    left = bar.get_window_extent().x0
+    assert all(x < left for _, x in marks.values())  # outside the bar, on the panels' side
     keys = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
     assert "colour bar, red solid line and triangle: chance of a (0.110)" in keys
     assert "colour bar, red dashed line and diamond: chance of b (0.112)" in keys
