@@ -567,7 +567,12 @@ def figure(
     total = _total_heads(df)
     panels = []
     for col, label, low, high in (
-        ("loss_delta", "held-out loss change vs full (nats)", "loss_delta_low", "loss_delta_high"),
+        (
+            "loss_delta",
+            "held-out loss change vs full (nats per token)",
+            "loss_delta_low",
+            "loss_delta_high",
+        ),
         ("needle_acc", "needle exact match (share of needles)", "needle_low", "needle_high"),
     ):
         line = {
@@ -585,6 +590,17 @@ def figure(
                 what = "texts, paired" if col == "loss_delta" else "needles, Wilson"
                 line["label"] = f"plan (streaming score); bars 95% over {what}"
         lines = [line]
+        if len(full):  # the plan line starts at it; keyed on its own
+            lines.append(
+                {
+                    "x": [0.0],
+                    "y": [float(full[col].iloc[0])],
+                    "style": "o",
+                    "colour": "black",
+                    "label": "full attention (nothing restricted)",
+                    "size": 6,
+                }
+            )
         for kind, style, colour, text in (
             ("random", "s--", "C1", "random heads (as many)"),
             ("random_kv", "D:", "C4", "random KV groups (as many KV heads dropped)"),
@@ -612,22 +628,25 @@ def figure(
         ):
             row = df[df["condition"] == name]
             if len(row):
-                lines.append(
-                    {
-                        "x": [1.0 + nudge],
-                        "y": [float(row[col].iloc[0])],
-                        "style": marker,
-                        "colour": colour,
-                        "label": text,
-                        "size": 9,
-                    }
-                )
+                point = {
+                    "x": [1.0 + nudge],
+                    "y": [float(row[col].iloc[0])],
+                    "style": marker,
+                    "colour": colour,
+                    "label": text,
+                    "size": 9,
+                }
+                if low in row and high in row:  # its interval, as the table prints it
+                    ends = [float(row[low].iloc[0]), float(row[high].iloc[0])]
+                    if not any(math.isnan(v) for v in ends):
+                        point["low"], point["high"] = [ends[0]], [ends[1]]
+                lines.append(point)
         panels.append(
             {
                 "lines": lines,
                 "xlabel": "share of heads restricted to sinks + window",
                 "ylabel": label,
-                "ylim": (0.0, 1.0) if col == "needle_acc" else None,
+                "ylim": (-0.04, 1.04) if col == "needle_acc" else None,  # 0 and 1 unclipped
             }
         )
     if seq_len and needle_len and needle_len != seq_len:

@@ -439,6 +439,25 @@ def test_the_figure_puts_each_condition_at_the_share_of_heads_it_restricts():
         a, b = _curve(ax, "all heads: sinks")[0], _curve(ax, "all heads: window")[0]
         assert a[0] < 1.0 < b[0] and b[0] - a[0] < 0.05
     assert "needles of" not in kvplan.figure(df, "tiny", 512).texts[0].get_text()
+    # the full-attention point keyed on its own; the all-heads points carry their intervals
+    keys = [t.get_text() for t in loss.get_legend().get_texts()]
+    assert "full attention (nothing restricted)" in keys
+    assert _curve(loss, "full attention")[0] == pytest.approx([0.0])
+    assert "nats per token" in loss.get_ylabel()
+    lo, hi = needles.get_ylim()
+    assert lo < 0.0 and hi > 1.0  # points at 0 and 1 not half clipped
+    wide = df.assign(
+        loss_delta_low=0.05, loss_delta_high=0.2, needle_low=0.3, needle_high=0.7
+    )  # every row an interval
+    loss = kvplan.figure(wide, "tiny", 512).axes[0]
+    bars = [
+        c
+        for c in loss.containers
+        if str(c.get_label()).startswith("all heads: sinks") and c.has_yerr
+    ]
+    assert len(bars) == 1
+    (segments,) = [b.get_segments() for b in bars[0].lines[2]]
+    assert [float(segments[0][0][1]), float(segments[0][1][1])] == pytest.approx([0.05, 0.2])
 
 
 def test_random_kv_losses_closed_forms(llama):
