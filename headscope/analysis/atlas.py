@@ -288,7 +288,13 @@ def atlas_figure(
         ax.set_xlim(-0.03, 1.03)
         ax.set_xlabel("relative depth (layer / (n_layers - 1))", fontsize=8)
         unit = _unit(metric) if stat != "frac_labelled" else ""
-        ax.set_ylabel(stat.replace("_", " ") + (f" ({unit})" if unit else ""), fontsize=8)
+        what = {
+            "mean_score": "mean over the layer's heads",
+            "max_score": "max over the layer's heads",
+            "frac_labelled": "share of the layer's heads labelled",
+        }[stat]
+        low = "; low = focused" if metric == "entropy" and stat != "frac_labelled" else ""
+        ax.set_ylabel(what + (f" ({unit}{low})" if unit else low), fontsize=8)
         if sub[stat].isna().all():
             ax.text(
                 0.5,
@@ -319,5 +325,10 @@ def atlas_figure(
         if stat != "frac_labelled"
         else None,
         title_fontsize=7,
+    )
+    what = {"mean_score": "mean", "max_score": "max", "frac_labelled": "share labelled"}[stat]
+    fig.suptitle(
+        f"per-layer {what} over each layer's heads, against relative depth ({', '.join(models)})",
+        fontsize=10,
     )
     return fig

@@ -331,6 +331,7 @@ def threshold_sweep(scores: pd.DataFrame, thresholds: dict[str, float] | None = 
     cols = min(4, max(1, len(metrics)))
     rows = max(1, math.ceil(len(metrics) / cols))
     fig = Figure(figsize=(3.4 * cols, 2.8 * rows), layout="constrained")
+    said: set[bool] = set()  # whether any panel drew a chance line
     for i, metric in enumerate(metrics):
         info = describe(metric)
         values = scores.loc[scores["metric"] == metric, "score"].dropna().to_numpy(dtype=float)
@@ -345,6 +346,10 @@ def threshold_sweep(scores: pd.DataFrame, thresholds: dict[str, float] | None = 
         ax.plot(grid, counts, color="C0")
         t = thresholds.get(metric, info.threshold)
         ax.axvline(t, color="C3", linestyle="--", linewidth=1)
+        chance = scores.loc[scores["metric"] == metric, "chance"].dropna()
+        if len(chance) and lo <= float(chance.mean()) <= hi:  # a uniform head's score
+            said.add(True)
+            ax.axvline(float(chance.mean()), color="0.35", linestyle=":", linewidth=1)
         sign = "<=" if info.below else ">="
         n = int((values <= t).sum() if info.below else (values >= t).sum())
         ax.set_title(f"{metric}: {n} at {sign} {t:g}", fontsize=9)
@@ -358,6 +363,27 @@ def threshold_sweep(scores: pd.DataFrame, thresholds: dict[str, float] | None = 
             [], [], color="C3", ls="--", lw=1, label="this run's threshold (count in each title)"
         ),
     ]
+    if said:
+        keys.append(
+            Line2D(
+                [],
+                [],
+                color="0.35",
+                ls=":",
+                lw=1,
+                label="chance: a uniform head's score (its mean where it varies by layer)",
+            )
+        )
+    skipped = [
+        m
+        for m in scores["metric"].unique()
+        if getattr(describe(m), "label", "")
+        and scores.loc[scores["metric"] == m, "score"].isna().all()
+    ]
+    if skipped:  # a labelled behaviour this model cannot have: said, not silently missing
+        keys.append(
+            Line2D([], [], ls="", label=f"not drawn (NaN for every head): {', '.join(skipped)}")
+        )
     fig.legend(handles=keys, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
     fig.suptitle(f"{scores['model'].iloc[0]}: labelled heads against the threshold")
     return fig

@@ -153,7 +153,9 @@ def test_figure_keeps_coinciding_chance_lines_apart_and_names_units():
     assert ax_ind.get_title() == "induction\nchance 0.010 / 0.010"
     chance = [line for line in ax_ind.lines if set(line.get_ydata()) == {0.01}]
     assert len(chance) == 2 and chance[0]._dash_pattern != chance[1]._dash_pattern
-    assert ax_ent.get_ylabel() == "mean score (nats)" and ax_ind.get_ylabel() == "mean score"
+    assert ax_ent.get_ylabel() == "mean over the layer's heads (nats; low = focused)"
+    assert ax_ind.get_ylabel() == "mean over the layer's heads"
+    assert fig.get_suptitle().startswith("per-layer mean over each layer's heads")
     assert ax_ind.get_legend() is None and len(fig.legends) == 1
     texts = [t.get_text() for t in fig.legends[0].get_texts()]
     assert texts[:4] == ["a", "b", "chance, a", "chance, b"]

@@ -254,7 +254,16 @@ def test_threshold_sweep_counts_labelled_heads_at_every_cut(scores):
     assert entropy.get_ylabel() == "heads with score <= t"
     assert entropy.get_xlabel() == "threshold t (nats)"
     (key,) = fig.legends
-    assert [t.get_text() for t in key.get_texts()][1].startswith("this run's threshold")
+    texts = [t.get_text() for t in key.get_texts()]
+    assert texts[1].startswith("this run's threshold")
+    # a uniform head's score marked where it falls in the swept range, and keyed
+    chance = float(scores.loc[scores["metric"] == "induction", "chance"].mean())
+    assert any(
+        ln.get_linestyle() == ":" and ln.get_xdata()[0] == pytest.approx(chance) for ln in ax.lines
+    )
+    assert any(t.startswith("chance: a uniform head's score") for t in texts)
+    # the behaviour with no panel is named, not silently missing
+    assert "not drawn (NaN for every head): next_token" in texts
 
 
 def test_hatching_has_its_key_below_the_axes_not_over_them(scores):
