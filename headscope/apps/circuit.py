@@ -342,7 +342,7 @@ def _ioi(runner: _Runner, model, tt, batches, config, evidence, senders, say):
     import numpy as np
     import pandas as pd
 
-    from headscope.circuits.classes import ClassRules, classify, heads_of
+    from headscope.circuits.classes import ClassRules, classify, heads_of, interval_columns
     from headscope.circuits.evidence import attention_between
     from headscope.circuits.receivers import Receiver, ReceiverGroup
 
@@ -364,8 +364,11 @@ def _ioi(runner: _Runner, model, tt, batches, config, evidence, senders, say):
     ev["direct_effect"] = [direct["effect"].get(k, np.nan) for k in idx]
     ev["direct_ci_low"] = [direct["ci_low"].get(k, np.nan) for k in idx]
     ev["direct_ci_high"] = [direct["ci_high"].get(k, np.nan) for k in idx]
-    att = attention_between(model, batches, len(tt), "END", "IO").mean(0)  # [layer, head]
-    ev["end_to_io"] = att.numpy()[ev["layer"].to_numpy(), ev["head"].to_numpy()]
+    per_pair = attention_between(model, batches, len(tt), "END", "IO")  # [pair, layer, head]
+    at = (ev["layer"].to_numpy(), ev["head"].to_numpy())
+    ev["end_to_io"] = per_pair.mean(0).numpy()[at]
+    lo, hi = _pair_interval(per_pair, config)
+    ev["end_to_io_ci_low"], ev["end_to_io_ci_high"] = lo[at], hi[at]
 
     def group_step(cls, kind, position, column, only):
         heads = heads_of(classify(ev, rules, only), cls)
@@ -378,6 +381,13 @@ def _ioi(runner: _Runner, model, tt, batches, config, evidence, senders, say):
         runner.run([group, *members], _below(senders, group))
         eff = runner.effects(group.name)
         ev[column] = [eff.get(k, np.nan) for k in idx]
+        # the path table's interval of the same effect (bootstrap over pairs)
+        rows = runner.table()
+        rows = rows[(rows["receiver"] == group.name) & (rows["estimator"] == "exact")]
+        rows = rows.set_index(["sender_layer", "sender_head"])
+        low, high = interval_columns(column)
+        ev[low] = [rows["ci_low"].get(k, np.nan) for k in idx]
+        ev[high] = [rows["ci_high"].get(k, np.nan) for k in idx]
 
     base = ("name_mover", "negative_name_mover")
     group_step("name_mover", "q", "END", "path_to_name_movers_q", base)
@@ -390,6 +400,28 @@ def _ioi(runner: _Runner, model, tt, batches, config, evidence, senders, say):
         (*base, "s_inhibition", "induction", "duplicate_token"),
     )
     return classify(ev, rules), evidence
+
+
+def _pair_interval(per_pair, config: CircuitConfig):
+    """The percentile interval over pairs of a per-pair mean (``[pair, layer, head]`` -> two
+    ``[layer, head]`` arrays), resampled as every other interval of the run (``config.bootstrap``
+    draws of the pairs, ``config.ci``, ``config.seed``); NaN with no bootstrap."""
+    import numpy as np
+    import torch
+
+    from headscope.uncertainty import bootstrap
+
+    shape = tuple(per_pair.shape[1:])
+    if config.bootstrap == 0:
+        return np.full(shape, np.nan), np.full(shape, np.nan)
+    b = bootstrap(
+        per_pair.double(),
+        torch.ones(per_pair.shape[0], dtype=torch.float64),
+        resamples=config.bootstrap,
+        level=config.ci,
+        seed=config.seed,
+    )
+    return b.ci_low.numpy(), b.ci_high.numpy()
 
 
 def scan_evidence(model, seed: int = 0, n_sequences: int = 16, say=None) -> pd.DataFrame:

@@ -5,13 +5,16 @@ The evidence of every head (columns of :data:`EVIDENCE`, NaN where not measured)
 
 * ``direct_effect`` (``direct_ci_low`` / ``direct_ci_high``): path patching of the head into the
   logits (noising: the share of the clean-corrupt logit-difference gap destroyed);
-* ``end_to_io``: its mean attention from END to the indirect object's token (clean prompts);
+* ``end_to_io`` (``end_to_io_ci_low`` / ``end_to_io_ci_high``): its mean attention from END to the
+  indirect object's token (clean prompts), with a bootstrap interval over pairs;
 * ``copying``: the scan's ``copying`` score (does its OV circuit raise the logit of the token it
   attends to) and ``copy_suppression`` (does it lower it);
 * ``path_to_name_movers_q``: path patching of the head into every name mover's query at END at
   once (a receiver group);
 * ``path_to_s_inhibition_v``: into every S-inhibition head's value at S2;
 * ``path_to_induction_k``: into every induction head's key at S1+1 (the token after the first S);
+  each of the three ``path_to_*`` columns with its interval beside it (``..._ci_low`` /
+  ``..._ci_high``, the path table's bootstrap over pairs);
 * ``induction``, ``duplicate_token``, ``previous_token``: the scan's pattern scores (repeat probe).
 
 The rules (:class:`ClassRules`; every threshold a setting), applied in this order, a head taking
@@ -54,15 +57,36 @@ EVIDENCE = [
     "direct_ci_low",
     "direct_ci_high",
     "end_to_io",
+    "end_to_io_ci_low",
+    "end_to_io_ci_high",
     "copying",
     "copy_suppression",
     "path_to_name_movers_q",
+    "path_to_name_movers_q_ci_low",
+    "path_to_name_movers_q_ci_high",
     "induction",
     "duplicate_token",
     "path_to_s_inhibition_v",
+    "path_to_s_inhibition_v_ci_low",
+    "path_to_s_inhibition_v_ci_high",
     "previous_token",
     "path_to_induction_k",
+    "path_to_induction_k_ci_low",
+    "path_to_induction_k_ci_high",
 ]
+
+
+def interval_columns(column: str) -> tuple[str, str]:
+    """The names of the interval beside an evidence column (``direct_effect`` keeps its shorter
+    ``direct_ci_low`` / ``direct_ci_high``).
+
+    >>> interval_columns("end_to_io")
+    ('end_to_io_ci_low', 'end_to_io_ci_high')
+    """
+    stem = "direct" if column == "direct_effect" else column
+    return f"{stem}_ci_low", f"{stem}_ci_high"
+
+
 COLUMNS = ["head_name", "layer", "head", "class", "rule", *EVIDENCE]
 
 

@@ -108,14 +108,30 @@ EVIDENCE = (
     "direct_ci_low",
     "direct_ci_high",
     "end_to_io",
+    "end_to_io_ci_low",
+    "end_to_io_ci_high",
     "copying",
     "path_to_name_movers_q",
+    "path_to_name_movers_q_ci_low",
+    "path_to_name_movers_q_ci_high",
     "induction",
     "duplicate_token",
     "path_to_s_inhibition_v",
+    "path_to_s_inhibition_v_ci_low",
+    "path_to_s_inhibition_v_ci_high",
     "previous_token",
     "path_to_induction_k",
+    "path_to_induction_k_ci_low",
+    "path_to_induction_k_ci_high",
 )
+
+
+def interval_of(column: str) -> tuple[str, str]:
+    """The interval columns beside an evidence column of classes.csv: the names
+    ``headscope.circuits.classes.interval_columns`` writes (kept here too, so that drawing a run
+    imports no compute module; a test holds the two equal)."""
+    stem = "direct" if column == "direct_effect" else column
+    return f"{stem}_ci_low", f"{stem}_ci_high"
 
 
 def _head(layer, head) -> str:

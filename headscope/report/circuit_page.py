@@ -29,6 +29,7 @@ from headscope.report.circuit_figures import (
     LOGITS,
     agreement_figure,
     classed,
+    interval_of,
     svg_diagram,
 )
 from headscope.report.html import _STYLE, _kv, _readable, _table, figure_uri
@@ -128,7 +129,8 @@ def _classes(classes: pd.DataFrame) -> str:
     nodes = classed(classes)
     if nodes.empty:
         return "<p>No head passed a class rule.</p>"
-    evidence = [c for c in EVIDENCE if c in nodes and c not in ("direct_ci_low", "direct_ci_high")]
+    bounds = {b for c in EVIDENCE for b in interval_of(c)}
+    evidence = [c for c in EVIDENCE if c in nodes and c not in bounds]
     extra = [
         c
         for c in nodes.columns
@@ -136,16 +138,18 @@ def _classes(classes: pd.DataFrame) -> str:
         and pd.api.types.is_numeric_dtype(nodes[c])
     ]
     header = ["head", "class"]
+    with_ci = {c for c in evidence if interval_of(c)[0] in nodes}  # older runs: direct only
     for c in evidence + extra:
-        header += [c, "interval"] if c == "direct_effect" else [c]
+        header += [c, "interval"] if c in with_ci else [c]
     header.append("rule passed")
     rows = []
     for r in nodes.to_dict("records"):
         cells = [f"<td>{_e(r['head_name'])}</td>", f"<td>{_e(r['class'])}</td>"]
         for c in evidence + extra:
             cells.append(_n(r[c]))
-            if c == "direct_effect":
-                cells.append(_ci(r.get("direct_ci_low"), r.get("direct_ci_high")))
+            if c in with_ci:
+                low, high = interval_of(c)
+                cells.append(_ci(r.get(low), r.get(high)))
         cells.append(f"<td><code>{_e(r['rule'])}</code></td>")
         rows.append(cells)
     counts = nodes["class"].value_counts()

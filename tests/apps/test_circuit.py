@@ -77,6 +77,41 @@ def test_each_class_is_found_from_the_saved_numbers_of_the_one_before(ioi_run):
     assert len(est) == len(exact)
 
 
+def test_the_evidence_the_rules_read_carries_intervals_over_pairs(ioi_run):
+    from headscope.circuits.evidence import attention_between
+    from headscope.effects.patching import make_batches
+    from headscope.uncertainty import bootstrap
+
+    model, tt, r = ioi_run
+    classes = r.classes.set_index("head_name")
+    exact = r.path[r.path["estimator"] == "exact"]
+    # each class-deciding path effect: the path table's interval of the same row
+    for group, col in (
+        ("name_mover.q@END", "path_to_name_movers_q"),
+        ("s_inhibition.v@S2", "path_to_s_inhibition_v"),
+        ("induction.k@S1+1", "path_to_induction_k"),
+    ):
+        sub = exact[exact["receiver"] == group].set_index("sender")
+        if sub.empty:
+            continue
+        got = classes.loc[sub.index]
+        np.testing.assert_allclose(got[f"{col}_ci_low"], sub["ci_low"], rtol=1e-12)
+        np.testing.assert_allclose(got[f"{col}_ci_high"], sub["ci_high"], rtol=1e-12)
+        assert (got[f"{col}_ci_low"] <= got[col] + 1e-12).all()
+        assert (got[col] <= got[f"{col}_ci_high"] + 1e-12).all()
+    # END -> IO: resampled by pair, with the run's bootstrap settings (100 draws, seed 0)
+    tokens = r.tokens
+    per_pair = attention_between(
+        model, make_batches(tokens, 32, model.pad_id), len(tokens.clean), "END", "IO"
+    )
+    b = bootstrap(per_pair, torch.ones(per_pair.shape[0], dtype=torch.float64), resamples=100)
+    layer, head = classes["layer"].to_numpy(), classes["head"].to_numpy()
+    np.testing.assert_allclose(classes["end_to_io"], per_pair.mean(0).numpy()[layer, head])
+    np.testing.assert_allclose(classes["end_to_io_ci_low"], b.ci_low.numpy()[layer, head])
+    np.testing.assert_allclose(classes["end_to_io_ci_high"], b.ci_high.numpy()[layer, head])
+    assert (classes["end_to_io_ci_high"] > classes["end_to_io_ci_low"]).any()  # not points
+
+
 def test_agreement_ranks_composition_against_path_effects(ioi_run):
     _, _, r = ioi_run
     a = r.agreement.set_index("receiver")

@@ -112,6 +112,8 @@ def classes_table() -> pd.DataFrame:
                 direct_ci_low=0.5 if (layer, head) == (3, 0) else NAN,
                 direct_ci_high=0.7 if (layer, head) == (3, 0) else NAN,
                 end_to_io=0.45 if layer == 3 else NAN,
+                end_to_io_ci_low=0.41 if layer == 3 else NAN,
+                end_to_io_ci_high=0.49 if layer == 3 else NAN,
                 copying=0.8 if layer == 3 else NAN,
                 path_to_name_movers_q=0.18 if layer == 2 else NAN,
                 induction=0.55 if layer == 1 else NAN,

@@ -550,3 +550,15 @@ def test_diagram_node_labels_sit_on_white_above_the_edges(tables):
         patch = t.get_bbox_patch()
         assert patch is not None and to_rgb(patch.get_facecolor()) == (1.0, 1.0, 1.0)
         assert t.get_zorder() > edge_z
+
+
+def test_the_interval_names_are_those_the_classes_write():
+    from headscope.circuits.classes import EVIDENCE as WRITTEN
+    from headscope.circuits.classes import interval_columns
+    from headscope.report.circuit_figures import EVIDENCE, interval_of
+
+    for column in WRITTEN:
+        assert interval_of(column) == interval_columns(column)
+    bounds = {b for c in WRITTEN for b in interval_columns(c)}
+    assert set(EVIDENCE) == set(WRITTEN) - {"copy_suppression"}
+    assert {b for b in bounds if b in WRITTEN} <= set(EVIDENCE)

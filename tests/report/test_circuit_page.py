@@ -88,6 +88,10 @@ def test_every_class_row_with_evidence_and_rule(run):
         assert f"<code>{rule}</code>" in row
     nm = next(r for r in rows if "<td>L3H0</td>" in r)
     assert "0.600" in nm and "[0.500, 0.700]" in nm and "0.450" in nm and "0.800" in nm
+    assert "[0.410, 0.490]" in nm  # END -> IO's interval beside it
+    # a column without an interval (this table's path_to_* columns) gets no interval cell
+    header = _section(page, "classes").split("<thead>", 1)[1].split("</thead>", 1)[0]
+    assert header.count("interval") == 2
     assert "6 other heads passed no rule" in _section(page, "classes")
 
 
