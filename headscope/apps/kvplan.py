@@ -25,6 +25,7 @@ a 95% Wilson interval over the ``n`` needles.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -431,6 +432,90 @@ def kv_plan(
     return df
 
 
+def every_kv_group_set(
+    n_layers: int, n_heads: int, n_kv_heads: int, count: int, limit: int = 1000
+) -> list[HeadSet]:
+    """Every way of choosing ``count`` whole KV groups of the ``n_layers * n_kv_heads`` (in
+    lexicographic order of the KV heads): the exact distribution a plan with that memory saving
+    can be ranked in, when there are few enough ways (at most ``limit``) to run them all. A model
+    with one KV head per layer (Gemma 3 270M: 18) has only 18 ways to drop one.
+
+    >>> [sorted(s) for s in every_kv_group_set(2, 2, 1, 1)]  # two layers, one KV head each
+    [[(0, 0), (0, 1)], [(1, 0), (1, 1)]]
+    """
+    total = n_layers * n_kv_heads
+    if not 0 <= count <= total:
+        raise HeadscopeError(f"Cannot choose {count} KV groups from {total}; use 0..{total}.")
+    ways = math.comb(total, count)
+    if ways > limit:
+        raise HeadscopeError(
+            f"{ways} ways to choose {count} of {total} KV groups is more than limit={limit}; "
+            "draw a sample with random_kv_losses instead, or raise the limit."
+        )
+    group = n_heads // n_kv_heads
+    return [
+        HeadSet(
+            (i // n_kv_heads, (i % n_kv_heads) * group + j) for i in chosen for j in range(group)
+        )
+        for chosen in itertools.combinations(range(total), count)
+    ]
+
+
+def kv_group_losses(
+    model,
+    texts: Sequence[Sequence[int]],
+    sets: Sequence[HeadSet],
+    sinks: int,
+    window: int,
+    base_sums: Sequence[float],
+    say: Callable[[str], None] | None = None,
+) -> pd.DataFrame:
+    """The loss change of restricting each head set of ``sets`` to ``sinks`` + ``window``,
+    measured as :func:`kv_plan` measures it: ``loss = sum_t s_t / sum_t n_t`` and ``loss_delta =
+    loss - L_base`` with ``L_base`` from ``base_sums`` (the full-attention per-text sums on the
+    same ``texts``). One row per set: ``set`` (its index), ``heads_restricted``,
+    ``kv_heads_dropped``, ``loss``, ``loss_delta``; the per-text sums in
+    ``df.attrs["text_sums"]``."""
+    if not sets:
+        raise HeadscopeError("Give at least one head set to measure.")
+    if len(base_sums) != len(texts):
+        raise HeadscopeError(
+            f"base_sums has {len(base_sums)} per-text sums for {len(texts)} texts; pass the "
+            "full-attention sums of these texts (text_losses(model, texts, None))."
+        )
+    base = 0.0
+    rows, all_sums = [], []
+    for k, heads in enumerate(sets):
+        handler = Restricted(heads, model.n_heads, sinks, window) if heads else None
+        sums, counts = text_losses(model, texts, handler)
+        if k == 0:
+            for v in base_sums:  # the order kv_plan sums its full row in
+                base += v
+            base /= sum(counts)
+        loss = 0.0
+        for v in sums:
+            loss += v
+        loss /= sum(counts)
+        all_sums.append(sums)
+        dropped = kv_saving(
+            heads, model.n_layers, model.n_heads, model.n_kv_heads, model.d_head, 1, 0
+        )["kv_heads_dropped"]
+        rows.append(
+            {
+                "set": k,
+                "heads_restricted": len(heads),
+                "kv_heads_dropped": dropped,
+                "loss": loss,
+                "loss_delta": loss - base,
+            }
+        )
+        if say and ((k + 1) % 10 == 0 or k + 1 == len(sets)):
+            say(f"KV group sets: {k + 1}/{len(sets)} measured")
+    df = pd.DataFrame(rows)
+    df.attrs["text_sums"] = all_sums
+    return df
+
+
 def random_kv_losses(
     model,
     texts: Sequence[Sequence[int]],
@@ -445,64 +530,49 @@ def random_kv_losses(
     """The loss change of ``draws`` random whole-KV-group restrictions (seeds ``first_seed``,
     ``first_seed + 1``, ...), each restricting every query head of ``dropped`` KV heads drawn by
     :func:`random_kv_groups` to ``sinks`` + ``window``: the distribution a plan with the same
-    memory saving is ranked in (:func:`rank_in`). Loss only (no needles), measured as
-    :func:`kv_plan` measures it, so seed ``s`` here is the row ``random_kv`` seed ``s`` there:
-    ``loss = sum_t s_t / sum_t n_t`` and ``loss_delta = loss - L_base`` with ``L_base`` from
-    ``base_sums`` (the full-attention per-text sums on the same ``texts``). One row per draw:
-    ``seed``, ``heads_restricted``, ``kv_heads_dropped``, ``loss``, ``loss_delta``; the per-text
-    sums in ``df.attrs["text_sums"]``."""
+    memory saving is ranked in (:func:`rank_in`). Loss only (no needles), measured by
+    :func:`kv_group_losses`, so seed ``s`` here is the row ``random_kv`` seed ``s`` of
+    :func:`kv_plan`. One row per draw: ``seed``, ``heads_restricted``, ``kv_heads_dropped``,
+    ``loss``, ``loss_delta``; the per-text sums in ``df.attrs["text_sums"]``."""
     if draws < 1:
         raise HeadscopeError(f"Draw at least one random KV group set, got draws={draws}.")
-    if len(base_sums) != len(texts):
-        raise HeadscopeError(
-            f"base_sums has {len(base_sums)} per-text sums for {len(texts)} texts; pass the "
-            "full-attention sums of these texts (text_losses(model, texts, None))."
+    seeds = range(first_seed, first_seed + draws)
+    sets = [
+        random_kv_groups(model.n_layers, model.n_heads, model.n_kv_heads, dropped, seed)
+        for seed in seeds
+    ]
+    tell = None
+    if say:
+        tell = lambda m: say(  # noqa: E731
+            m.replace("KV group sets", f"random KV groups ({dropped} KV heads)").replace(
+                "measured", "draws"
+            )
         )
-    base = 0.0
-    rows, all_sums = [], []
-    for k, seed in enumerate(range(first_seed, first_seed + draws)):
-        heads = random_kv_groups(model.n_layers, model.n_heads, model.n_kv_heads, dropped, seed)
-        handler = Restricted(heads, model.n_heads, sinks, window) if heads else None
-        sums, counts = text_losses(model, texts, handler)
-        if k == 0:
-            for v in base_sums:  # the order kv_plan sums its full row in
-                base += v
-            base /= sum(counts)
-        loss = 0.0
-        for v in sums:
-            loss += v
-        loss /= sum(counts)
-        all_sums.append(sums)
-        rows.append(
-            {
-                "seed": seed,
-                "heads_restricted": len(heads),
-                "kv_heads_dropped": dropped,
-                "loss": loss,
-                "loss_delta": loss - base,
-            }
-        )
-        if say and ((k + 1) % 10 == 0 or k + 1 == draws):
-            say(f"random KV groups ({dropped} KV heads): {k + 1}/{draws} draws")
-    df = pd.DataFrame(rows)
-    df.attrs["text_sums"] = all_sums
+    df = kv_group_losses(model, texts, sets, sinks, window, base_sums, tell)
+    df = df.drop(columns="set")
+    df.insert(0, "seed", list(seeds))
     return df
 
 
-def rank_in(draws: Sequence[float], value: float) -> dict:
+def rank_in(draws: Sequence[float], value: float, exhaustive: bool = False) -> dict:
     """Where ``value`` (a plan's loss change) falls among random ``draws`` of it: how many draws
     are at or below it (``at_or_below``, of ``n``), and the one-sided permutation p-value
     ``(1 + at_or_below) / (1 + n)`` (the chance that a random draw does as well as ``value`` when
     ``value`` is itself one more random draw; small means the plan costs less than chance does).
+    With ``exhaustive`` the draws are every possible set (:func:`every_kv_group_set`), so the
+    share ``at_or_below / n`` is the exact chance, not an estimate, and ``p`` is that share.
 
     >>> rank_in([0.1, 0.2, 0.3], 0.15)
     {'at_or_below': 1, 'n': 3, 'p': 0.5}
+    >>> rank_in([0.1, 0.2, 0.3], 0.15, exhaustive=True)["p"]
+    0.3333333333333333
     """
     vals = [float(v) for v in draws]
     if not vals:
         raise HeadscopeError("rank_in needs at least one random draw.")
     k = sum(v <= value for v in vals)
-    return {"at_or_below": int(k), "n": len(vals), "p": (1 + k) / (1 + len(vals))}
+    p = k / len(vals) if exhaustive else (1 + k) / (1 + len(vals))
+    return {"at_or_below": int(k), "n": len(vals), "p": p}
 
 
 def plan_heads(scores: pd.DataFrame, budgets: Sequence[float]) -> dict[str, list[str]]:
@@ -555,25 +625,42 @@ def figure(
     needle_len: int | None = None,
 ):
     """Loss change and needle accuracy against the share of heads restricted: plan (bars: its 95%
-    intervals, where the table has them), random heads, random KV groups, baselines. Needle
-    accuracy on a 0..1 axis. Each condition sits at the share of heads it really restricts (a
-    random KV group restricts every query head of its KV heads, so its share is not the budget's).
-    ``seq_len`` / ``needle_len``: the held-out texts' and needles' lengths for the title (needles
-    as long as the texts when ``needle_len`` is None)."""
+    intervals, where the table has them), random heads, random KV groups, baselines. Three panels:
+    the loss change of every condition; the same without the two all-heads conditions, on a scale
+    of its own (a window without sinks costs so much more than any budget that, on one axis, the
+    budgets' differences cannot be seen); needle accuracy on a 0..1 axis. Each condition sits at
+    the share of heads it really restricts (a random KV group restricts every query head of its KV
+    heads, so its share is not the budget's; each such point is labelled with the budget it
+    matches). ``seq_len`` / ``needle_len``: the held-out texts' and needles' lengths for the title
+    (needles as long as the texts when ``needle_len`` is None)."""
     from headscope.report.curves import curve_panels
 
     full = df[df["condition"] == "full"]
     plan = df[df["condition"] == "plan"].sort_values("budget")
     total = _total_heads(df)
     panels = []
-    for col, label, low, high in (
+    for col, label, low, high, every in (
         (
             "loss_delta",
             "held-out loss change vs full (nats per token)",
             "loss_delta_low",
             "loss_delta_high",
+            True,
         ),
-        ("needle_acc", "needle exact match (share of needles)", "needle_low", "needle_high"),
+        (
+            "loss_delta",
+            "held-out loss change vs full (nats per token)",
+            "loss_delta_low",
+            "loss_delta_high",
+            False,
+        ),
+        (
+            "needle_acc",
+            "needle exact match (share of needles)",
+            "needle_low",
+            "needle_high",
+            True,
+        ),
     ):
         line = {
             "x": [0.0, *(plan["heads_restricted"] / total)],
@@ -590,7 +677,7 @@ def figure(
                 what = "texts, paired" if col == "loss_delta" else "needles, Wilson"
                 line["label"] = f"plan (streaming score); bars 95% over {what}"
         lines = [line]
-        if len(full):  # the plan line starts at it; keyed on its own
+        if len(full):  # the plan line starts at it; keyed on its own, drawn over the plan's
             lines.append(
                 {
                     "x": [0.0],
@@ -598,7 +685,8 @@ def figure(
                     "style": "o",
                     "colour": "black",
                     "label": "full attention (nothing restricted)",
-                    "size": 6,
+                    "size": 7,
+                    "zorder": 5,
                 }
             )
         for kind, style, colour, text in (
@@ -611,23 +699,26 @@ def figure(
             n_seeds = int(rnd["seed"].nunique())
             g = rnd.groupby("budget")[col]
             share = (rnd["heads_restricted"] / total).groupby(rnd["budget"]).mean()
-            lines.append(
-                {
-                    "x": list(share.loc[g.mean().index]),
-                    "y": list(g.mean()),
-                    "low": list(g.min()),
-                    "high": list(g.max()),
-                    "style": style,
-                    "colour": colour,
-                    "label": f"{text}: mean, bars min-max of {n_seeds} seed{'s' * (n_seeds != 1)}",
-                }
-            )
+            budgets = list(g.mean().index)
+            point = {
+                "x": list(share.loc[budgets]),
+                "y": list(g.mean()),
+                "low": list(g.min()),
+                "high": list(g.max()),
+                "style": style,
+                "colour": colour,
+                "label": f"{text}: mean, bars min-max of {n_seeds} seed{'s' * (n_seeds != 1)}",
+            }
+            if kind == "random_kv":  # not at its budget's share: say which budget it matches
+                point["notes"] = [f"b={b:g}" for b in budgets]
+                point["label"] += "; b = the budget it matches"
+            lines.append(point)
         for name, marker, colour, text, nudge in (  # side by side at 1: one hid the other
             ("streaming_all", "^", "C2", "all heads: sinks + window", -0.015),
             ("window_all", "v", "C3", "all heads: window, no sinks", 0.015),
         ):
             row = df[df["condition"] == name]
-            if len(row):
+            if len(row) and every:
                 point = {
                     "x": [1.0 + nudge],
                     "y": [float(row[col].iloc[0])],
@@ -647,15 +738,24 @@ def figure(
                 "xlabel": "share of heads restricted to sinks + window",
                 "ylabel": label,
                 "ylim": (-0.04, 1.04) if col == "needle_acc" else None,  # 0 and 1 unclipped
+                "title": (
+                    "loss: every condition"
+                    if col == "loss_delta" and every
+                    else "loss: the budgets only (all-heads points left out), own scale"
+                    if col == "loss_delta"
+                    else "needles: every condition"
+                ),
             }
         )
     if seq_len and needle_len and needle_len != seq_len:
         length = f", held-out texts of {seq_len} tokens, needles of {needle_len}"
     else:
         length = f", {seq_len}-token held-out texts and needles" if seq_len else ""
-    return curve_panels(  # a legend on each panel: the needle panel is read alone too
+    return curve_panels(  # one key below the three panels: they share their curves
         panels,
         title=f"{model_name or 'KV-cache plan'}: restricted heads against full attention{length}",
+        legend_panel=-1,
+        panel_size=(5.0, 4.0),
     )
 
 

@@ -7,9 +7,10 @@ is built and returned.
 
 A line is a dict: ``x``, ``y`` (sequences), optionally ``low``/``high`` (the same length: drawn as
 error bars, or as a band with ``"band": True``; what they span belongs in the ``label``), ``style``
-(a matplotlib format string, default ``"o-"``), ``colour``, ``label``, ``size`` (marker size). A
-panel is a dict: ``lines``, ``xlabel``, ``ylabel``, optionally ``title``, ``chance`` (a dashed
-horizontal line, labelled "chance") and ``ylim``.
+(a matplotlib format string, default ``"o-"``), ``colour``, ``label``, ``size`` (marker size),
+``zorder`` (higher is drawn over lower) and ``notes`` (a text per point, written beside it; what
+the texts are belongs in the ``label``). A panel is a dict: ``lines``, ``xlabel``, ``ylabel``,
+optionally ``title``, ``chance`` (a dashed horizontal line, labelled "chance") and ``ylim``.
 
 >>> line = {"x": [0, 1], "y": [0.2, 0.2], "low": [0.2, 0.2], "high": [0.2, 0.2]}
 >>> fig = curve_panels([{"lines": [line], "xlabel": "budget", "ylabel": "accuracy"}])
@@ -44,9 +45,9 @@ def draw_lines(ax, lines: Sequence[dict]) -> None:
     for line in lines:
         x, y = np.asarray(line["x"], dtype=float), np.asarray(line["y"], dtype=float)
         style, colour, label = line.get("style", "o-"), line.get("colour"), line.get("label")
-        size = line.get("size")
+        size, z = line.get("size"), line.get("zorder")
         if "low" in line and line.get("band"):
-            ax.plot(x, y, style, color=colour, label=label, ms=size)
+            ax.plot(x, y, style, color=colour, label=label, ms=size, zorder=z)
             ax.fill_between(x, line["low"], line["high"], color=colour, alpha=0.2, linewidth=0)
         elif "low" in line:
             ax.errorbar(
@@ -58,9 +59,19 @@ def draw_lines(ax, lines: Sequence[dict]) -> None:
                 capsize=3,
                 label=label,
                 ms=size,
+                zorder=z,
             )
         else:
-            ax.plot(x, y, style, color=colour, label=label, ms=size)
+            ax.plot(x, y, style, color=colour, label=label, ms=size, zorder=z)
+        for xi, yi, note in zip(x, y, line.get("notes") or [], strict=False):
+            ax.annotate(
+                str(note),
+                (xi, yi),
+                xytext=(5, 4),
+                textcoords="offset points",
+                fontsize=7,
+                color=colour,
+            )
 
 
 def curve_panels(
@@ -72,7 +83,8 @@ def curve_panels(
 ) -> Figure:
     """A figure of one or more panels of curves (see the module docstring for the dicts).
 
-    ``legend_panel``: the panel that carries the legend (None: every panel with labels)."""
+    ``legend_panel``: the panel that carries the legend (None: every panel with labels; ``-1``:
+    one key below the panels naming every labelled curve once, for panels that share curves)."""
     n = max(1, len(panels))
     cols = cols or min(n, 3)
     rows = math.ceil(n / cols)
@@ -93,6 +105,20 @@ def curve_panels(
         ax.grid(alpha=0.3)
         if (legend_panel is None or legend_panel == i) and ax.get_legend_handles_labels()[1]:
             ax.legend(fontsize=7)
+    if legend_panel == -1:
+        keyed: dict[str, object] = {}
+        for ax in fig.axes:
+            for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+                keyed.setdefault(label, handle)
+        if keyed:
+            fig.legend(
+                list(keyed.values()),
+                list(keyed),
+                loc="outside lower center",
+                ncol=2,
+                fontsize=8,
+                frameon=False,
+            )
     if title:
         fig.suptitle(title, fontsize=11)
     return fig

@@ -245,9 +245,7 @@ def test_tied_random_seeds_draw_a_zero_error_bar():
     assert df[df.condition == "random"].groupby("budget")["needle_acc"].mean().iloc[0] != 0.2
     fig = kvplan.figure(df, "tiny", 128)
     assert "tiny" in fig.texts[0].get_text() and "128-token" in fig.texts[0].get_text()
-    legend = [
-        t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()
-    ]
+    legend = [t.get_text() for key in fig.legends for t in key.get_texts()]
     assert any("3 seeds" in t and "min-max" in t for t in legend)
 
 
@@ -429,18 +427,31 @@ def test_the_figure_puts_each_condition_at_the_share_of_heads_it_restricts():
     df.loc[df.condition == "full", "loss_delta"] = 0.0
     fig = kvplan.figure(df, "tiny", 512, needle_len=256)
     assert "held-out texts of 512 tokens, needles of 256" in fig.texts[0].get_text()
-    loss, needles = fig.axes
-    for ax in (loss, needles):  # each panel keys its own curves
-        assert ax.get_legend() is not None
+    loss, zoom, needles = fig.axes
+    (key,) = fig.legends  # one key below the panels names every curve once
+    keys = [t.get_text() for t in key.get_texts()]
+    assert len(keys) == len(set(keys)) == 6
+    for ax in (loss, zoom, needles):
         assert _curve(ax, "plan")[0] == pytest.approx([0.0, 0.25, 0.5])
         assert _curve(ax, "random heads")[0] == pytest.approx([0.25, 0.5])
         assert _curve(ax, "random KV groups")[0] == pytest.approx([0.5, 0.75])
+        # each random KV point says which budget it matches (it does not sit at that budget)
+        notes = sorted(t.get_text() for t in ax.texts)
+        assert notes == ["b=0.25", "b=0.5"]
+        # the full-attention point is drawn over the plan's first point, not under it
+        (full,) = [ln for ln in ax.lines if ln.get_label().startswith("full attention")]
+        (plan,) = [ln for ln in ax.lines if ln.get_label().startswith("plan")]
+        assert full.get_zorder() > plan.get_zorder()
+    for ax in (loss, needles):
         # the two all-heads baselines side by side at 1, not one over the other
         a, b = _curve(ax, "all heads: sinks")[0], _curve(ax, "all heads: window")[0]
         assert a[0] < 1.0 < b[0] and b[0] - a[0] < 0.05
+    # the zoom leaves the all-heads points out, so its scale is the budgets' own
+    labels = [str(c.get_label()) for c in zoom.containers] + [ln.get_label() for ln in zoom.lines]
+    assert not any(t.startswith("all heads") for t in labels)
+    assert "own scale" in zoom.get_title() and "every condition" in loss.get_title()
     assert "needles of" not in kvplan.figure(df, "tiny", 512).texts[0].get_text()
     # the full-attention point keyed on its own; the all-heads points carry their intervals
-    keys = [t.get_text() for t in loss.get_legend().get_texts()]
     assert "full attention (nothing restricted)" in keys
     assert _curve(loss, "full attention")[0] == pytest.approx([0.0])
     assert "nats per token" in loss.get_ylabel()
@@ -477,8 +488,45 @@ def test_random_kv_losses_closed_forms(llama):
         kvplan.random_kv_losses(llama, texts, 1, 1, 2, 16, base[:1])
 
 
+def test_every_kv_group_set_is_each_choice_once_and_drops_exactly_that_many():
+    sets = kvplan.every_kv_group_set(3, 6, 2, 2)  # 6 KV heads of 3 query heads each, choose 2
+    assert len(sets) == len(set(sets)) == 15
+    for heads in sets:
+        assert len(heads) == 6
+        assert kvplan.kv_saving(heads, 3, 6, 2, 8, 10, 0)["kv_heads_dropped"] == 2
+    # a seeded draw is one of them
+    assert {kvplan.random_kv_groups(3, 6, 2, 2, s) for s in range(20)} <= set(sets)
+    # one KV head per layer (Gemma 3): dropping one is choosing a layer
+    layers = kvplan.every_kv_group_set(18, 4, 1, 1)
+    assert [sorted({la for la, _ in h}) for h in layers] == [[la] for la in range(18)]
+    assert kvplan.every_kv_group_set(3, 6, 2, 0) == [frozenset()]
+    with pytest.raises(HeadscopeError, match="more than limit=10"):
+        kvplan.every_kv_group_set(3, 6, 2, 3, limit=10)
+    with pytest.raises(HeadscopeError, match="Cannot choose 7"):
+        kvplan.every_kv_group_set(3, 6, 2, 7)
+
+
+def test_kv_group_losses_measure_given_sets_as_the_random_draws_do(llama):
+    texts = long_text_probe(llama, 120, 2, part="heldout").sequences
+    base, _ = kvplan.text_losses(llama, texts, None)
+    drawn = kvplan.random_kv_losses(llama, texts, 1, 2, 2, 16, base)
+    sets = [
+        kvplan.random_kv_groups(llama.n_layers, llama.n_heads, llama.n_kv_heads, 1, s)
+        for s in (0, 1)
+    ]
+    given = kvplan.kv_group_losses(llama, texts, sets, 2, 16, base)
+    assert list(given.loss) == list(drawn.loss)  # bit for bit: the same runs
+    assert list(given["set"]) == [0, 1] and (given.kv_heads_dropped == 1).all()
+    assert given.attrs["text_sums"] == drawn.attrs["text_sums"]
+    with pytest.raises(HeadscopeError, match="at least one head set"):
+        kvplan.kv_group_losses(llama, texts, [], 2, 16, base)
+
+
 def test_rank_in_counts_ties_as_reached():
     assert kvplan.rank_in([0.1, 0.2, 0.2, 0.4], 0.2) == {"at_or_below": 3, "n": 4, "p": 0.8}
     assert kvplan.rank_in([0.3] * 99, 0.1) == {"at_or_below": 0, "n": 99, "p": 0.01}
     with pytest.raises(HeadscopeError, match="at least one"):
         kvplan.rank_in([], 0.0)
+    # every possible set: the exact share, not a permutation estimate
+    assert kvplan.rank_in([0.1, 0.2, 0.2, 0.4], 0.2, exhaustive=True)["p"] == 0.75
+    assert kvplan.rank_in([0.3] * 18, 0.1, exhaustive=True)["p"] == 0.0
