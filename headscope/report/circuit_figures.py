@@ -206,7 +206,8 @@ def circuit_edges(
     effect never qualifies); one edge per row, largest ``|effect|`` first, with ``source`` and
     ``target`` node names (a group's target is its receiver name) and ``members`` (the heads the
     path enters, space-separated: the receiver head, a group's heads, "" for the logits)
-    added."""
+    added. An edge into a group of one head is left out when the same sender's edge into that
+    head's own receiver (the same kind and position: the same path) is drawn."""
     nodes = set(classed(classes).apply(lambda r: _head(r["layer"], r["head"]), axis=1))
     if path.empty:
         return path.assign(source=[], target=[], members=[])
@@ -239,6 +240,17 @@ def circuit_edges(
         & (effect.abs() >= threshold)
     )
     sub = sub[keep.to_numpy()]
+    # a group of one head is that head's own receiver: the same path, measured twice; draw one
+    pairs = set(zip(sub["source"], sub["receiver"].astype(str), strict=True))
+    same = [
+        _is_group(sub.loc[[i]]).iloc[0]
+        and " " not in m
+        and (src, m + name[name.index(".") :]) in pairs
+        for i, src, m, name in zip(
+            sub.index, sub["source"], sub["members"], sub["receiver"].astype(str), strict=True
+        )
+    ]
+    sub = sub[~np.asarray(same, bool)]
     return sub.reindex(sub["effect"].abs().sort_values(ascending=False).index)
 
 
@@ -489,7 +501,10 @@ def circuit_diagram(
         Line2D([], [], color=NEGATIVE, lw=2, label="effect < 0 (path works against it)"),
     ]
     if unsure.any():
-        handles.append(Line2D([], [], color=PALE[POSITIVE], lw=2, label=UNSURE))
+        signs = np.sign(edges["effect"].astype(float).to_numpy())
+        for colour, sign, what in ((POSITIVE, 1, "effect > 0"), (NEGATIVE, -1, "effect < 0")):
+            if (unsure & (signs == sign)).any():
+                handles.append(Line2D([], [], color=PALE[colour], lw=2, label=f"{UNSURE} ({what})"))
     kinds = [k for k in KINDS if k in set(edges["receiver_kind"].astype(str))] if len(edges) else []
     handles += [
         Line2D(
@@ -527,10 +542,31 @@ def circuit_diagram(
     )
     ax.set_title(
         f"{_context(path, model, task, direction)}\ncircuit: exact path patching, "
-        f"{len(edges)} edges with |effect| >= {threshold:g} (share of the clean-corrupt gap)",
+        f"{len(edges)} edges with |effect| >= {threshold:g} (share of the clean-corrupt gap) "
+        f"among classed heads\n{_unclassed_note(classes, threshold)}",
         fontsize=9,
     )
     return fig
+
+
+def _unclassed_note(classes: pd.DataFrame, threshold: float) -> str:
+    """What the diagram leaves out: heads in no class, however large their direct effect."""
+    if "direct_effect" not in classes:
+        return "heads in no class are not drawn"
+    cls = classes["class"].fillna("").astype(str)
+    direct = pd.to_numeric(classes["direct_effect"], errors="coerce").abs()
+    big = classes[(cls == "") & (direct >= threshold)]
+    if big.empty:
+        return "heads in no class are not drawn (none has |direct effect| >= the threshold)"
+    top = big.reindex(direct[big.index].sort_values(ascending=False).index)[:3]
+    names = ", ".join(
+        f"{_head(r.layer, r.head)} {float(r.direct_effect):+.2f}" for r in top.itertuples()
+    )
+    return (
+        f"not drawn: {len(big)} head{'s' * (len(big) != 1)} in no class with |direct effect| "
+        f">= {threshold:g} "
+        f"(largest: {names})"
+    )
 
 
 def _attr(x) -> str:
@@ -826,8 +862,9 @@ def agreement_figure(
     """One panel per receiver (a head's q, k or v input, as ``path.csv`` names it, e.g.
     ``L9H1.k@END``; ``None``: every head receiver of ``agreement.csv``): x = each sender's
     composition z of the receiver's kind, y = its exact path-patching effect into the receiver with
-    its interval, a line at z = 2; the title gives the Spearman rho (interval) and the top-k overlap
-    against chance from ``agreement.csv``."""
+    its interval, a line at z = 2; the top-k senders of each view ringed (k from
+    ``agreement.csv``) and the 3 strongest of each named; the title gives the Spearman rho
+    (interval) and the top-k overlap against chance from ``agreement.csv``; one key below."""
     if receivers is None:
         receivers = [r for r in dict.fromkeys(agreement["receiver"].astype(str)) if r != LOGITS]
     receivers = list(receivers)
@@ -870,19 +907,45 @@ def agreement_figure(
             label="sender (bar: its interval)",
         )
         ax.axvline(2.0, color="#b2182b", ls="--", lw=0.9, label="z = 2")
-        ax.axhline(0.0, color="#cccccc", lw=0.8, zorder=0)
-        # limits padded by a share of the span (z reaches 100s): every point, interval bar and
-        # the z = 2 and 0 lines inside, none on the border
-        ax.set_xlim(*_padded([2.0, *both["z"].astype(float)], 0.06, 0.5))
-        ax.set_ylim(*_padded([0.0, *y, *(y - err[0]), *(y + err[1])], 0.08, 0.01))
-        strongest = both.reindex(both["effect"].abs().sort_values(ascending=False).index)[:3]
-        labels.append((ax, [(str(r.sender), r.z, r.effect) for r in strongest.itertuples()]))
-        ax.set_xlabel(f"{kind}-composition z against the random-weight null")
-        ax.set_ylabel(f"path effect into {receiver} (share of gap)", fontsize=8)
+        ax.axhline(0.0, color="#aaaaaa", lw=0.8, zorder=0, label="path effect = 0")
         a = agreement[
             (agreement["receiver"].astype(str) == receiver)
             & (agreement["kind"].astype(str) == kind)
         ]
+        k = int(a["top_k"].iloc[0]) if len(a) else 5
+        z_order = both.sort_values("z", ascending=False)
+        path_order = both.reindex(both["effect"].abs().sort_values(ascending=False).index)
+        by_z, by_path = z_order[:k], path_order[:k]
+        ax.scatter(
+            by_z["z"],
+            by_z["effect"],
+            s=70,
+            facecolors="none",
+            edgecolors="#e66101",
+            linewidths=1.2,
+            label=f"top {k} by composition z",
+            zorder=3,
+        )
+        ax.scatter(
+            by_path["z"],
+            by_path["effect"],
+            s=130,
+            marker="s",
+            facecolors="none",
+            edgecolors="#5e3c99",
+            linewidths=1.0,
+            label=f"top {k} by |path effect|",
+            zorder=3,
+        )
+        # limits padded by a share of the span (z reaches 100s): every point, interval bar and
+        # the z = 2 and 0 lines inside, none on the border
+        ax.set_xlim(*_padded([2.0, *both["z"].astype(float)], 0.06, 0.5))
+        ax.set_ylim(*_padded([0.0, *y, *(y - err[0]), *(y + err[1])], 0.08, 0.01))
+        # the 3 strongest of each view named (a sender in both, once)
+        named = pd.concat([path_order[:3], z_order[:3]]).drop_duplicates("sender")
+        labels.append((ax, [(str(r.sender), r.z, r.effect) for r in named.itertuples()]))
+        ax.set_xlabel(f"{kind}-composition z against the random-weight null")
+        ax.set_ylabel(f"path effect into {receiver} (share of gap)", fontsize=8)
         if len(a):
             a = a.iloc[0]
             stats = (
@@ -894,12 +957,19 @@ def agreement_figure(
         else:
             stats = "not in agreement.csv"
         ax.set_title(f"{receiver}: {stats}", fontsize=8)
-        ax.legend(fontsize=7, loc="best")
     task = str(path["task"].iloc[0]) if len(path) else "?"
     fig.suptitle(
         f"{model + ': ' if model else ''}{task}: composition (weights) against path patching "
         f"(exact, n = {int(path['n_pairs'].iloc[0])} pairs)",
         fontsize=10,
+    )
+    first = axes[0]  # one key below the panels: every panel draws the same marks
+    fig.legend(
+        *first.get_legend_handles_labels(),
+        loc="outside lower center",
+        ncol=5,
+        fontsize=7,
+        frameon=False,
     )
     fig.get_layout_engine().execute(fig)  # the axes' final size, so label boxes measure true
     for ax, points in labels:

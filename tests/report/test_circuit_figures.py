@@ -198,7 +198,19 @@ def test_agreement_panels(tables):
     got = dict(zip(np.round(ys, 6), xs, strict=True))
     assert got == {-0.3: -0.7, 0.2: 0.0, 0.05: 4.5}
     assert any(list(ln.get_xdata()) == [2.0, 2.0] for ln in ax.get_lines())
-    assert "z = 2" in [t.get_text() for t in ax.get_legend().get_texts()]
+    (key,) = fig.legends  # one key below the panels
+    keys = [t.get_text() for t in key.get_texts()]
+    assert {"z = 2", "path effect = 0", "top 1 by composition z", "top 1 by |path effect|"} <= set(
+        keys
+    )
+    # the top-k of each view ringed: by z L0H0 (4.5), by |path| L0H2 (-0.3)
+    rings = [c for c in ax.collections if str(c.get_label()).startswith("top 1")]
+    by_label = {str(c.get_label()): c.get_offsets().tolist() for c in rings}
+    assert by_label["top 1 by composition z"] == [[4.5, 0.05]]
+    assert by_label["top 1 by |path effect|"] == [[-0.7, -0.3]]
+    # the strongest of each view named: the top by z (a weak path) as well as those by path
+    names = {t.get_text() for t in ax.texts}
+    assert {"L0H0", "L0H1", "L0H2"} <= names
     assert "composition z" in ax.get_xlabel() and "L1H1.k@S2" in ax.get_ylabel()
     with pytest.raises(ValueError, match="no exact rows into 'L9H9.q@END'"):
         agreement_figure(comp, path, agree, ["L9H9.q@END"])
@@ -562,3 +574,55 @@ def test_the_interval_names_are_those_the_classes_write():
     bounds = {b for c in WRITTEN for b in interval_columns(c)}
     assert set(EVIDENCE) == set(WRITTEN) - {"copy_suppression"}
     assert {b for b in bounds if b in WRITTEN} <= set(EVIDENCE)
+
+
+def test_a_group_of_one_head_is_drawn_once():
+    """A class with one head (SmolLM2's induction class, L17H4): the group receiver
+    ``induction.k@S1+1`` is that head's own ``L17H4.k@S1+1``, so the same path came out as two
+    parallel edges (notebook 09's review). One edge is drawn, into the head; a one-head group
+    whose head has no single-head row of the same sender is still drawn (into its box)."""
+    classes, path = T.classes_table(), T.path_table()
+    row = path[(path["sender"] == "L0H2") & (path["receiver"] == "L1H1.k@S2")].iloc[[0]]
+    twin = row.assign(receiver="induction.k@S2", receiver_head=-1)
+    edges = circuit_edges(classes, pd.concat([path, twin], ignore_index=True))
+    assert len(edges) == len(T.EDGES)  # the twin is gone
+    assert "induction.k@S2" not in set(edges["target"])
+    alone = row.assign(receiver="induction.v@S2", receiver_head=-1, receiver_kind="v")
+    edges = circuit_edges(classes, pd.concat([path, alone], ignore_index=True))
+    assert "induction.v@S2" in set(edges["target"])  # no single-head row of its own: kept
+
+
+def test_the_title_names_what_the_diagram_leaves_out():
+    classes, path = T.classes_table(), T.path_table()
+    title = circuit_diagram(classes, path, T.N_LAYERS).axes[0].get_title()
+    assert "among classed heads" in title
+    assert (
+        "not drawn: 1 head in no class with |direct effect| >= 0.05 (largest: L3H2 -0.20)" in title
+    )
+    small = classes.copy()
+    small.loc[small["head_name"] == "L3H2", "direct_effect"] = 0.01
+    title = circuit_diagram(small, path, T.N_LAYERS).axes[0].get_title()
+    assert "none has |direct effect| >= the threshold" in title
+    big = classes.copy()
+    big.loc[big["head_name"] == "L3H2", "direct_effect"] = 0.9  # heads in no class
+    big.loc[big["head_name"] == "L0H0", "direct_effect"] = -0.3
+    title = circuit_diagram(big, path, T.N_LAYERS).axes[0].get_title()
+    assert "not drawn: 2 heads in no class with |direct effect| >= 0.05" in title
+    assert "(largest: L3H2 +0.90, L0H0 -0.30)" in title
+
+
+def test_pale_edges_of_both_signs_each_have_a_key():
+    classes, path = T.classes_table(), T.path_table()
+    for sender, receiver in (("L2H2", "L3H0.q@END"), ("L2H0", "L3H1.q@END")):
+        one = (path["sender"] == sender) & (path["receiver"] == receiver)
+        path.loc[one, ["ci_low", "ci_high"]] = [-0.2, 0.2]
+    legend = circuit_diagram(classes, path, T.N_LAYERS).axes[0].get_legend()
+    pale = {
+        t.get_text(): to_rgb(h.get_color())
+        for t, h in zip(legend.get_texts(), legend.legend_handles, strict=True)
+        if "interval includes 0" in t.get_text()
+    }
+    assert pale == {
+        "pale: its interval includes 0 (effect > 0)": to_rgb(PALE[POSITIVE]),
+        "pale: its interval includes 0 (effect < 0)": to_rgb(PALE[NEGATIVE]),
+    }
