@@ -130,8 +130,9 @@ def faithfulness(
     level: float = LEVEL,
 ) -> dict:
     """The set ``heads`` and ``n_random`` random sets of its size from ``pool`` (default every
-    head), scored as the module docstring says. Returns ``{"faithfulness", "recovered"}`` (each
-    ``(value, ci_low, ci_high)``), ``"random_faithfulness"`` / ``"random_recovered"`` (one value
+    head), scored as the module docstring says. Returns ``{"faithfulness", "recovered",
+    "empty"}`` (each ``(value, ci_low, ci_high)``; ``empty`` is F(empty) / F(M), every head
+    ablated, resampled with the same pairs), ``"random_faithfulness"`` / ``"random_recovered"`` (one value
     per draw), ``"m_full"``, ``"m_none"``, ``"m_set"`` (per pair) and ``"random_sets"``."""
     L, H = model.n_layers, model.n_heads
     heads = sorted({(int(la), int(h)) for la, h in heads})
@@ -173,15 +174,17 @@ def faithfulness(
         for name, v, draws in (
             ("faithfulness", f, ms / mf),
             ("recovered", r, (ms - mn) / (mf - mn)),
+            ("empty", none.mean() / full.mean(), mn / mf),
         ):
             lo, hi = torch.nanquantile(
                 draws, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
             )
             out[name] = (float(v), float(lo), float(hi))
     else:
-        out["faithfulness"], out["recovered"] = (
+        out["faithfulness"], out["recovered"], out["empty"] = (
             (float(f), np.nan, np.nan),
             (float(r), np.nan, np.nan),
+            (float(none.mean() / full.mean()), np.nan, np.nan),
         )
     rf, rr = zip(*(scores(x) for x in rest[1:]), strict=True) if n_random else ((), ())
     out["random_faithfulness"] = np.array([float(x) for x in rf])

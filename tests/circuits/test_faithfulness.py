@@ -60,6 +60,13 @@ def test_keeping_every_head_is_the_full_model_and_a_set_matches_plain_hooks(tiny
     assert len(got["random_faithfulness"]) == 7
     f, lo, hi = got["faithfulness"]
     assert lo <= f <= hi
+    # every head ablated, against the full model: the ratio of means, with its own interval
+    e, e_lo, e_hi = got["empty"]
+    assert e == pytest.approx(float(got["m_none"].mean() / got["m_full"].mean()), rel=1e-12)
+    assert e_lo <= e <= e_hi and e_lo < e_hi
+    # it does not depend on the set kept (every head ablated is every head ablated)
+    same = faithfulness(model, batches, len(tt), tt.metric, every, n_random=0, resamples=100)
+    assert same["empty"][0] == pytest.approx(e, rel=1e-12)
 
 
 def test_bad_sets_get_one_line(tiny_gqa_llama):
