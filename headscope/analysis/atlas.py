@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
 from headscope.catalog import describe
 from headscope.errors import HeadscopeError
@@ -226,10 +227,14 @@ def atlas_figure(
     metrics: Sequence[str] | None = None,
     stat: str = "mean_score",
     ncols: int = 4,
+    intervals: pd.DataFrame | None = None,
 ) -> Figure:
     """One panel per metric: each model's per-layer ``stat`` (``mean_score``, ``max_score`` or
     ``frac_labelled``) against relative depth, the model's chance value dashed in the same colour
-    (score stats only); light lines split the depth bins (thirds)."""
+    (score stats only); light lines split the depth bins (thirds). ``intervals`` (with
+    ``mean_score``): per (model, metric, layer) ``ci_low`` / ``ci_high`` of the layer mean, as
+    :func:`headscope.analysis.controls.layer_intervals` gives them, shaded around each curve and
+    keyed; a model or metric it has no rows for is drawn without a band."""
     if stat not in ("mean_score", "max_score", "frac_labelled"):
         raise HeadscopeError(
             f"atlas_figure: unknown stat '{stat}'; use mean_score, max_score or frac_labelled."
@@ -239,6 +244,21 @@ def atlas_figure(
     if unknown or not metrics:
         raise HeadscopeError(f"atlas_figure: no rows for {', '.join(unknown) or 'any metric'}.")
     prof = layer_profile(table[table["metric"].isin(metrics)])
+    if intervals is not None:
+        if stat != "mean_score":
+            raise HeadscopeError("atlas_figure: intervals are of the layer mean; use mean_score.")
+        need = {"model", "metric", "layer", "ci_low", "ci_high"}
+        if not need <= set(intervals.columns):
+            raise HeadscopeError(
+                f"atlas_figure: intervals need columns {sorted(need)}; got "
+                f"{sorted(intervals.columns)} (controls.layer_intervals makes them)."
+            )
+        prof = prof.merge(
+            intervals[["model", "metric", "layer", "ci_low", "ci_high"]],
+            on=["model", "metric", "layer"],
+            how="left",
+        )
+    banded = False
     ncols = max(1, min(ncols, len(metrics)))
     nrows = -(-len(metrics) // ncols)
     fig = Figure(figsize=(3.6 * ncols, 2.8 * nrows), layout="constrained")
@@ -266,6 +286,16 @@ def atlas_figure(
                 color=colours[model],
                 label=model,
             )
+            if "ci_low" in rows and rows["ci_low"].notna().any():
+                ax.fill_between(
+                    rows["depth"],
+                    rows["ci_low"],
+                    rows["ci_high"],
+                    color=colours[model],
+                    alpha=0.25,
+                    linewidth=0,
+                )
+                banded = True
             if stat != "frac_labelled" and rows["chance"].notna().any():
                 ax.plot(
                     rows["depth"],
@@ -314,6 +344,14 @@ def atlas_figure(
             Line2D([], [], lw=0.9, color=colours[m], dashes=dashes[m], label=f"chance, {m}")
             for m in models
         ]
+    if banded:
+        keys.append(
+            Patch(
+                facecolor="0.6",
+                alpha=0.4,
+                label="shaded: 95% interval of the layer mean (resampling sequences)",
+            )
+        )
     keys.append(Line2D([], [], color="0.85", lw=0.8, label="depth thirds (early | middle | late)"))
     fig.legend(
         handles=keys,

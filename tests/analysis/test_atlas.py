@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.colors import to_rgb
 
 import headscope
 from headscope.analysis.atlas import (
@@ -164,3 +165,31 @@ def test_figure_keeps_coinciding_chance_lines_apart_and_names_units():
     top = ax_ind.child_axes[0]
     assert [t.get_text() for t in top.get_xticklabels()] == ["early", "middle", "late"]
     assert list(top.get_xticks()) == pytest.approx([1 / 6, 1 / 2, 5 / 6])
+
+
+def test_figure_shades_each_layer_means_interval_where_given():
+    """Intervals for model a only: one band for a, none for b, and a key saying what it is."""
+    table = atlas([_table("a", 3), _table("b", 4)])
+    ci = pd.DataFrame(
+        {
+            "model": "a",
+            "metric": "induction",
+            "layer": [0, 1, 2],
+            "ci_low": [0.1, 0.2, 0.3],
+            "ci_high": [0.2, 0.5, 0.9],
+        }
+    )
+    fig = atlas_figure(table, metrics=["induction"], intervals=ci)
+    (ax,) = [a for a in fig.axes if a.get_visible()]
+    (band,) = ax.collections  # b has no rows: no band
+    ys = band.get_paths()[0].vertices[:, 1]
+    assert min(ys) == pytest.approx(0.1) and max(ys) == pytest.approx(0.9)
+    assert np.allclose(band.get_facecolor()[0][:3], to_rgb("C0"))  # a's colour
+    texts = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert any(t.startswith("shaded: 95% interval of the layer mean") for t in texts)
+    plain = atlas_figure(table, metrics=["induction"])
+    assert not any(t.get_text().startswith("shaded") for t in plain.legends[0].get_texts())
+    with pytest.raises(HeadscopeError, match="use mean_score"):
+        atlas_figure(table, metrics=["induction"], stat="max_score", intervals=ci)
+    with pytest.raises(HeadscopeError, match="need columns"):
+        atlas_figure(table, metrics=["induction"], intervals=ci.drop(columns="ci_high"))
