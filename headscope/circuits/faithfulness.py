@@ -133,7 +133,8 @@ def faithfulness(
     head), scored as the module docstring says. Returns ``{"faithfulness", "recovered",
     "empty"}`` (each ``(value, ci_low, ci_high)``; ``empty`` is F(empty) / F(M), every head
     ablated, resampled with the same pairs), ``"random_faithfulness"`` /
-    ``"random_recovered"`` (one value per draw), ``"m_full"``, ``"m_none"``, ``"m_set"`` (per pair) and ``"random_sets"``."""
+    ``"random_recovered"`` (one value per draw), ``"m_full"``, ``"m_none"``, ``"m_set"`` (per
+    pair) and ``"random_sets"``."""
     L, H = model.n_layers, model.n_heads
     heads = sorted({(int(la), int(h)) for la, h in heads})
     pool = sorted(set(pool)) if pool is not None else [(la, h) for la in range(L) for h in range(H)]
