@@ -17,7 +17,7 @@ average. Here that is the mean over a layer's heads of the ``sink`` (position 0:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -130,6 +130,7 @@ def side_by_side(
     vmax: float | None = None,
     thresholds: Mapping[str, float] | None = None,
     marks: Mapping[str, float] | None = None,
+    outline: tuple[str, Mapping[str, Iterable[tuple[int, int]]]] | None = None,
 ) -> Figure:
     """Layer x head heatmaps of several tables (``{label: scores}``) in one figure.
 
@@ -143,10 +144,12 @@ def side_by_side(
     make scores near a small chance value visible. Each chance line also gets a red marker left of
     the bar, one shape and place per value, so that two close values stay apart. ``marks``: other
     values to mark on the bar (``{what: value}``, e.g. a cut the text counts heads above), black,
-    named in the key.
+    named in the key. ``outline``: ``(what, {panel label: [(layer, head), ...]})``, heads to draw a
+    black box around (e.g. the heads above chance on a scale where they are dark), named in the
+    key as ``what``.
     """
     from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
+    from matplotlib.patches import Patch, Rectangle
     from matplotlib.transforms import ScaledTranslation
 
     from headscope.report.figures import _labelled, _unstable, colour_label, draw_heatmap
@@ -173,6 +176,12 @@ def side_by_side(
         im = draw_heatmap(ax, scores, m, title=name + (f" ({'; '.join(said)})" if said else ""))
         if vmax is not None:
             im.set_clim(0.0, vmax)
+        for layer, head in outline[1].get(label, ()) if outline else ():
+            ax.add_patch(
+                Rectangle(
+                    (head - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=1.6
+                )
+            )
     metrics = list(dict.fromkeys(chosen.values()))
     bar = fig.colorbar(
         im,
@@ -258,6 +267,12 @@ def side_by_side(
                 hatch="///",
                 label=f"hatched: label stability < {STABLE} (stability: the share of bootstrap "
                 "resamples of the sequences in which the head keeps its label)",
+            )
+        )
+    if outline and any(outline[1].values()):
+        keys.append(
+            Patch(
+                facecolor="none", edgecolor="black", linewidth=1.6, label=f"outlined: {outline[0]}"
             )
         )
     if keys:  # below the panels, outside them: never over an axis label

@@ -226,3 +226,23 @@ def _bar_lines(bar):
 
 def _bar_markers(bar):
     return [ln for ln in bar.lines if ln.get_marker() not in (None, "None", "")]
+
+
+def test_side_by_side_outlines_the_heads_it_is_given_and_keys_them():
+    scores = _scores("a")
+    fig = side_by_side(
+        {"a": scores, "b": scores}, "separator", outline=("above chance", {"a": [(2, 1), (0, 0)]})
+    )
+    a, b, _bar = fig.axes
+    boxes = [p for p in a.patches if p.get_edgecolor()[:3] == (0.0, 0.0, 0.0) and not p.get_fill()]
+    assert sorted(tuple(p.get_xy()) for p in boxes) == [
+        (-0.5, -0.5),
+        (0.5, 1.5),
+    ]  # (head, layer) - 0.5
+    assert not [p for p in b.patches if not p.get_fill()]  # only the panel named
+    keys = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert "outlined: above chance" in keys
+    plain = side_by_side({"a": scores}, "separator", outline=("above chance", {"a": []}))
+    assert "outlined: above chance" not in [
+        t.get_text() for leg in plain.legends for t in leg.get_texts()
+    ]
