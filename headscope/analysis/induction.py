@@ -83,6 +83,15 @@ def stripe_figure(pattern: np.ndarray, repeat_len: int, title: str) -> Figure:
     table = offset_weights(pattern, L)
     for col, style in (("induction", "-"), ("duplicate", "--"), ("previous", ":"), ("first", "-.")):
         ax2.plot(table["query"], table[col], style, label=col)
+    # a head spreading its attention evenly over the q + 1 keys it sees puts 1 / (q + 1) on each
+    ax2.plot(
+        table["query"],
+        1.0 / (table["query"] + 1.0),
+        color="0.5",
+        lw=1.0,
+        ls=(0, (1, 1)),
+        label="uniform attention, 1/(q+1) per key",
+    )
     ax2.set_ylim(-0.02, 1.02)
     ax2.set_xlabel("query position (second copy of R)")
     ax2.set_ylabel("attention weight")
@@ -201,23 +210,47 @@ def repeat_length_sweep(
     return pd.concat(frames, ignore_index=True)
 
 
-def sweep_figure(sweep: pd.DataFrame, heads: Sequence[str], metric: str = "induction") -> Figure:
-    """Score against repeat length for the named heads, plus the chance value (uniform head)."""
+def sweep_figure(
+    sweep: pd.DataFrame,
+    heads: Sequence[str],
+    metric: str = "induction",
+    n_sequences: int | None = None,
+    threshold: float | None = None,
+) -> Figure:
+    """Score against repeat length for the named heads (bars: each score's 95% interval over the
+    sequences, where the sweep has ``ci_low``/``ci_high``), the chance value (uniform head) and
+    the label's cut (``threshold``, default the metric's). ``n_sequences``: sequences per length,
+    for the title."""
+    from headscope.catalog import describe
+
     sub = sweep[sweep["metric"] == metric]
-    fig = Figure(figsize=(7, 4), layout="constrained")
+    fig = Figure(figsize=(7, 4.3), layout="constrained")
     ax = fig.add_subplot()
+    bars = {"ci_low", "ci_high"} <= set(sub.columns) and sub["ci_low"].notna().any()
     for name in heads:
         h = sub[sub["head_name"] == name].sort_values("repeat_len")
-        ax.plot(h["repeat_len"], h["score"], marker="o", label=name)
+        if bars:
+            err = np.clip(
+                np.vstack([h["score"] - h["ci_low"], h["ci_high"] - h["score"]]), 0.0, None
+            )
+            ax.errorbar(h["repeat_len"], h["score"], yerr=err, marker="o", capsize=2, label=name)
+        else:
+            ax.plot(h["repeat_len"], h["score"], marker="o", label=name)
     ch = sub.groupby("repeat_len")["chance"].first()
-    ax.plot(ch.index, ch.to_numpy(), color="grey", ls="--", label="chance")
+    ax.plot(ch.index, ch.to_numpy(), color="grey", ls="--", label="chance (uniform attention)")
+    info = describe(metric)
+    cut = threshold if threshold is not None else getattr(info, "threshold", None)
+    if cut is not None and np.isfinite(cut):
+        ax.axhline(cut, color="black", ls=":", lw=1.0, label=f"label cut {cut:g}")
     ax.set_xscale("log", base=2)
     ax.set_xticks(
         sorted(sub["repeat_len"].unique()), [str(v) for v in sorted(sub["repeat_len"].unique())]
     )
     ax.set_ylim(0, 1)
-    ax.set_xlabel("repeat length L (tokens in R)")
+    ax.set_xlabel("repeat length L (tokens in R; log scale)")
     ax.set_ylabel(f"{metric} score")
-    ax.set_title(f"{sub['model'].iloc[0]}: {metric} score against L", fontsize=10)
+    per = f"{n_sequences} sequences per L; " if n_sequences else ""
+    spread = "bars: 95% interval over them" if bars else "point estimates, no interval"
+    ax.set_title(f"{sub['model'].iloc[0]}: {metric} score against L ({per}{spread})", fontsize=10)
     ax.legend(fontsize=8, ncol=2)
     return fig

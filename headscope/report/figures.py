@@ -186,9 +186,15 @@ def _one_chance(sub: pd.DataFrame) -> float | None:
     return float(values[0]) if len(values) == 1 and np.isfinite(values[0]) else None
 
 
-def heatmap(scores: pd.DataFrame, metric: str, n_sequences: int | None = None) -> Figure:
+def heatmap(
+    scores: pd.DataFrame,
+    metric: str,
+    n_sequences: int | None = None,
+    thresholds: dict[str, float] | None = None,
+) -> Figure:
     """A layer x head heatmap of one metric, titled with the model, n and the chance value (a red
-    line on the colour bar too); a key below names the line, the numbers and the hatching."""
+    line on the colour bar too); a key below names the line, the numbers (the labelled heads, with
+    the label's cut: the run's ``thresholds``, else the metric's default) and the hatching."""
     sub = scores[scores["metric"] == metric]
     n_layers, n_heads = sub["layer"].nunique(), sub["head"].nunique()
     fig = Figure(
@@ -218,7 +224,13 @@ def heatmap(scores: pd.DataFrame, metric: str, n_sequences: int | None = None) -
         keys.append(Line2D([], [], color="red", lw=1.2, label="red line on the colour bar: chance"))
     n_cells = n_layers * n_heads
     if n_cells <= 400 and _labelled(scores, metric).any():
-        keys.append(Patch(facecolor="none", edgecolor="none", label="numbers: the labelled heads"))
+        cut = ""
+        if info is not None and getattr(info, "label", ""):
+            t = (thresholds or {}).get(metric, info.threshold)
+            cut = f" ({info.label}: {metric} {'<=' if is_below(metric) else '>='} {t:g})"
+        keys.append(
+            Patch(facecolor="none", edgecolor="none", label=f"numbers: the labelled heads{cut}")
+        )
     if shaky:
         keys.append(
             Patch(
@@ -410,7 +422,7 @@ def save_figures(
 
     for metric in scores["metric"].unique():
         probe = scores.loc[scores["metric"] == metric, "probe"].iloc[0]
-        save(heatmap(scores, metric, (n_sequences or {}).get(probe)), f"{metric}.png")
+        save(heatmap(scores, metric, (n_sequences or {}).get(probe), thresholds), f"{metric}.png")
     save(summary_figure(scores), "summary.png")
     save(threshold_sweep(scores, thresholds), "thresholds.png")
     for metric, effect in effect_pairs(scores):

@@ -224,7 +224,9 @@ def _behaviour(result: ScanResult, metric: str, figures: bool, n_sequences: dict
         return "".join(parts) + f"<p>NaN for every head: {_e(reason)}.</p>"
     if figures:
         probe = str(sub["probe"].iloc[0])
-        fig = heatmap(scores, metric, n_sequences=n_sequences.get(probe))
+        fig = heatmap(
+            scores, metric, n_sequences=n_sequences.get(probe), thresholds=result.thresholds
+        )
         parts.append(f'<img alt="{_e(metric)} heatmap" src="{figure_uri(fig)}">')
     effects = [] if metric in _effects_of(scores) else _effects_of(scores)
     header = ["head", "score", "interval", "chance", "null", "stability", "label"] + effects

@@ -55,10 +55,19 @@ def test_stripe_figure_draws_the_pattern_and_the_offsets():
     lines = {
         t.get_text(): line for t, line in zip(ax2.get_legend().get_texts(), ax2.lines, strict=True)
     }
-    assert list(lines) == ["induction", "duplicate", "previous", "first"]
+    assert list(lines) == [
+        "induction",
+        "duplicate",
+        "previous",
+        "first",
+        "uniform attention, 1/(q+1) per key",
+    ]
     np.testing.assert_array_equal(lines["induction"].get_xdata(), [6, 7, 8, 9, 10])
     np.testing.assert_array_equal(lines["induction"].get_ydata(), [1] * 5)
     assert all((lines[k].get_ydata() == 0).all() for k in ("duplicate", "previous", "first"))
+    # a uniform head over the q + 1 keys query q sees
+    uniform = lines["uniform attention, 1/(q+1) per key"]
+    np.testing.assert_allclose(uniform.get_ydata(), [1 / 7, 1 / 8, 1 / 9, 1 / 10, 1 / 11])
 
 
 def test_repeat_loss_summary_leaves_out_the_first_token_of_each_copy():
@@ -102,14 +111,29 @@ def test_sweep_figure_draws_each_head_and_chance():
     )
     fig = sweep_figure(sweep, ["L0H0", "L1H2"])
     (ax,) = fig.axes
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["L0H0", "L1H2", "chance"]
-    head, other, chance = ax.lines
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "L0H0",
+        "L1H2",
+        "chance (uniform attention)",
+        "label cut 0.4",
+    ]
+    head, other, chance, cut = ax.lines
     np.testing.assert_array_equal(head.get_xdata(), [4, 8])  # sorted by repeat length
     np.testing.assert_array_equal(head.get_ydata(), [0.2, 0.5])
     np.testing.assert_array_equal(other.get_ydata(), [0.9, 0.8])
     np.testing.assert_array_equal(chance.get_ydata(), [0.3, 0.2])
+    assert list(cut.get_ydata()) == [0.4, 0.4]
+    assert "log scale" in ax.get_xlabel() and "point estimates, no interval" in ax.get_title()
+    # with intervals: error bars, and the title says what they span
+    banded = sweep.assign(ci_low=sweep["score"] - 0.1, ci_high=sweep["score"] + 0.05)
+    ax = sweep_figure(banded, ["L0H0"], n_sequences=8).axes[0]
+    (bars,) = [c for c in ax.containers if c.get_label() == "L0H0"]
+    (segments,) = [b.get_segments() for b in bars.lines[2]]
+    ends = [float(p[1]) for seg in segments for p in seg]
+    assert ends == pytest.approx([0.1, 0.25, 0.4, 0.55])
+    assert "8 sequences per L; bars: 95% interval over them" in ax.get_title()
     assert [t.get_text() for t in ax.get_xticklabels()] == ["4", "8"]
-    assert ax.get_title() == "m: induction score against L"
+    assert ax.get_title().startswith("m: induction score against L")
 
 
 def test_token_losses_match_a_plain_cross_entropy(tiny_gpt2):

@@ -221,9 +221,9 @@ def test_save_figures_titles_get_n_sequences_per_probe(scores, tmp_path, monkeyp
     seen = []
     original = plots.heatmap
 
-    def spy(table, metric, n_sequences=None):
+    def spy(table, metric, n_sequences=None, thresholds=None):
         seen.append((metric, n_sequences))
-        return original(table, metric, n_sequences)
+        return original(table, metric, n_sequences, thresholds)
 
     monkeypatch.setattr(plots, "heatmap", spy)
     save_figures(scores, tmp_path, n_sequences={"text": 12, "repeat": 5}, dpi=20)
@@ -273,8 +273,13 @@ def test_hatching_has_its_key_below_the_axes_not_over_them(scores):
     (key,) = fig.legends
     assert [t.get_text() for t in key.get_texts()] == [
         "red line on the colour bar: chance",
-        "numbers: the labelled heads",
+        "numbers: the labelled heads (induction head: induction >= 0.4)",
         "label stability < 0.9 (bootstrap)",
+    ]
+    # the run's own cut, where it has one
+    moved = heatmap(shaky, "induction", thresholds={"induction": 0.3}).legends[0].get_texts()
+    assert "numbers: the labelled heads (induction head: induction >= 0.3)" in [
+        t.get_text() for t in moved
     ]
     bar = fig.axes[-1]
     assert [line.get_ydata()[0] for line in bar.lines] == [0.25]  # the chance line
