@@ -225,16 +225,21 @@ def fit_spread(n: Sequence[float], seconds: Sequence[float]) -> dict[str, float]
 
 
 def timing_figure(
-    panels: Sequence[tuple[str, pd.DataFrame, dict[str, float]]], title: str
+    panels: Sequence[tuple[str, pd.DataFrame, dict[str, float]]],
+    title: str,
+    repeats: int | None = None,
 ) -> Figure:
-    """One panel per ``(label, table, fit)``: measured seconds vs ``n``, the fit, and its ``c
-    n^2``."""
+    """One panel per ``(label, table, fit)``: measured seconds vs ``n`` (each the best of
+    up to ``repeats`` runs, when given), the fit over the measured range, and its split into ``a + bn``
+    and ``c n^2``, drawn only when no term sits at its bound 0 (a term at the bound means the fit
+    wanted a negative one, so the split is not determined; the panel says so instead)."""
     fig = Figure(figsize=(5.2 * len(panels), 4.0), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    what = f"measured (best of up to {repeats} runs)" if repeats else "measured"
     for ax, (label, table, fit) in zip(axes, panels, strict=True):
         n = table["n"].to_numpy(dtype=float)  # [length]
-        grid = np.linspace(0, n.max() * 1.05, 200)  # [200]: where the fitted curves are drawn
-        ax.plot(n, table["seconds"], "o", color="C0", label="measured")
+        grid = np.linspace(n.min(), n.max(), 200)  # [200]: the measured range, no extrapolation
+        ax.plot(n, table["seconds"], "o", color="C0", label=what)
         ax.plot(
             grid,
             fit["a"] + fit["b"] * grid + fit["c"] * grid**2,
@@ -242,12 +247,25 @@ def timing_figure(
             color="C0",
             label=f"fit a + bn + cn²\nc = {fit['c']:.2e} s/token²",
         )
-        ax.plot(grid, fit["c"] * grid**2, "--", color="C3", label="quadratic term cn²")
-        ax.plot(grid, fit["a"] + fit["b"] * grid, ":", color="C2", label="a + bn")
+        at_bound = [t for t in "abc" if fit[t] == 0]
+        if at_bound:
+            ax.text(
+                0.03,
+                0.97,
+                f"split not determined: {', '.join(at_bound)} at its bound 0\n(the fit wanted a "
+                "negative term), so a + bn and cn² are not drawn",
+                transform=ax.transAxes,
+                va="top",
+                fontsize=7,
+                color="0.3",
+            )
+        else:
+            ax.plot(grid, fit["c"] * grid**2, "--", color="C3", label="quadratic term cn²")
+            ax.plot(grid, fit["a"] + fit["b"] * grid, ":", color="C2", label="a + bn")
         ax.set_xlabel("context length n (tokens)")
         ax.set_ylabel("seconds")
         ax.set_title(label, fontsize=10)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="lower right")
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=11)
     return fig

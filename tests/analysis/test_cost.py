@@ -74,8 +74,9 @@ def test_with_fit_adds_prediction_and_share():
 
 def test_timing_figure_draws_measurements_fit_and_terms():
     n = [10, 20, 40]
-    table = pd.DataFrame({"n": n, "seconds": [1.0, 2.5, 7.0]})
+    table = pd.DataFrame({"n": n, "seconds": [1.2, 2.3, 5.7]})  # 0.5 + 0.05 n + 0.002 n^2
     fit = fit_quadratic(n, table["seconds"])
+    assert min(fit.values()) > 0  # every term positive: the split is determined
     fig = timing_figure(
         [
             ("scan", table, fit),
@@ -92,16 +93,32 @@ def test_timing_figure_draws_measurements_fit_and_terms():
     assert (ax.get_title(), ax2.get_title()) == ("scan", "one layer")
     measured, fitted, quadratic, linear = ax.lines
     np.testing.assert_array_equal(measured.get_xdata(), n)
-    np.testing.assert_array_equal(measured.get_ydata(), [1.0, 2.5, 7.0])
-    np.testing.assert_array_equal(ax2.lines[0].get_ydata(), [0.5, 1.25, 3.5])
+    np.testing.assert_array_equal(measured.get_ydata(), [1.2, 2.3, 5.7])
+    np.testing.assert_array_equal(ax2.lines[0].get_ydata(), [0.6, 1.15, 2.85])
     grid = fitted.get_xdata()
-    assert grid[0] == 0 and grid[-1] == pytest.approx(40 * 1.05)
+    assert grid[0] == 10 and grid[-1] == 40  # the measured range only: no extrapolation
     np.testing.assert_allclose(fitted.get_ydata(), fit["a"] + fit["b"] * grid + fit["c"] * grid**2)
     np.testing.assert_allclose(quadratic.get_ydata(), fit["c"] * grid**2)
     np.testing.assert_allclose(linear.get_ydata(), fit["a"] + fit["b"] * grid)
     np.testing.assert_allclose(fitted.get_ydata(), quadratic.get_ydata() + linear.get_ydata())
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels[0] == "measured" and f"c = {fit['c']:.2e} s/token²" in labels[1]
+    assert not ax.texts  # every term positive: the split is drawn, nothing to warn of
+
+
+def test_timing_figure_does_not_draw_a_split_the_fit_cannot_make():
+    """A fit with its linear term at the bound 0 (it wanted a negative one, as notebook 03's
+    one-layer timing did): the a + bn / cn² split is not drawn, and the panel says why."""
+    n = [10, 20, 40, 80]
+    table = pd.DataFrame({"n": n, "seconds": [1.0, 1.0, 1.1, 2.0]})
+    fit = {"a": 0.98, "b": 0.0, "c": 1.6e-4}
+    fig = timing_figure([("one layer", table, fit)], "t", repeats=3)
+    (ax,) = fig.axes
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels[0] == "measured (best of up to 3 runs)" and len(ax.lines) == 2  # points, fit
+    assert not any("quadratic term" in t or t == "a + bn" for t in labels)
+    (note,) = ax.texts
+    assert note.get_text().startswith("split not determined: b at its bound 0")
 
 
 # ------------------------------------------------------------------------ measured
