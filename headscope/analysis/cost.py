@@ -230,8 +230,8 @@ def timing_figure(
     repeats: int | None = None,
 ) -> Figure:
     """One panel per ``(label, table, fit)``: measured seconds vs ``n`` (each the best of
-    up to ``repeats`` runs, when given), the fit over the measured range, and its split into ``a + bn``
-    and ``c n^2``, drawn only when no term sits at its bound 0 (a term at the bound means the fit
+    up to ``repeats`` runs, when given), the fit over the measured range, and its split into
+    ``a + bn`` and ``c n^2``, drawn only when no term sits at its bound 0 (a term at the bound means the fit
     wanted a negative one, so the split is not determined; the panel says so instead)."""
     fig = Figure(figsize=(5.2 * len(panels), 4.0), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
