@@ -231,8 +231,8 @@ def timing_figure(
 ) -> Figure:
     """One panel per ``(label, table, fit)``: measured seconds vs ``n`` (each the best of
     up to ``repeats`` runs, when given), the fit over the measured range, and its split into
-    ``a + bn`` and ``c n^2``, drawn only when no term sits at its bound 0 (a term at the bound means the fit
-    wanted a negative one, so the split is not determined; the panel says so instead)."""
+    ``a + bn`` and ``c n^2``, drawn only when no term sits at its bound 0 (a term at the bound
+    means the fit wanted a negative one, so the split is not determined; the panel says so)."""
     fig = Figure(figsize=(5.2 * len(panels), 4.0), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     what = f"measured (best of up to {repeats} runs)" if repeats else "measured"
