@@ -618,6 +618,21 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def _merge_same_points(point: dict, budgets: list) -> dict:
+    """One random-KV point per place: budgets whose draws are the same sets (a plan that drops as
+    many KV heads at each, so the same seeds draw the same groups) sit on one point, and its note
+    names them all (``b=0.25, 0.5``) instead of printing one note over another."""
+    merged: dict[tuple, list] = {}
+    for i, b in enumerate(budgets):
+        key = (point["x"][i], point["y"][i], point["low"][i], point["high"][i])
+        merged.setdefault(key, []).append(b)
+    out = {**point}
+    for j, name in enumerate(("x", "y", "low", "high")):
+        out[name] = [key[j] for key in merged]
+    out["notes"] = ["b=" + ", ".join(f"{b:g}" for b in bs) for bs in merged.values()]
+    return out
+
+
 def figure(
     df: pd.DataFrame,
     model_name: str = "",
@@ -710,7 +725,7 @@ def figure(
                 "label": f"{text}: mean, bars min-max of {n_seeds} seed{'s' * (n_seeds != 1)}",
             }
             if kind == "random_kv":  # not at its budget's share: say which budget it matches
-                point["notes"] = [f"b={b:g}" for b in budgets]
+                point = _merge_same_points(point, budgets)
                 point["label"] += "; b = the budget it matches"
             lines.append(point)
         for name, marker, colour, text, nudge in (  # side by side at 1: one hid the other
@@ -731,6 +746,7 @@ def figure(
                     ends = [float(row[low].iloc[0]), float(row[high].iloc[0])]
                     if not any(math.isnan(v) for v in ends):
                         point["low"], point["high"] = [ends[0]], [ends[1]]
+                        point["label"] += "; bars 95%, as the plan's"
                 lines.append(point)
         panels.append(
             {

@@ -530,3 +530,46 @@ def test_rank_in_counts_ties_as_reached():
     # every possible set: the exact share, not a permutation estimate
     assert kvplan.rank_in([0.1, 0.2, 0.2, 0.4], 0.2, exhaustive=True)["p"] == 0.75
     assert kvplan.rank_in([0.3] * 18, 0.1, exhaustive=True)["p"] == 0.0
+
+
+def test_figure_merges_random_kv_points_of_budgets_with_the_same_sets():
+    """Gemma 3's plan drops one KV head at both budgets, so both budgets' random-KV draws are the
+    same sets: one point, one note naming both budgets (two notes printed over each other read as
+    'b=0.35'). The all-heads points' bars are keyed."""
+    base = {"sinks": 4, "window": 64, "kv_saved_fraction": 0.0, "needle_token_acc": 0.5}
+    rows = [{**base, "condition": "full", "budget": 0.0, "seed": None, "heads_restricted": 0}]
+    for name in ("streaming_all", "window_all"):
+        rows.append({**base, "condition": name, "budget": 1.0, "seed": None, "heads_restricted": 8})
+    for b, n in ((0.25, 2), (0.5, 4)):
+        rows.append({**base, "condition": "plan", "budget": b, "seed": None, "heads_restricted": n})
+        for seed in range(2):
+            rows.append(
+                {
+                    **base,
+                    "condition": "random_kv",
+                    "budget": b,
+                    "seed": seed,
+                    "heads_restricted": 4,
+                    "loss_delta": 0.01 * (seed + 1),
+                }
+            )
+    df = pd.DataFrame(rows)
+    df["loss_delta"] = df["loss_delta"].fillna(0.1)
+    df.loc[df.condition == "full", "loss_delta"] = 0.0
+    df = df.assign(
+        needle_acc=0.5,
+        loss_delta_low=df.loss_delta - 0.01,
+        loss_delta_high=df.loss_delta + 0.01,
+        needle_low=0.4,
+        needle_high=0.6,
+    )
+    fig = kvplan.figure(df, "tiny", 512)
+    for ax in fig.axes:
+        assert [t.get_text() for t in ax.texts] == ["b=0.25, 0.5"]
+        assert _curve(ax, "random KV groups")[0] == pytest.approx([0.5])
+    keys = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert any(k.startswith("all heads: sinks + window; bars 95%") for k in keys)
+    # budgets whose draws differ keep a point and a note each
+    df.loc[(df.condition == "random_kv") & (df.budget == 0.5), "loss_delta"] += 0.05
+    fig = kvplan.figure(df, "tiny", 512)
+    assert sorted(t.get_text() for t in fig.axes[0].texts) == ["b=0.25", "b=0.5"]
