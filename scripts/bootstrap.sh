@@ -15,7 +15,14 @@ if ! .venv/bin/python -m pip show torch >/dev/null 2>&1; then
   .venv/bin/python -m pip install -q torch==2.13.0
 fi
 say "installing headscope and its dependencies, editable, with the dev (spaCy included) and parquet extras (about a minute)"
-.venv/bin/python -m pip install -q -e ".[dev,parquet]"
+# scripts/constraints.txt: the tested versions of the dependencies that decide results (transformers
+# is the one the support table was made with), so a fresh clone installs what its tests expect.
+.venv/bin/python -m pip install -q -e ".[dev,parquet]" -c scripts/constraints.txt
+.venv/bin/python - <<'EOF2'
+from importlib.metadata import version
+print("bootstrap: " + ", ".join(f"{p} {version(p)}" for p in
+      ("torch", "transformers", "tokenizers", "transformer-lens", "spacy")))
+EOF2
 # A kernel named python3 inside the venv, for the report notebooks.
 .venv/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 # Compile the fused scan kernel now (once, ~1 min; torch caches it). Without a C++ compiler scans

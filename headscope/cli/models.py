@@ -24,16 +24,26 @@ def models(support) -> None:
     )
 
     if support:
-        from headscope.engines.support import support_meta, support_text
+        from headscope.engines.support import (
+            installed_version,
+            pinned_range,
+            support_meta,
+            support_text,
+            version_note,
+        )
 
         meta = support_meta()
         click.echo(support_text())
         click.echo(
             f"\nexact = every score, chance and n within {meta['tolerance']:g} of HF eager "
-            "attention on a tiny "
-            f"random model of the family (transformers {meta['transformers']}); made by "
-            f"{meta['generated_by']}."
+            "attention on a tiny random model of the family; made by "
+            f"{meta['generated_by']} with transformers {meta['transformers']} (installed: "
+            f"{installed_version() or 'none'}; headscope asks for transformers"
+            f"{pinned_range() or ' (not installed as a package)'})."
         )
+        note = version_note(meta)
+        if note:
+            click.echo(note)
         return
 
     click.echo(f"{'model':<20} {'source':<46} status")

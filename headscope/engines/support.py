@@ -34,6 +34,54 @@ def support_meta(path: Path = SUPPORT_JSON) -> dict:
     return {k: v for k, v in doc.items() if k != "families"}
 
 
+def pinned_range(package: str = "transformers") -> str | None:
+    """The version range headscope's installed metadata asks for ``package`` (``">=5.25,<5.26"``,
+    lower bounds first), or None when headscope is not installed or does not require it."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    from packaging.requirements import Requirement
+
+    try:
+        reqs = [Requirement(r) for r in requires("headscope") or []]
+    except PackageNotFoundError:
+        return None
+    for req in reqs:
+        if req.name.lower().replace("_", "-") == package and req.marker is None:
+            specs = sorted(req.specifier, key=lambda s: (s.operator.startswith("<"), s.version))
+            return ",".join(str(s) for s in specs) or None
+    return None
+
+
+def installed_version(package: str = "transformers") -> str | None:
+    """``package``'s installed version, read from its metadata (no import), or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def version_note(meta: dict | None = None, installed: str | None = None) -> str | None:
+    """One line when the installed transformers is not the one the table was made with (a family
+    marked exact is vouched for only under the version that checked it), else None.
+
+    >>> version_note({"transformers": "5.25.0"}, installed="5.25.0") is None
+    True
+    >>> version_note({"transformers": "5.25.0"}, installed="5.26.0").split(":")[0]
+    'transformers 5.26.0 is installed, but this table was made with 5.25.0'
+    """
+    made = (support_meta() if meta is None else meta).get("transformers")
+    installed = installed_version() if installed is None else installed
+    if made is None or installed is None or installed == made:
+        return None
+    return (
+        f"transformers {installed} is installed, but this table was made with {made}: "
+        f"'exact' is vouched for only under {made} (check this version from a clone: "
+        f"python -m scripts.conformance)"
+    )
+
+
 def support_text(table: dict | None = None) -> str:
     """A plain-text table for ``headscope models --support``: family, each engine's verdict, and
     for every refusal the reason, once per distinct reason."""
@@ -70,3 +118,51 @@ def supported_engines(model_type: str, table: dict | None = None) -> list[str] |
         if row["model_type"] == model_type:
             return [e for e, o in row["engines"].items() if o["status"] == "exact"]
     return None
+
+
+# How an engine's verdict on a family moved between two tables: a refusal that became exact is an
+# improvement; exact that became a refusal, or anything that became wrong or a crash, a regression.
+_RANK = {"wrong": 0, "error": 0, "refused": 1, "exact": 2}
+
+
+def support_changes(old: dict, new: dict) -> dict[str, list[str]]:
+    """What changed from table ``old`` to table ``new``, one line per (family, engine), sorted into
+    ``improved`` (refused -> exact), ``regressed`` (exact -> refused, or anything -> wrong / error),
+    ``reworded`` (the same status, another refusal reason) and ``families`` (added or removed).
+
+    >>> a = {"Falcon": {"engines": {"fused": {"status": "refused", "detail": "no"}}}}
+    >>> b = {"Falcon": {"engines": {"fused": {"status": "exact", "detail": ""}}}}
+    >>> support_changes(a, b)["improved"]
+    ['Falcon / fused: refused -> exact']
+    >>> support_changes(b, a)["regressed"]
+    ['Falcon / fused: exact -> refused (no)']
+    """
+    out: dict[str, list[str]] = {"improved": [], "regressed": [], "reworded": [], "families": []}
+    for name in old.keys() - new.keys():
+        out["families"].append(f"{name}: no longer in the conformance run")
+    for name in new.keys() - old.keys():
+        out["families"].append(f"{name}: new in the conformance run")
+    for name in [n for n in new if n in old]:
+        before, after = old[name]["engines"], new[name]["engines"]
+        for engine in after:
+            a = after[engine]
+            b = before.get(engine, {"status": "refused", "detail": "(not run)"})
+            line = f"{name} / {engine}: {b['status']} -> {a['status']}"
+            if a["status"] != "exact":
+                line += f" ({a['detail']})"
+            if _RANK[a["status"]] > _RANK[b["status"]]:
+                out["improved"].append(line)
+            elif a["status"] != b["status"] or _RANK[a["status"]] == 0:
+                out["regressed"].append(line)
+            elif a["detail"] != b["detail"]:
+                out["reworded"].append(f"{line}: was ({b['detail']})")
+    return out
+
+
+def changes_text(changes: dict[str, list[str]]) -> str:
+    """``support_changes`` as lines for a person to read before a pin moves."""
+    counts = ", ".join(f"{len(v)} {k}" for k, v in changes.items())
+    lines = [f"changes against the shipped table: {counts}"]
+    for kind, rows in changes.items():
+        lines += [f"  {kind}: {row}" for row in rows]
+    return "\n".join(lines)

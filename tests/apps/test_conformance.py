@@ -14,11 +14,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
 from headscope.apps import conformance as conf
-from headscope.engines.support import load_support, support_text
+from headscope.engines.support import load_support, support_meta, support_text
 
 SHIPPED = load_support()
+MADE_WITH = support_meta()["transformers"]
+REGENERATE = "python -m scripts.conformance --write"
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +43,10 @@ def test_family_is_exact_or_refused_as_the_table_says(family):
         )
         assert shipped[o.engine]["status"] == o.status, (
             f"{family.name} / {o.engine}: table says "
-            f"{shipped[o.engine]['status']}, the run found {o.status} ({o.detail})"
+            f"{shipped[o.engine]['status']}, the run found {o.status} ({o.detail}). The table "
+            f"was made with transformers {MADE_WITH}, this is {transformers.__version__}: "
+            f"regenerate it with `{REGENERATE}` (and read what changed) or install "
+            f"transformers=={MADE_WITH}"
         )
         if o.status == "refused":
             assert "\n" not in o.detail and o.detail == shipped[o.engine]["detail"]
@@ -51,10 +57,12 @@ def test_family_is_exact_or_refused_as_the_table_says(family):
             assert o.max_diff <= conf.TOL
 
 
+def test_the_table_names_the_command_that_regenerates_it():
+    assert support_meta()["generated_by"] == REGENERATE
+
+
 def test_the_table_covers_enough_families():
-    assert [f.name for f in conf.FAMILIES] == list(SHIPPED), (
-        "support.json is stale: python -m scripts.conformance --write"
-    )
+    assert [f.name for f in conf.FAMILIES] == list(SHIPPED), f"support.json is stale: {REGENERATE}"
     scored = {
         n: row
         for n, row in SHIPPED.items()
