@@ -18,9 +18,10 @@ above it (no cycles, counting imports inside functions; ``tests/test_layers.py``
 and checks every import, and ``../shared/tools/import_cycles.py`` finds cycles). Each subpackage's
 docstring lists its modules::
 
-    errors         one exception type, did-you-mean, how messages name settings
+    errors, version   one exception type, did-you-mean, how messages name settings; the version
     result, files, uncertainty   the result schema; writing files safely (atomic, never a user's);
                    bootstrap intervals
+    settings       the one settings base every command's settings derive from; shared field groups
     catalog        what every score name means (data: figures and pages read it, not the code)
     models/        where weights come from, the attention seam, the Model, load_model
     metrics/       what a head does: one module per behaviour, registered from the catalog
@@ -44,7 +45,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from headscope.version import __version__
 
 _EXPORTS = {
     "HeadscopeError": "headscope.errors",
@@ -58,6 +59,7 @@ _EXPORTS = {
     "text_probe": "headscope.probes.pairs",
     "repeat_probe": "headscope.probes.pairs",
     "ScanConfig": "headscope.scanner.config",
+    "ScanSettings": "headscope.scanner.config",
     "default_probes": "headscope.scanner.runner",
     "scan": "headscope.scanner.runner",
     "scan_to_dir": "headscope.scanner.runner",
@@ -131,6 +133,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from headscope.report.tables import relabel, top_heads  # noqa: F401
     from headscope.result import Probe, ScanResult, matrix  # noqa: F401
     from headscope.rundir.store import load_run, save_run  # noqa: F401
-    from headscope.scanner.config import ScanConfig  # noqa: F401
+    from headscope.scanner.config import ScanConfig, ScanSettings  # noqa: F401
     from headscope.scanner.runner import default_probes, scan, scan_to_dir  # noqa: F401
     from headscope.scanner.scoring import score_pattern  # noqa: F401

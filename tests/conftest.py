@@ -161,3 +161,42 @@ def ray_session():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+# ------------------------------------------------------------------------------ a task's pairs
+
+
+@pytest.fixture(scope="session")
+def words(tiny_gpt2):
+    """Words that are one token with a leading space for the tiny tokenizer, longest first."""
+    out = []
+    for i in range(len(tiny_gpt2.tokenizer)):
+        w = tiny_gpt2.decode_one(i)
+        if w.startswith(" ") and w[1:].isalpha() and tiny_gpt2.encode(w) == [i]:
+            out.append(w[1:])
+    return sorted(out, key=len, reverse=True)
+
+
+def write_task(path, rows) -> str:
+    """A task file of prompt pairs (JSONL, a pair a line)."""
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def good_task(tmp_path_factory, words):
+    """Four pairs of one template for the tiny tokenizer, one named position (A)."""
+    a, b, c, d = words[:4]
+    rows = [
+        {
+            "clean": f"the {x} and the {y} met the",
+            "corrupt": f"the {z} and the {y} met the",
+            "answer": " " + x,
+            "wrong": " " + z,
+            "positions": {"A": 2},
+        }
+        for x, y, z in ((a, b, c), (b, c, d), (c, d, a), (d, a, b))
+    ]
+    return write_task(tmp_path_factory.mktemp("task") / "mine.jsonl", rows)

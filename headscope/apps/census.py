@@ -30,21 +30,18 @@ only a headscope run directory (a scan's or a census's) holding nothing headscop
 from __future__ import annotations
 
 import json
-import platform
 import time
 from collections.abc import Callable, Sequence
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import pandas as pd
 
-from headscope.apps.census_settings import CensusSettings
-from headscope.files import optional, publish_dir
-from headscope.result import COLUMNS, FLOAT_FORMAT, RUN_FORMAT, model_slug
-
-CENSUS_FORMAT = "headscope-census/1"  # metadata.json's run_format of a census run directory
-FORMATS = (RUN_FORMAT, CENSUS_FORMAT)  # what --force may replace
-REPORT = "report.html"
+from headscope.apps.settings import CensusSettings
+from headscope.models.placement import threads
+from headscope.result import COLUMNS, model_slug
+from headscope.rundir.kinds import CENSUS
+from headscope.rundir.record import run_record
+from headscope.rundir.store import REPORT, check_out_dir, write_csv, write_run
 
 
 def default_out(model) -> Path:
@@ -55,9 +52,7 @@ def default_out(model) -> Path:
 
 def check_before_loading(settings: CensusSettings, out: str | Path, force: bool) -> Path:
     """What needs no model: ``OUT`` may be written, and spaCy is there when the syntax part runs."""
-    from headscope.rundir.store import check_out_dir
-
-    out = check_out_dir(out, force, formats=FORMATS)
+    out = check_out_dir(out, force, CENSUS)
     if "syntax" in settings.parts:
         from headscope.probes.parser import require_spacy
 
@@ -101,15 +96,19 @@ def census_to_dir(
     settings = settings or CensusSettings()
     out = Path(out) if out is not None else default_out(model_name)
     check_before_loading(settings, out, force)
-    if isinstance(model_name, str):
-        from headscope.models.loading import load_model
+    with threads(settings.threads):
+        if isinstance(model_name, str):
+            from headscope.models.loading import load_model
 
-        model = load_model(model_name, progress=say)
-    else:
-        model = model_name
-    return census(
-        model, out, settings, force=force, figures=figures, figure_formats=figure_formats, say=say
-    )
+            model = load_model(
+                model_name, device=settings.device, dtype=settings.dtype, progress=say
+            )
+        else:
+            model = model_name
+        return census(
+            model, out, settings, force=force, figures=figures, figure_formats=figure_formats,
+            say=say,
+        )  # fmt: skip
 
 
 def census(
@@ -127,7 +126,6 @@ def census(
     tokenizer without offsets, no ordinal set of single tokens) is one line, and nothing is left."""
     from headscope.apps.census_parts import PART_FNS, SEQUENCES_FILE, Context, per_sequence_table
     from headscope.probes.pairs import repeat_probe, text_probe
-    from headscope.rundir.store import check_out_dir
 
     settings = settings or CensusSettings()
     say = say or (lambda _m: None)
@@ -149,16 +147,14 @@ def census(
         timings[f"{part}_s"] = round(time.perf_counter() - t0, 3)
     frame = pd.DataFrame(scored)
     frame = frame[COLUMNS + [c for c in frame.columns if c not in COLUMNS]]
-    meta = run_metadata(model, st, ctx, timings, text, rep)
 
-    def build(tmp: Path) -> None:
-        t0 = time.perf_counter()
-        frame.to_csv(tmp / "scores.csv", index=False, float_format=FLOAT_FORMAT, na_rep="NaN")
+    def tables(tmp: Path) -> None:
+        write_csv(frame, tmp / "scores.csv")
         tables = dict(ctx.tables)
         if ctx.sequences:
             tables[SEQUENCES_FILE] = per_sequence_table(ctx.sequences)
         for name, table in tables.items():
-            table.to_csv(tmp / name, index=False, float_format=FLOAT_FORMAT, na_rep="NaN")
+            write_csv(table, tmp / name)
         for name, write in ctx.files.items():
             write(tmp / name)
         with open(tmp / "tokens.jsonl", "w") as f:
@@ -169,84 +165,27 @@ def census(
                         rec["repeat_len"] = p.repeat_len
                     f.write(json.dumps(rec) + "\n")
         (tmp / "summary.md").write_text("\n".join(ctx.summary) + "\n")
-        if figures:  # tables first; a figure that cannot be drawn costs only itself
-            optional(
-                "the figures",
-                lambda: save_census_figures(frame, tmp, figure_formats),
-                meta,
-                "figures_skipped",
-                say,
-            )
-        meta["timings"]["write_s"] = round(time.perf_counter() - t0, 3)
-        meta["timings"]["total_s"] = round(time.perf_counter() - started, 3)
-        meta["files"] = sorted([p.name for p in tmp.iterdir()] + ["metadata.json", REPORT])
-        _write_json(tmp / "metadata.json", meta)
-        optional(REPORT, lambda: write_page(tmp, figures), meta, "report_skipped", say)
-        if "report_skipped" in meta:
-            meta["files"] = [f for f in meta["files"] if f != REPORT]
-        _write_json(tmp / "metadata.json", meta)  # complete, and last
 
-    publish_dir(
+    record = run_record(
+        model,
+        st,
+        command="census",
+        probes={p.name: {**p.settings, "n_sequences": len(p)} for p in (text, rep)},
+        **ctx.meta,
+        timings=timings,
+    )
+    write_run(
         out,
-        build,
-        replace=force and (out.exists() or out.is_symlink()),
-        before_replace=lambda: check_out_dir(out, force=True, formats=FORMATS),
+        CENSUS,
+        tables,
+        record,
+        force=force,
+        figures=(lambda tmp: save_census_figures(frame, tmp, figure_formats)) if figures else None,
+        page=lambda tmp: write_page(tmp, figures),
+        say=say,
+        started=started,
     )
     return out
-
-
-def _write_json(path: Path, record: dict) -> None:
-    path.write_text(json.dumps(record, indent=1, default=str) + "\n")
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
-
-
-def run_metadata(model, settings: CensusSettings, ctx, timings: dict, text, rep) -> dict:
-    """Everything ``metadata.json`` records (``files`` and the write time are added last)."""
-    import torch
-
-    from headscope import __version__
-
-    source = {"kind": model.source.kind, **model.provenance}
-    if model.source.kind == "memory":
-        source["state_dict_sha256"] = model.fingerprint()
-    return {
-        "run_format": CENSUS_FORMAT,
-        "command": "census",
-        "model": model.name,
-        "source": source,
-        "n_layers": model.n_layers,
-        "n_heads": model.n_heads,
-        "n_kv_heads": model.n_kv_heads,
-        "causal": model.causal,
-        "special_tokens": {
-            "bos_or_cls": model.bos_id,
-            "separator": model.sep_id,
-            "pad": model.pad_id,
-        },
-        "settings": settings.record(),
-        "seed": settings.seed,
-        "probes": {p.name: {**p.settings, "n_sequences": len(p)} for p in (text, rep)},
-        **ctx.meta,
-        "device": str(model.device),
-        "dtype": str(model.dtype).replace("torch.", ""),
-        "threads": torch.get_num_threads(),
-        "versions": {
-            "headscope": __version__,
-            "torch": torch.__version__,
-            "transformers": _version("transformers"),
-            "transformer-lens": _version("transformer-lens"),
-            "spacy": _version("spacy"),
-            "python": platform.python_version(),
-        },
-        "timings": dict(timings),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
 
 
 def save_census_figures(

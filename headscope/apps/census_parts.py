@@ -28,7 +28,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from headscope.apps.census_settings import CensusSettings
+from headscope.apps.settings import CensusSettings
 from headscope.catalog import CENSUS, COPYING_K, EFFECTS, SYNTAX_MARGIN
 from headscope.errors import HeadscopeError
 from headscope.result import Probe, head_name

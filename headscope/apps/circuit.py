@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from headscope.apps.circuit_settings import CircuitConfig, configure
+from headscope.apps.settings import CircuitSettings
 from headscope.errors import HeadscopeError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -90,39 +90,23 @@ class CircuitResult:
         return [] if self.classes is None else heads_of(self.classes, cls)
 
 
-def tokenized(model, task, config: CircuitConfig):
-    """``(TokenizedTask, provenance)`` of what the user passed (as ``headscope.patch`` reads it)."""
-    from headscope.probes.kits import resolve_task
-    from headscope.probes.tasks import TokenizedTask
+def tokenized(model, task, config: CircuitSettings):
+    """The :class:`~headscope.probes.tasks.TokenizedTask` of what the user passed (as
+    ``headscope.patch`` reads it; a kit draws ``n_pairs`` or :data:`N_PAIRS`), its provenance
+    kept."""
+    from headscope.apps.settings import CIRCUIT_PAIRS as N_PAIRS
+    from headscope.probes.kits import tokenize_task
 
-    if isinstance(task, TokenizedTask):
-        tt, provenance = task, {"source": "tokenized in code"}
-        if config.metric is not None:
-            tt = TokenizedTask(
-                tt.name,
-                tt.clean,
-                tt.corrupt,
-                tt.answer,
-                tt.wrong,
-                tt.positions,
-                config.metric,
-                tt.info,
-            )
-    else:
-        from headscope.apps.circuit_settings import N_PAIRS
-
-        templates = list(config.templates) if config.templates is not None else None
-        t = resolve_task(
-            task, model, config.metric, config.n_pairs or N_PAIRS, config.seed, templates
-        )
-        tt, provenance = t.tokenize(model), dict(t.provenance)
-    return tt.subset(config.n_pairs), provenance
+    return tokenize_task(
+        task, model, config.metric, config.n_pairs, config.seed, config.templates,
+        draw=config.n_pairs or N_PAIRS,
+    )  # fmt: skip
 
 
 def circuit(
     model,
     task,
-    config: CircuitConfig | None = None,
+    config: CircuitSettings | None = None,
     *,
     evidence: pd.DataFrame | None = None,
     say: Callable[[str], None] | None = None,
@@ -130,19 +114,20 @@ def circuit(
 ) -> CircuitResult:
     """Path patching, composition and (IOI) head classes of ``model`` on ``task`` (see the module
     docstring). ``config`` or keyword ``settings`` (the fields of
-    :class:`~headscope.apps.circuit_settings.CircuitConfig`); ``evidence``: the scan scores of
+    :class:`~headscope.apps.settings.CircuitSettings`); ``evidence``: the scan scores of
     every head (``layer``, ``head``, ``induction``, ... :data:`~headscope.circuits.evidence.
     SCAN_EVIDENCE`), measured now when an IOI run needs them and none is given."""
 
-    from headscope.apps.patch import check_model, model_record
+    from headscope.apps.patch import check_model
     from headscope.circuits.receivers import Receiver, parse_head
     from headscope.effects.patch_table import baseline_table
     from headscope.effects.patching import make_batches
+    from headscope.rundir.record import run_record
 
-    config = configure(config, settings)
+    config = CircuitSettings.configure(config, settings)
     say = say or (lambda _m: None)
     check_model(model)
-    tt, provenance = tokenized(model, task, config)
+    tt = tokenized(model, task, config)
     batches = make_batches(tt, config.batch_size, model.pad_id)
     runner = _Runner(model, tt, batches, config, say)
     timings: dict[str, float] = {}
@@ -179,28 +164,23 @@ def circuit(
         agreement = agreement_of(path, composition, config)
     b, level, seed = config.bootstrap, config.ci, config.seed
     baseline = baseline_table(tt.name, tt.metric, runner.base, b, level, seed)
-    meta = {
-        "run_kind": "circuit",
-        "model": model.name,
-        "task": tt.name,
-        "task_provenance": provenance,
-        "metric": tt.metric,
-        "n_pairs": len(tt),
-        "n_layers": model.n_layers,
-        "n_heads": model.n_heads,
-        "receivers": list(dict.fromkeys(path["receiver"])),
-        "settings": config.record(),
-        "settings_changed": config.changed(),
-        "seed": config.seed,
-        "timings": timings,
-        "cost": {
+    meta = run_record(
+        model,
+        config,
+        run_kind="circuit",
+        task=tt.name,
+        task_provenance=tt.provenance,
+        metric=tt.metric,
+        n_pairs=len(tt),
+        receivers=list(dict.fromkeys(path["receiver"])),
+        timings=timings,
+        cost={
             "forwards": runner.cost.forwards,
             "full_forwards": round(runner.cost.full_forwards(len(tt), model.n_layers), 2),
             "one_at_a_time_full_forwards": 2 + 2 * runner.n_exact,
         },
-        "evidence": runner.evidence_source,
-        **model_record(model),
-    }
+        evidence=runner.evidence_source,
+    )
     return CircuitResult(
         tt.name,
         model.name,
@@ -223,7 +203,7 @@ def circuit(
 class _Runner:
     """Path patching of receivers as the run finds them, every result kept for the table."""
 
-    def __init__(self, model, tt, batches, config: CircuitConfig, say):
+    def __init__(self, model, tt, batches, config: CircuitSettings, say):
         from headscope.circuits.path_patching import Cost
 
         self.model, self.tt, self.batches, self.config, self.say = model, tt, batches, config, say
@@ -402,7 +382,7 @@ def _ioi(runner: _Runner, model, tt, batches, config, evidence, senders, say):
     return classify(ev, rules), evidence
 
 
-def _pair_interval(per_pair, config: CircuitConfig):
+def _pair_interval(per_pair, config: CircuitSettings):
     """The percentile interval over pairs of a per-pair mean (``[pair, layer, head]`` -> two
     ``[layer, head]`` arrays), resampled as every other interval of the run (``config.bootstrap``
     draws of the pairs, ``config.ci``, ``config.seed``); NaN with no bootstrap."""
@@ -455,7 +435,7 @@ def _below(senders, group):
     return [s for s in senders if s[0] < group.layer] or None
 
 
-def agreement_of(path, composition, config: CircuitConfig):
+def agreement_of(path, composition, config: CircuitSettings):
     """Per single head receiver: its senders' composition z (of the receiver's kind) against their
     |exact path effect| (:func:`headscope.circuits.agreement.agreement_table`)."""
     import pandas as pd

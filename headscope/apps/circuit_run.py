@@ -22,16 +22,13 @@ succeeds).
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from headscope.apps.circuit import CircuitResult
-from headscope.apps.circuit_settings import CircuitConfig, configure
+from headscope.apps.settings import CircuitSettings
 from headscope.errors import HeadscopeError, listening, setting
-from headscope.files import optional
-from headscope.result import FLOAT_FORMAT
 
 REPORT = "report.html"
 
@@ -46,74 +43,40 @@ def save_circuit(
     started: float | None = None,
     figure_formats: Sequence[str] | None = None,
 ) -> Path:
-    """Write ``result`` to the run directory ``out`` (module docstring), published whole; an
-    existing ``out`` is replaced only with ``force`` and only when it is a circuit run (or
-    empty)."""
-    from headscope.rundir.store import CIRCUIT_RUN_FORMAT, check_out_dir, publish_run
+    """Write ``result`` to the run directory ``out`` (module docstring), published whole
+    (:func:`headscope.rundir.store.write_run`); an existing ``out`` is replaced only with
+    ``force`` and only when it is a circuit run (or empty)."""
+    from headscope.rundir.kinds import CIRCUIT
+    from headscope.rundir.store import write_csv, write_run
 
-    out = check_out_dir(out, force, CIRCUIT_RUN_FORMAT)
-    t0 = time.perf_counter()
-    result.metadata = publish_run(
-        out,
-        force,
-        CIRCUIT_RUN_FORMAT,
-        lambda tmp: _write(result, tmp, figures, say, t0, started, figure_formats),
-    )
-    return out
+    def tables(tmp: Path) -> None:
+        write_csv(result.path, tmp / "path.csv")
+        write_csv(result.baseline, tmp / "baseline.csv")
+        for name in ("composition", "agreement", "classes"):
+            table = getattr(result, name)
+            if table is not None and len(table.columns):
+                write_csv(table, tmp / f"{name}.csv")
+        if result.per_pair.get("evidence") is not None:
+            write_csv(result.per_pair["evidence"], tmp / "evidence.csv")
+        result.tokens.write_jsonl(tmp / "tokens.jsonl")
 
+    def page(tmp: Path) -> None:
+        from headscope.report.circuit_page import write_circuit_page
 
-def _csv(table, path: Path) -> None:
-    table.to_csv(path, index=False, float_format=FLOAT_FORMAT, na_rep="NaN")
+        write_circuit_page(tmp, figures=figures)
 
-
-def _write(result, tmp: Path, figures, say, t0, started, figure_formats) -> dict:
-    from headscope.rundir.store import CIRCUIT_RUN_FORMAT
-
-    _csv(result.path, tmp / "path.csv")
-    _csv(result.baseline, tmp / "baseline.csv")
-    for name in ("composition", "agreement", "classes"):
-        table = getattr(result, name)
-        if table is not None and len(table.columns):
-            _csv(table, tmp / f"{name}.csv")
-    evidence = result.per_pair.get("evidence")
-    if evidence is not None:
-        _csv(evidence, tmp / "evidence.csv")
-    result.tokens.write_jsonl(tmp / "tokens.jsonl")
-    meta = {
-        k: v
-        for k, v in result.metadata.items()
-        if k not in ("figures_skipped", "report_skipped", "files")
-    }
     base = result.baseline.set_index("prompt")
-    meta.update(
-        run_format=CIRCUIT_RUN_FORMAT,
+    record = dict(
+        result.metadata,
         run_kind="circuit",
         baseline={p: base.loc[p].drop("task").to_dict() for p in base.index},
-        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     )
-    meta["settings"] = dict(meta.get("settings", {}))
-    meta["timings"] = dict(meta.get("timings", {}), write_s=round(time.perf_counter() - t0, 3))
-    if started is not None:
-        meta["timings"]["total_s"] = round(time.perf_counter() - started, 3)
-
-    def record() -> None:
-        meta["files"] = sorted(
-            {p.name for p in tmp.iterdir() if not p.name.startswith(".")} | {"metadata.json"}
-        )
-        (tmp / "metadata.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-
-    record()  # the tables and their record are complete before any figure is drawn
-    if figures:
-        optional(
-            "the figures",
-            lambda: _figures(result, tmp, figure_formats),
-            meta,
-            "figures_skipped",
-            say,
-        )
-    optional(REPORT, lambda: _page(tmp, figures), meta, "report_skipped", say)
-    record()
-    return meta
+    draw = (lambda tmp: _figures(result, tmp, figure_formats)) if figures else None
+    result.metadata = write_run(
+        out, CIRCUIT, tables, record, force=force, figures=draw, page=page, say=say,
+        started=started,
+    )  # fmt: skip
+    return Path(out)
 
 
 def _figures(result: CircuitResult, tmp: Path, formats) -> None:
@@ -139,57 +102,30 @@ def _figures(result: CircuitResult, tmp: Path, formats) -> None:
     )
 
 
-def _page(run_dir: Path, figures: bool) -> None:
-    from headscope.report.circuit_page import write_circuit_page
-
-    write_circuit_page(run_dir, figures=figures)
-
-
 def load_circuit(path: str | Path) -> CircuitResult:
     """Read a circuit run directory back (tables, tokens, metadata; no per-pair values)."""
-    import pandas as pd
-
     from headscope.probes.tasks import TokenizedTask
-    from headscope.rundir.store import CIRCUIT_RUN_FORMAT, read_metadata
+    from headscope.rundir.kinds import CIRCUIT
+    from headscope.rundir.store import read_record, read_table
 
     path = Path(path)
-    meta = read_metadata(path)
-    if (
-        meta is None
-        or meta.get("run_format") != CIRCUIT_RUN_FORMAT
-        or not (path / "path.csv").is_file()
-    ):
-        raise HeadscopeError(
-            f"'{path}' is not a headscope circuit run (no path.csv with its metadata.json); give "
-            "a folder written by `headscope circuit`."
-        )
-
-    def read(name: str, str_cols=()):
-        if not (path / name).is_file():
-            return None
-        return pd.read_csv(
-            path / name,
-            keep_default_na=False,
-            na_values=["NaN", "nan", ""],
-            dtype={c: str for c in str_cols},
-        )
-
+    meta = read_record(path, CIRCUIT)
     tokens = TokenizedTask.read_jsonl(path / "tokens.jsonl", meta.get("task", ""), meta["metric"])
-    classes = read("classes.csv", ("class", "rule"))
+    classes = read_table(path, "classes.csv", ("class", "rule"))
     if classes is not None:
         classes[["class", "rule"]] = classes[["class", "rule"]].fillna("")
     return CircuitResult(
         meta.get("task", ""),
         meta.get("model", ""),
         meta.get("metric", ""),
-        read("path.csv", ("receiver_position",)),
-        read("baseline.csv", ("prompt",)),
-        read("composition.csv"),
-        read("agreement.csv", ("top_composition", "top_path")),
+        read_table(path, "path.csv", ("receiver_position",)),
+        read_table(path, "baseline.csv", ("prompt",)),
+        read_table(path, "composition.csv"),
+        read_table(path, "agreement.csv", ("top_composition", "top_path")),
         classes,
         tokens,
         meta,
-        {"evidence": read("evidence.csv")},
+        {"evidence": read_table(path, "evidence.csv")},
     )
 
 
@@ -197,7 +133,7 @@ def circuit_to_dir(
     model_name,
     task,
     out: str | Path,
-    config: CircuitConfig | None = None,
+    config: CircuitSettings | None = None,
     *,
     scan: str | Path | None = None,
     tokenizer=None,
@@ -218,21 +154,23 @@ def circuit_to_dir(
     import os
 
     from headscope.apps.circuit import circuit, tokenized
-    from headscope.apps.patch import _threads, check_model, check_same_model, scan_scores
+    from headscope.apps.patch import check_model, check_same_model, scan_scores
     from headscope.circuits.evidence import scores_evidence
     from headscope.circuits.path_patching import check_paths
     from headscope.circuits.receivers import Receiver, parse_head
     from headscope.models.loading import load_model
+    from headscope.models.placement import threads
     from headscope.models.sources import resolve
     from headscope.probes.kits import check_task
-    from headscope.rundir.store import CIRCUIT_RUN_FORMAT, check_out_dir
+    from headscope.rundir.kinds import CIRCUIT
+    from headscope.rundir.store import check_out_dir
 
     t_start = time.perf_counter()
-    config = configure(config, settings)
+    config = CircuitSettings.configure(config, settings)
     say = say or (lambda _m: None)
     out = Path(out)
     with listening(say):
-        check_out_dir(out, force, CIRCUIT_RUN_FORMAT)
+        check_out_dir(out, force, CIRCUIT)
         checked = check_task(task)
         if not isinstance(checked, str) and config.templates:
             raise HeadscopeError(
@@ -242,8 +180,7 @@ def circuit_to_dir(
         if isinstance(model_name, (str, os.PathLike)):
             resolve(str(model_name))  # a typo is answered before any loading
         with contextlib.ExitStack() as stack:
-            if config.threads is not None:
-                stack.enter_context(_threads(config.threads))
+            stack.enter_context(threads(config.threads))
             t0 = time.perf_counter()
             model = load_model(
                 model_name, tokenizer, device=config.device, dtype=config.dtype, progress=say
@@ -252,7 +189,7 @@ def circuit_to_dir(
             check_model(model)
             if scan_meta is not None:
                 check_same_model(model, scan_meta, scan)
-            tt, _ = tokenized(model, checked, config)  # the task's own checks, before any forward
+            tt = tokenized(model, checked, config)  # the task's own checks, before any forward
             receivers = [Receiver.parse(r) for r in config.receivers]
             senders = [parse_head(s) for s in config.senders]
             if receivers:  # heads, kinds, sender order and positions, before any forward

@@ -33,10 +33,9 @@ from collections.abc import Callable, Sequence
 import pandas as pd
 import torch
 
-from headscope.apps.plan_settings import PlanSettings
-from headscope.engines import kernel
+from headscope.apps.settings import PlanSettings
+from headscope.engines.fused import Restricted  # noqa: F401 - notebooks and benchmarks use it here
 from headscope.errors import HeadscopeError
-from headscope.models.attention import AttentionCall
 
 HeadSet = frozenset  # of (layer, head)
 DEFAULT_SETTINGS = PlanSettings()  # frozen, so one shared instance is a safe default
@@ -126,44 +125,6 @@ def kv_saving(
 
 
 # ------------------------------------------------------------------------------ running restricted
-
-
-class Restricted:
-    """An attention handler: the heads of ``heads`` (layer, head) see only keys ``k < sinks`` and
-    ``q - window < k <= q``. On the CPU kernel their key tiles outside that band are skipped;
-    elsewhere (a GPU, an additive mask) they get a per-head mask and the model's own attention."""
-
-    def __init__(self, heads: HeadSet, n_heads: int, sinks: int, window: int):
-        self.sinks, self.window = sinks, window
-        self.by_layer: dict[int, torch.Tensor] = {}
-        for layer, head in heads:
-            self.by_layer.setdefault(layer, torch.zeros(n_heads, dtype=torch.bool))[head] = True
-
-    def __call__(self, call: AttentionCall) -> torch.Tensor:
-        heads = self.by_layer.get(call.layer)
-        if heads is None:
-            return call.output()
-        if kernel.supports(call.query, call.mask) and not call.extras:
-            out, _ = kernel.attention(
-                call.query,
-                call.key,
-                call.value,
-                call.mask,
-                call.scale,
-                call.causal,
-                {},
-                band=(self.sinks, self.window),
-                restrict=heads,
-            )
-            return out.transpose(1, 2).contiguous()
-        b, h, n_q, n_k = call.shape
-        base = call.full_mask().expand(b, h, n_q, n_k)
-        pos = torch.arange(n_q, device=call.query.device) + (n_k - n_q)
-        k = torch.arange(n_k, device=call.query.device)
-        band = (k[None, :] < self.sinks) | (pos[:, None] - k[None, :] < self.window)  # [query, key]
-        mask = base.clone()
-        mask[:, heads.to(mask.device)] &= band
-        return call.with_mask(mask).output()
 
 
 def text_losses(model, texts: Sequence[Sequence[int]], handler) -> tuple[list[float], list[int]]:
@@ -831,10 +792,6 @@ def markdown(df: pd.DataFrame, settings: PlanSettings, model_name: str, plans: d
     return "\n".join(lines) + "\n"
 
 
-FILES = ("kvplan.csv", "kvplan.md", "kvplan.json", "kvplan.png")
-ALL_FILES = FILES + ("kvplan.svg", "kvplan.pdf")  # with --figure-format svg / pdf
-
-
 def save(
     df: pd.DataFrame,
     out,
@@ -844,34 +801,33 @@ def save(
     meta: dict,
     say: Callable[[str], None] | None = None,
     figure_formats=("png",),
-) -> None:
-    """kvplan.csv, kvplan.md and kvplan.json, then kvplan.png (and .svg / .pdf, as
-    ``figure_formats`` says), into the folder ``out``. A figure that cannot be drawn is noted in
-    kvplan.json (``figures_skipped``) and costs nothing else."""
-    import json
+    force: bool = False,
+) -> dict:
+    """The plan's folder ``out``, written whole (:func:`headscope.rundir.store.write_run`):
+    kvplan.csv, kvplan.md and its record kvplan.json, then kvplan.png (and .svg / .pdf, as
+    ``figure_formats`` says). A figure that cannot be drawn is noted in kvplan.json
+    (``figures_skipped``) and costs nothing else. Returns the record."""
     from pathlib import Path
 
-    from headscope.files import optional, save_figure
+    from headscope.files import save_figure
+    from headscope.rundir.kinds import KVPLAN
+    from headscope.rundir.store import write_run
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out / "kvplan.csv", index=False)
-    (out / "kvplan.md").write_text(markdown(df, settings, model_name, plans))
+    def tables(tmp: Path) -> None:
+        df.to_csv(tmp / "kvplan.csv", index=False)
+        (tmp / "kvplan.md").write_text(markdown(df, settings, model_name, plans))
+
+    def draw(tmp: Path) -> None:
+        fig = figure(df, model_name, settings.seq_len)
+        save_figure(fig, tmp / "kvplan.png", formats=figure_formats)
+
     record = {
         "model": model_name,
-        "settings": {
-            k: (list(v) if isinstance(v, tuple) else v) for k, v in settings.__dict__.items()
-        },
+        "settings": settings.record(),
         "plans": plans,
         **meta,
     }
-
-    def draw():
-        fig = figure(df, model_name, settings.seq_len)
-        return save_figure(fig, out / "kvplan.png", formats=figure_formats)
-
-    optional("kvplan.png", draw, record, "figures_skipped", say)
-    (out / "kvplan.json").write_text(json.dumps(record, indent=1, default=str))
+    return write_run(Path(out), KVPLAN, tables, record, force=force, figures=draw, say=say)
 
 
 def plan_to_dir(
@@ -889,12 +845,19 @@ def plan_to_dir(
     one is complete). Everything that can be refused is refused before the first forward pass.
     ``figure_formats``: the plan's figure (and, with a MODEL, the scan's) as png, svg and/or pdf.
     Returns ``(table, folder)``."""
+    from headscope.models.placement import threads
+
+    with threads(settings.threads):
+        return _plan_to_dir(source, out, settings, force, say, figure_formats)
+
+
+def _plan_to_dir(source, out, settings: PlanSettings, force, say, figure_formats):
     from pathlib import Path
 
     from headscope.files import figure_formats as check_figure_formats
-    from headscope.files import publish_dir
     from headscope.models.loading import load_model
-    from headscope.rundir.store import KVPLAN, is_kvplan_dir, is_run_dir, load_run
+    from headscope.rundir.kinds import KVPLAN
+    from headscope.rundir.store import KVPLAN_DIR, check_out_dir, is_run_dir, load_run
     from headscope.scanner.runner import scan_to_dir
 
     say = say or (lambda _m: None)
@@ -920,21 +883,17 @@ def plan_to_dir(
         run_dir = (
             Path(out) if out is not None else Path("runs") / f"{src.name.replace('/', '-')}-long"
         )
-    target = run_dir / KVPLAN
-    if target.exists() or target.is_symlink():
-        if not force:
-            raise HeadscopeError(f"'{target}' already exists; pass --force to replace that plan.")
-        if not is_kvplan_dir(target):
-            raise HeadscopeError(f"'{target}' holds files headscope did not write; move it first.")
+    target = check_out_dir(run_dir / KVPLAN_DIR, force, KVPLAN)
     if from_run:
         result = load_run(run_dir)
         ranking(result.scores)  # a run without streaming scores is refused before the model loads
-        model = load_model(result.metadata.get("model") or result.model_name, progress=say)
+        name = result.metadata.get("model") or result.model_name
+        model = load_model(name, device=settings.device, dtype=settings.dtype, progress=say)
         # what the plan needs, refused before any forward pass
         inputs = plan_inputs(model, settings)
     else:
         config = settings.scan_config()
-        model = load_model(source, progress=say)
+        model = load_model(source, device=settings.device, dtype=settings.dtype, progress=say)
         # refused here, before the scan writes its run directory
         inputs = plan_inputs(model, settings)
         result = scan_to_dir(
@@ -943,18 +902,5 @@ def plan_to_dir(
     df = kv_plan(model, result.scores, settings, say=say, inputs=inputs)
     plans = plan_heads(result.scores, settings.budgets)
     meta = {"run": str(run_dir), "model_provenance": model.provenance}
-    publish_dir(
-        target,
-        lambda tmp: save(df, tmp, settings, model.name, plans, meta, say, figure_formats),
-        replace=force,
-        before_replace=lambda: is_kvplan_dir(target) or _foreign(target),
-    )
+    save(df, target, settings, model.name, plans, meta, say, figure_formats, force=force)
     return df, target
-
-
-def _foreign(target) -> None:
-    raise HeadscopeError(
-        f"'{target}' changed while the plan ran and now holds files headscope did "
-        "not write; "
-        "nothing was replaced."
-    )

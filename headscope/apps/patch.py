@@ -40,204 +40,27 @@ Importing this module loads no torch (``headscope patch --help`` is instant); th
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import platform
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from headscope.effects.settings import (
-    PATCH_ACTIVATIONS,
-    PATCH_DIRECTIONS,
-    PATCH_ESTIMATORS,
-    PATCH_KV_MODES,
-)
-from headscope.errors import HeadscopeError, at_least, did_you_mean, listening, setting
-from headscope.files import optional
-from headscope.models.sources import check_dtype
-from headscope.probes.kits import N_PAIRS
-from headscope.probes.tasks import END, METRICS
-from headscope.result import FLOAT_FORMAT
-from headscope.scanner.config import opt
-from headscope.uncertainty import check as check_bootstrap
+from headscope.apps.settings import PatchSettings
+from headscope.effects.settings import PATCH_KV_MODES
+from headscope.errors import HeadscopeError, did_you_mean, listening, setting
+from headscope.probes.tasks import END
 
 if TYPE_CHECKING:  # pragma: no cover - pandas is imported where a table is made or read
     import pandas as pd
 
-KV_MODE_CHOICES = ("both", *PATCH_KV_MODES)
 TOP_SHARE, TOP_MIN = 0.1, 10
-#: The tables of a patching run, written before any figure.
-TABLES = (
-    "patching.csv",
-    "baseline.csv",
-    "dla.csv",
-    "tokens.jsonl",
-    "pattern_scores.csv",
-    "metadata.json",
-)
-REPORT = "report.html"
 #: Scan scores shown beside each head's effect (those the scan has).
 PATTERN_SCORES = ("induction", "previous_token", "duplicate_token", "sink", "copying")
 
 
-@dataclass(frozen=True)
-class PatchConfig:
-    """Everything a patching run is made with but the model and the task (and, for the run
-    directory, where it goes and which scan it is read beside)."""
-
-    activations: tuple = opt(
-        ("z",),
-        "What to patch, comma-separated: z (each head's output, the input of "
-        "the output projection), q, k, v, pattern.",
-        kind="csv",
-        choices=PATCH_ACTIVATIONS,
-    )
-    positions: tuple = opt(
-        ("all",),
-        "Where, comma-separated: all (every position at once), each (one "
-        "position at a time: the layer x head x position grid), named (the "
-        "task's named positions and END), or names such as END,S2.",
-        kind="csv",
-    )
-    directions: tuple = opt(
-        PATCH_DIRECTIONS,
-        "denoising (clean into corrupt: share of the gap restored) "
-        "and/or noising (corrupt into clean: share destroyed).",
-        kind="csv",
-        choices=PATCH_DIRECTIONS,
-    )
-    estimator: str = opt(
-        "auto",
-        "auto (attribution for every head, exact patching for the top ones), "
-        "exact, attribution (a first-order estimate, labelled so) or both.",
-        choices=PATCH_ESTIMATORS,
-    )
-    kv_mode: str = opt(
-        "both",
-        "k/v of grouped-query models: group (patch the KV head: every query head "
-        "sharing it sees the change), head (only what one query head reads) or both.",
-        choices=KV_MODE_CHOICES,
-    )
-    metric: str | None = opt(
-        None,
-        "Read at the last position: logit_diff (logit[answer] - logit[wrong]), "
-        "prob (of the answer) or loss (of the answer). [default: the task's, "
-        "logit_diff for kits and files]",
-        choices=METRICS,
-    )
-    n_pairs: int | None = opt(
-        None,
-        f"Pairs: drawn from a kit, or the first N of a file. [default: {N_PAIRS} "
-        "from a kit, every pair of a file]",
-    )
-    templates: tuple | None = opt(
-        None,
-        "A kit's templates to draw from, comma-separated indices (one "
-        "template: every pair has one length, as positions=each needs). "
-        "[default: all]",
-        kind="csv",
-    )
-    seed: int = opt(0, "Seed of a kit's pairs and of the bootstrap.")
-    bootstrap: int = opt(1000, "Resamples of the pairs for every interval (0: none).")
-    ci: float = opt(0.95, "Coverage of the intervals.")
-    batch_size: int = opt(32, "Pairs per forward pass.")
-    dla: bool = opt(True, "Also every head's direct logit attribution at the last position.")
-    device: str = opt("auto", "auto, cpu, cuda, cuda:N or mps.")
-    dtype: str | None = opt(
-        None, "Model weights dtype: float32, bfloat16 or float16. [default: float32]"
-    )
-    threads: int | None = opt(None, "CPU threads for torch. [default: torch's choice]")
-
-    def __post_init__(self) -> None:
-        def put(name, value):
-            object.__setattr__(self, name, value)
-
-        for name in ("activations", "positions", "directions"):
-            value = getattr(self, name)
-            items = value.split(",") if isinstance(value, str) else list(value)
-            put(name, tuple(dict.fromkeys(str(v).strip() for v in items if str(v).strip())))
-        for name in ("estimator", "kv_mode"):
-            put(name, str(getattr(self, name)).strip().lower())
-        put("templates", template_indices(self.templates))
-        self._check()
-
-    def _check(self) -> None:
-        for name, allowed in (("activations", PATCH_ACTIVATIONS), ("directions", PATCH_DIRECTIONS)):
-            values = getattr(self, name)
-            if not values:
-                raise HeadscopeError(
-                    f"{setting(name)} is empty; give one or more of {', '.join(allowed)}."
-                )
-            for v in values:
-                if v not in allowed:
-                    raise HeadscopeError(
-                        f"Unknown {name[:-1]} '{v}' ({setting(name)}).{did_you_mean(v, allowed)} "
-                        f"Use {', '.join(allowed)}."
-                    )
-        if not self.positions:
-            raise HeadscopeError(
-                f"{setting('positions')} is empty; give all, each, named or position names."
-            )
-        for name, allowed in (("estimator", PATCH_ESTIMATORS), ("kv_mode", KV_MODE_CHOICES)):
-            value = getattr(self, name)
-            if value not in allowed:
-                raise HeadscopeError(
-                    f"Unknown {setting(name)} '{value}'.{did_you_mean(value, allowed)} "
-                    f"Use one of {', '.join(allowed)}."
-                )
-        if self.metric is not None and self.metric not in METRICS:
-            raise HeadscopeError(
-                f"Unknown {setting('metric')} '{self.metric}'."
-                f"{did_you_mean(self.metric, METRICS)} "
-                f"Use one of {', '.join(METRICS)}."
-            )
-        for name in ("n_pairs", "batch_size", "threads"):
-            at_least(name, getattr(self, name))
-        check_bootstrap(self.bootstrap, self.ci)
-        check_dtype(self.dtype)
-
-    def record(self) -> dict:
-        """The settings as saved in ``metadata.json``."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
-
-    def changed(self) -> dict:
-        """The recorded settings that differ from their defaults."""
-        default = PatchConfig().record()
-        return {k: v for k, v in self.record().items() if v != default[k]}
-
-    @classmethod
-    def settings(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
-
-
-def template_indices(value) -> tuple[int, ...] | None:
-    """A kit's ``templates`` setting (``"0,3"`` or a sequence) as indices, or one line."""
-    if value is None:
-        return None
-    items = value.split(",") if isinstance(value, str) else list(value)
-    try:
-        return tuple(int(t) for t in items if str(t).strip())
-    except (TypeError, ValueError):
-        raise HeadscopeError(
-            f"{setting('templates')} are template indices such as 0,3; got {value!r}."
-        ) from None
-
-
-def configure(config: PatchConfig | None, settings: dict) -> PatchConfig:
-    """``config`` with the keyword ``settings`` of the Python API applied (checked once)."""
-    unknown = [k for k in settings if k not in PatchConfig.settings()]
-    if unknown:
-        raise HeadscopeError(
-            f"Unknown setting '{unknown[0]}'.{did_you_mean(unknown[0], PatchConfig.settings())} "
-            f"Settings: {', '.join(PatchConfig.settings())}."
-        )
-    settings = {k: (tuple(v) if isinstance(v, list) else v) for k, v in settings.items()}
-    if config is None:
-        return PatchConfig(**settings)
-    return replace(config, **settings) if settings else config
+PatchConfig = PatchSettings  # the name it had
 
 
 # ------------------------------------------------------------------------------ the result
@@ -312,7 +135,7 @@ def check_model(model) -> None:
 def patch(
     model,
     task,
-    config: PatchConfig | None = None,
+    config: PatchSettings | None = None,
     *,
     say: Callable[[str], None] | None = None,
     **settings,
@@ -320,9 +143,10 @@ def patch(
     """Patch every head of ``model`` on ``task`` (a :class:`~headscope.probes.tasks.Task`, a
     :class:`~headscope.probes.tasks.TokenizedTask`, a kit name or a ``.jsonl`` / ``.tsv`` file).
 
-    ``config`` (a :class:`PatchConfig`) or keyword ``settings`` (its fields: ``activations``,
-    ``positions``, ``directions``, ``estimator``, ``kv_mode``, ``metric``, ``n_pairs``, ``seed``,
-    ``bootstrap``, ...) say what is patched and how; ``say`` hears progress lines.
+    ``config`` (a :class:`~headscope.apps.settings.PatchSettings`) or keyword ``settings`` (its
+    fields: ``activations``, ``positions``, ``directions``, ``estimator``, ``kv_mode``,
+    ``metric``, ``n_pairs``, ``seed``, ``bootstrap``, ...) say what is patched and how; ``say``
+    hears progress lines.
     """
     import torch
 
@@ -336,31 +160,14 @@ def patch(
         make_batches,
         n_units,
     )
-    from headscope.probes.kits import resolve_task
-    from headscope.probes.tasks import TokenizedTask
+    from headscope.probes.kits import tokenize_task
+    from headscope.rundir.record import run_record
 
-    config = configure(config, settings)
+    config = PatchSettings.configure(config, settings)
     say = say or (lambda _m: None)
     timings: dict[str, float] = {}
     check_model(model)
-    if isinstance(task, TokenizedTask):
-        tt, provenance = task, {"source": "tokenized in code"}
-        if config.metric is not None:
-            tt = TokenizedTask(
-                tt.name,
-                tt.clean,
-                tt.corrupt,
-                tt.answer,
-                tt.wrong,
-                tt.positions,
-                config.metric,
-                tt.info,
-            )
-    else:
-        templates = list(config.templates) if config.templates is not None else None
-        t = resolve_task(task, model, config.metric, config.n_pairs, config.seed, templates)
-        tt, provenance = t.tokenize(model), dict(t.provenance)
-    tt = tt.subset(config.n_pairs)
+    tt = tokenize_task(task, model, config.metric, config.n_pairs, config.seed, config.templates)
     pos = _positions(config.positions, tt)
     kinds, dirs, est = list(config.activations), list(config.directions), config.estimator
     gqa = model.n_kv_heads < model.n_heads
@@ -462,21 +269,18 @@ def patch(
         "clean": model.str_tokens(tt.clean[0]),
         "corrupt": model.str_tokens(tt.corrupt[0]),
     }
-    meta = {
-        "run_kind": "patching",
-        "model": model.name,
-        "task": tt.name,
-        "task_provenance": provenance,
-        "metric": tt.metric,
-        "n_pairs": n,
-        "positions_run": pos,
-        "gqa_group": model.n_heads // model.n_kv_heads,
-        "settings": config.record(),
-        "settings_changed": config.changed(),
-        "seed": config.seed,
-        "timings": timings,
-        **model_record(model),
-    }
+    meta = run_record(
+        model,
+        config,
+        run_kind="patching",
+        task=tt.name,
+        task_provenance=tt.provenance,
+        metric=tt.metric,
+        n_pairs=n,
+        positions_run=pos,
+        gqa_group=model.n_heads // model.n_kv_heads,
+        timings=timings,
+    )
     return PatchResult(
         tt.name,
         model.name,
@@ -489,42 +293,6 @@ def patch(
         meta,
         {"m_clean": base["clean"], "m_corrupt": base["corrupt"], "m_patched": matrix},
     )
-
-
-def model_record(model) -> dict:
-    """What ``metadata.json`` records about the model and where it ran (as a scan's does)."""
-    import torch
-
-    source = {"kind": model.source.kind, **model.provenance}
-    if model.source.kind == "memory":  # no weights file to hash: the weights themselves
-        source["state_dict_sha256"] = model.fingerprint()
-    return {
-        "source": source,
-        "n_layers": model.n_layers,
-        "n_heads": model.n_heads,
-        "n_kv_heads": model.n_kv_heads,
-        "d_head": model.d_head,
-        "causal": model.causal,
-        "device": str(model.device),
-        "dtype": str(model.dtype).replace("torch.", ""),
-        "threads": torch.get_num_threads(),
-        "versions": versions(),
-    }
-
-
-def versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    from headscope import __version__
-
-    out = {"headscope": __version__}
-    for dist in ("torch", "transformers", "transformer-lens"):
-        try:
-            out[dist] = version(dist)
-        except PackageNotFoundError:
-            out[dist] = None
-    out["python"] = platform.python_version()
-    return out
 
 
 # ------------------------------------------------------------------------------ beside a scan
@@ -554,8 +322,10 @@ def scan_scores(run_dir: str | Path) -> tuple[pd.DataFrame, dict]:
 
 def check_same_model(model, scan_meta: dict, run_dir) -> None:
     """Refuse a scan of another model (its weights' sha256, else its name, and its shape)."""
+    from headscope.rundir.record import source_record
+
     src = scan_meta.get("source") or {}
-    mine = model_record_light(model)
+    mine = source_record(model)
     shape = (scan_meta.get("n_layers"), scan_meta.get("n_heads"))
     if shape != (model.n_layers, model.n_heads):
         raise HeadscopeError(
@@ -578,13 +348,6 @@ def check_same_model(model, scan_meta: dict, run_dir) -> None:
         )
 
 
-def model_record_light(model) -> dict:
-    out = dict(model.provenance)
-    if model.source.kind == "memory":
-        out["state_dict_sha256"] = model.fingerprint()
-    return out
-
-
 # ------------------------------------------------------------------------------ the run directory
 
 
@@ -598,141 +361,62 @@ def save_patching(
     started: float | None = None,
     figure_formats: Sequence[str] | None = None,
 ) -> Path:
-    """Write ``result`` to the run directory ``out`` (see the module docstring), published whole;
-    an existing ``out`` is replaced only with ``force`` and only when it is a patching run (or
-    empty). ``figure_formats``: each figure as png (the default), svg and/or pdf.
-    ``result.metadata`` becomes what was saved."""
-    from headscope.rundir.store import PATCH_RUN_FORMAT, check_out_dir, publish_run
+    """Write ``result`` to the run directory ``out`` (see the module docstring), published whole
+    (:func:`headscope.rundir.store.write_run`); an existing ``out`` is replaced only with ``force``
+    and only when it is a patching run (or empty). ``figure_formats``: each figure as png (the
+    default), svg and/or pdf. ``result.metadata`` becomes what was saved."""
+    from headscope.report.patching import save_patch_figures
+    from headscope.rundir.kinds import PATCH
+    from headscope.rundir.store import write_csv, write_run
 
-    out = check_out_dir(out, force, PATCH_RUN_FORMAT)
-    t0 = time.perf_counter()
-    result.metadata = publish_run(
-        out,
-        force,
-        PATCH_RUN_FORMAT,
-        lambda tmp: _write(result, tmp, figures, say, t0, started, figure_formats),
-    )
-    return out
+    def tables(tmp: Path) -> None:
+        write_csv(result.table, tmp / "patching.csv")
+        write_csv(result.baseline, tmp / "baseline.csv")
+        for name in ("dla", "pattern_scores"):
+            if getattr(result, name) is not None:
+                write_csv(getattr(result, name), tmp / f"{name}.csv")
+        result.tokens.write_jsonl(tmp / "tokens.jsonl")
 
-
-def _write(
-    result: PatchResult,
-    tmp: Path,
-    figures: bool,
-    say,
-    t0: float,
-    started: float | None,
-    figure_formats: Sequence[str] | None = None,
-) -> dict:
-    from headscope.rundir.store import PATCH_RUN_FORMAT
-
-    tt = result.tokens
-    result.table.to_csv(tmp / "patching.csv", index=False, float_format=FLOAT_FORMAT, na_rep="NaN")
-    result.baseline.to_csv(
-        tmp / "baseline.csv", index=False, float_format=FLOAT_FORMAT, na_rep="NaN"
-    )
-    if result.dla is not None:
-        result.dla.to_csv(tmp / "dla.csv", index=False, float_format=FLOAT_FORMAT, na_rep="NaN")
-    if result.pattern_scores is not None:
-        result.pattern_scores.to_csv(
-            tmp / "pattern_scores.csv", index=False, float_format=FLOAT_FORMAT, na_rep="NaN"
+    def draw(tmp: Path) -> None:
+        tokens = result.example.get("clean")
+        save_patch_figures(
+            result.table, result.dla, tmp, model=result.model, tokens=tokens, formats=figure_formats
         )
-    tt.write_jsonl(tmp / "tokens.jsonl")
-    meta = {
-        k: v
-        for k, v in result.metadata.items()
-        if k not in ("figures_skipped", "report_skipped", "files")
-    }
+
+    def page(tmp: Path) -> None:
+        from headscope.report.patch_page import patch_page_html
+
+        run = load_patching(tmp)
+        html = patch_page_html(
+            run.table, run.baseline, run.dla, run.metadata, run.pattern_scores, figures=figures
+        )
+        (tmp / "report.html").write_text(html, encoding="utf-8")
+
     base = result.baseline.set_index("prompt")
-    meta.update(
-        run_format=PATCH_RUN_FORMAT,
+    record = dict(
+        result.metadata,
         run_kind="patching",
         model=result.model,
         task=result.task,
         metric=result.metric,
         example=result.example,
         baseline={p: base.loc[p].drop("task").to_dict() for p in base.index},
-        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     )
-    meta["timings"] = dict(meta.get("timings", {}), write_s=round(time.perf_counter() - t0, 3))
-    if started is not None:
-        meta["timings"]["total_s"] = round(time.perf_counter() - started, 3)
-
-    def record() -> None:
-        meta["files"] = sorted(p.name for p in tmp.iterdir() if not p.name.startswith("."))
-        if "metadata.json" not in meta["files"]:
-            meta["files"] = sorted([*meta["files"], "metadata.json"])
-        (tmp / "metadata.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-
-    record()  # the tables and their record are complete before any figure is drawn
-    if figures:
-        optional(
-            "the figures",
-            lambda: _figures(result, tmp, figure_formats),
-            meta,
-            "figures_skipped",
-            say,
-        )
-    optional(REPORT, lambda: _page(tmp, figures), meta, "report_skipped", say)
-    record()
-    return meta
-
-
-def _figures(result: PatchResult, tmp: Path, formats: Sequence[str] | None = None) -> None:
-    from headscope.report.patching import save_patch_figures
-
-    save_patch_figures(
-        result.table,
-        result.dla,
-        tmp,
-        model=result.model,
-        tokens=result.example.get("clean"),
-        formats=formats,
-    )
-
-
-def _page(run_dir: Path, figures: bool) -> None:
-    from headscope.report.patch_page import patch_page_html
-
-    run = load_patching(run_dir)
-    (run_dir / REPORT).write_text(
-        patch_page_html(
-            run.table, run.baseline, run.dla, run.metadata, run.pattern_scores, figures=figures
-        ),
-        encoding="utf-8",
-    )
+    result.metadata = write_run(
+        out, PATCH, tables, record, force=force, figures=draw if figures else None, page=page,
+        say=say, started=started,
+    )  # fmt: skip
+    return Path(out)
 
 
 def load_patching(path: str | Path) -> PatchResult:
     """Read a patching run directory back (tables, tokens, metadata; no per-pair values)."""
-    import pandas as pd
-
     from headscope.probes.tasks import TokenizedTask
-    from headscope.rundir.store import PATCH_RUN_FORMAT, read_metadata
+    from headscope.rundir.kinds import PATCH
+    from headscope.rundir.store import read_record, read_table
 
     path = Path(path)
-    meta = read_metadata(path)
-    if (
-        meta is None
-        or meta.get("run_format") != PATCH_RUN_FORMAT
-        or not (path / "patching.csv").is_file()
-    ):
-        raise HeadscopeError(
-            f"'{path}' is not a headscope patching run (no patching.csv with its metadata.json); "
-            "give a folder written by `headscope patch`."
-        )
-
-    def read(name: str, str_cols=()) -> pd.DataFrame | None:
-        if not (path / name).is_file():
-            return None
-        return pd.read_csv(
-            path / name,
-            keep_default_na=False,
-            na_values=["NaN", "nan", ""],
-            dtype={c: str for c in str_cols},
-        )
-
-    table = read("patching.csv", ("position", "query_heads", "head_name"))
+    meta = read_record(path, PATCH)
     tokens = None
     if (path / "tokens.jsonl").is_file():
         name, metric = meta.get("task", ""), meta.get("metric", "logit_diff")
@@ -741,14 +425,14 @@ def load_patching(path: str | Path) -> PatchResult:
         meta.get("task", ""),
         meta.get("model", ""),
         meta.get("metric", ""),
-        table,
-        read("baseline.csv", ("prompt",)),
-        read("dla.csv", ("head_name",)),
+        read_table(path, "patching.csv", ("position", "query_heads", "head_name")),
+        read_table(path, "baseline.csv", ("prompt",)),
+        read_table(path, "dla.csv", ("head_name",)),
         tokens,
         meta.get("example", {}),
         meta,
         {},
-        read("pattern_scores.csv", ("head_name", "label")),
+        read_table(path, "pattern_scores.csv", ("head_name", "label")),
     )
 
 
@@ -756,7 +440,7 @@ def patch_to_dir(
     model_name,
     task,
     out: str | Path,
-    config: PatchConfig | None = None,
+    config: PatchSettings | None = None,
     *,
     scan: str | Path | None = None,
     tokenizer=None,
@@ -776,16 +460,18 @@ def patch_to_dir(
     import os
 
     from headscope.models.loading import load_model
+    from headscope.models.placement import threads
     from headscope.models.sources import resolve
     from headscope.probes.kits import check_task
-    from headscope.rundir.store import PATCH_RUN_FORMAT, check_out_dir
+    from headscope.rundir.kinds import PATCH
+    from headscope.rundir.store import check_out_dir
 
     t_start = time.perf_counter()
-    config = configure(config, settings)
+    config = PatchSettings.configure(config, settings)
     say = say or (lambda _m: None)
     out = Path(out)
     with listening(say):
-        check_out_dir(out, force, PATCH_RUN_FORMAT)
+        check_out_dir(out, force, PATCH)
         checked = check_task(task)
         if not isinstance(checked, str) and config.templates:
             raise HeadscopeError(
@@ -796,8 +482,7 @@ def patch_to_dir(
         if not in_memory:
             resolve(str(model_name))  # a typo is answered before any loading
         with contextlib.ExitStack() as stack:
-            if config.threads is not None:
-                stack.enter_context(_threads(config.threads))
+            stack.enter_context(threads(config.threads))
             t0 = time.perf_counter()
             model = load_model(
                 model_name, tokenizer, device=config.device, dtype=config.dtype, progress=say
@@ -830,16 +515,3 @@ def patch_to_dir(
                 figure_formats=figure_formats,
             )
     return result
-
-
-@contextlib.contextmanager
-def _threads(n: int):
-    """torch's CPU threads set to ``n`` for one block, and put back after."""
-    import torch
-
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)

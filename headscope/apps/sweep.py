@@ -27,7 +27,7 @@ A SPEC (paths relative to the SPEC file's folder)::
     [[checkpoints]]
     model = "EleutherAI/pythia-70m"
     revisions = ["step1000", "step2000"]   # hub revisions (NAME@REVISION)
-    [scan]                                 # ScanConfig settings for every job
+    [scan]                                 # ScanSettings settings for every job
     metrics = ["induction", "duplicate_token"]
     bootstrap = 0
     [[settings]]                           # probe settings swept (default: one, [scan]'s)
@@ -49,7 +49,7 @@ from headscope.errors import HeadscopeError, did_you_mean
 from headscope.files import figure_files, optional, save_figure, write_atomic
 from headscope.files import figure_formats as check_figure_formats
 from headscope.result import model_slug
-from headscope.scanner.config import ScanConfig
+from headscope.scanner.config import ScanSettings
 
 __all__ = ["Job", "read_spec", "run_sweep", "atlas_table"]
 
@@ -69,18 +69,18 @@ class Job:
     step: int | None  # the training step (None for a plain model)
     setting: int  # index into the spec's [[settings]]
     seed: int
-    config: dict = field(default_factory=dict, compare=False)  # ScanConfig keyword arguments
+    config: dict = field(default_factory=dict, compare=False)  # ScanSettings keyword arguments
 
     @property
     def id(self) -> str:
         ckpt = f"--{model_slug(self.checkpoint)}" if self.checkpoint else ""
         return f"{model_slug(self.model)}{ckpt}--s{self.setting}--seed{self.seed}"
 
-    def scan_config(self) -> ScanConfig:
+    def scan_config(self) -> ScanSettings:
         cfg = dict(self.config)
         if isinstance(cfg.get("metrics"), list):
             cfg["metrics"] = tuple(cfg["metrics"])
-        return ScanConfig(**cfg, seed=self.seed)
+        return ScanSettings(**cfg, seed=self.seed)
 
 
 def _fail(spec: Path, msg: str):
@@ -141,7 +141,7 @@ def read_spec(path: str | Path) -> list[Job]:
     scan = data.get("scan", {})
     if not isinstance(scan, dict):
         _fail(spec, "[scan] must be a table of scan settings.")
-    config_keys = [f.name for f in fields(ScanConfig) if f.name != "seed"]
+    config_keys = [f.name for f in fields(ScanSettings) if f.name != "seed"]
     _keys(spec, scan, config_keys, "[scan]")
     settings = data.get("settings", [{}])
     if (

@@ -19,58 +19,27 @@ each draw's score so a caller can quote where ``C`` falls.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Float
 from torch import Tensor
 
+from headscope.effects import loop
+from headscope.effects.loop import forwards
 from headscope.effects.patch_table import draw_weights
-from headscope.effects.patching import Batch
-from headscope.effects.readout import read_metric
+from headscope.effects.patching import Batch, read_rows
 from headscope.errors import HeadscopeError
-from headscope.models.attention import AttentionCall
+from headscope.models.attention import SetHeads
 from headscope.uncertainty import LEVEL
 
 Head = tuple[int, int]
 
 
-@dataclass(frozen=True)
-class KeepOnly:
-    """Replace every head where ``keep[row, head]`` is False by ``means[head]`` (one layer)."""
-
-    layer: int
-    keep: Bool[Tensor, "row head"]
-    means: Float[Tensor, "head dim"]
-
-    def before(self, call: AttentionCall) -> AttentionCall:
-        return call
-
-    def after(self, call: AttentionCall, out: Tensor) -> Tensor:
-        if call.layer != self.layer:
-            return out
-        keep = self.keep.to(out.device)[:, None, :, None]  # [row, 1, head, 1]
-        means = self.means.to(device=out.device, dtype=out.dtype)[None, None]  # [1, 1, head, dim]
-        return torch.where(keep, out, means)
-
-
 def head_means(model, batches: Sequence[Batch], side: str) -> Float[Tensor, "layer head dim"]:
     """Each head's mean output over every real position of every prompt of ``side``."""
-    sums: dict[int, Tensor] = {}
-    count = 0.0
-    for batch in batches:
-        real = batch.mask.to(model.device)[:, :, None, None].double()  # [b, pos, 1, 1]
-
-        def record(call: AttentionCall, real=real) -> Tensor:
-            out = call.output()  # [b, pos, head, dim]
-            s = (out.double() * real).sum((0, 1))
-            sums[call.layer] = sums.get(call.layer, 0) + s
-            return out
-
-        model.run(batch.tokens(side), batch.mask, handler=record, output=None)
-        count += float(batch.mask.sum())
-    return torch.stack([sums[la] / count for la in range(model.n_layers)]).float()
+    inputs = ((batch.tokens(side), batch.mask, None) for batch in batches)
+    return loop.head_means(model, inputs).float()
 
 
 def _metrics(model, batches, metric, means, keeps: Float[Tensor, "set layer head"], n_pairs):
@@ -91,28 +60,23 @@ def _distinct_metrics(model, batches, metric, means, keeps, n_pairs):
     out = torch.full((n_sets, n_pairs), torch.nan, dtype=torch.float64)
     for batch in batches:
         b = len(batch.index)
-        per = max(1, 256 // b)  # sets per forward
-        for start in range(0, n_sets, per):
-            k = keeps[start : start + per]  # [s, layer, head]
-            s = len(k)
-            rows = k.repeat_interleave(b, 0)  # [s*b, layer, head]
-            interventions = [KeepOnly(la, rows[:, la], means[la]) for la in range(model.n_layers)]
-            hidden = model.run(
-                batch.clean.repeat(s, 1),
-                batch.mask.repeat(s, 1),
-                interventions=interventions,
-                output="hidden",
+
+        def setup(chunk: list, b=b) -> dict:
+            rows = keeps[chunk].repeat_interleave(b, 0)  # [s*b, layer, head]: True = kept
+            return {
+                "interventions": [
+                    SetHeads(la, ~rows[:, la], means[la]) for la in range(model.n_layers)
+                ]
+            }
+
+        for chunk, hidden in forwards(
+            model, batch.clean, batch.mask, list(range(n_sets)), max(1, 256 // b), setup,
+            output="hidden",
+        ):  # fmt: skip
+            s = len(chunk)
+            out[chunk[0] : chunk[0] + s, batch.index] = (
+                read_rows(model, metric, hidden, batch, s).double().cpu().view(s, b)
             )
-            with torch.no_grad():
-                m, _ = read_metric(
-                    model,
-                    metric,
-                    hidden,
-                    batch.lengths.repeat(s),
-                    batch.answer.repeat(s),
-                    batch.wrong.repeat(s),
-                )
-            out[start : start + s, batch.index] = m.double().cpu().view(s, b)
     return out
 
 

@@ -28,13 +28,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headscope.circuits.path_patching import (
-    STAGE,
-    MultiEdit,
-    Receiver,
-    ReceiverGroup,
-    mlp_module,
-)
+from headscope.circuits.path_patching import STAGE, MultiEdit, Receiver, ReceiverGroup
 from headscope.effects.patch_attribution import grad_run, no_parameter_grads
 from headscope.effects.patching import Batch, position_masks
 from headscope.effects.readout import read_metric
@@ -49,7 +43,7 @@ def _detach_mlps(model):
     """Every MLP's output detached for one pass: the frozen MLPs of ``freeze_mlps``."""
     handles = []
     for layer in range(model.n_layers):
-        mod = mlp_module(model, layer)
+        mod = model.mlp(layer)
         handles.append(mod.register_forward_hook(lambda m, a, out: out.detach()))
     return handles
 

@@ -38,9 +38,8 @@ implementation, ``tests/circuits/path_oracle.py``).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from jaxtyping import Float
@@ -53,13 +52,11 @@ from headscope.circuits.receivers import (
     check_kind,
     members,
 )
-from headscope.effects.patching import Batch, position_masks
-from headscope.effects.readout import read_metric
-from headscope.effects.stages import Edit, attend, explicit_handler, head_slice
+from headscope.effects.loop import forwards, job_rows, jobs_per_forward
+from headscope.effects.patching import Batch, Cached, position_masks, read_rows, run_cached
+from headscope.effects.stages import Edit, attend, head_slice
 from headscope.errors import HeadscopeError
 from headscope.models.attention import AttentionCall, StopForward
-
-TOKENS_PER_FORWARD = 8192  # rows x positions per forward (the batch repeated once per job)
 
 
 def check_paths(
@@ -139,73 +136,6 @@ def one_at_a_time_cost(model, n_pairs: int, n_jobs: int) -> Cost:
 # ------------------------------------------------------------------------------ the runs
 
 
-def mlp_module(model, layer: int):
-    """The MLP of block ``layer`` (``mlp``, ``feed_forward``, ``ffn``): what ``freeze_mlps``
-    replaces with its base output."""
-    blk = model.blocks()[layer]
-    for name in ("mlp", "feed_forward", "ffn"):
-        mod = getattr(blk, name, None)
-        if isinstance(mod, torch.nn.Module):
-            return mod
-    raise HeadscopeError(
-        f"{model.name}: no MLP module (mlp, feed_forward, ffn) in block {layer}, so its MLPs "
-        "cannot be frozen; run with MLPs recomputed (freeze_mlps=False)."
-    )
-
-
-@contextlib.contextmanager
-def _mlp_hooks(model, record: dict | None = None, frozen: dict | None = None, repeat: int = 1):
-    """Record each MLP's output into ``record[layer]``, and/or replace it with ``frozen[layer]``
-    (repeated ``repeat`` times along the batch), for one forward."""
-    handles = []
-    try:
-        for layer in range(model.n_layers):
-            mod = mlp_module(model, layer)
-
-            def hook(module, args, out, layer=layer):
-                if record is not None:
-                    record[layer] = out.detach()
-                if frozen is not None and layer in frozen:
-                    return frozen[layer].repeat(repeat, 1, 1)
-                return None
-
-            handles.append(mod.register_forward_hook(hook))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
-@dataclass
-class Cached:
-    """One prompt side of a batch run once: the metric, block outputs, head outputs, MLP outputs."""
-
-    metric: Float[Tensor, " b"]
-    logit_diff: Float[Tensor, " b"]
-    blocks: dict[int, Tensor]  # {layer: [b, pos, d_model]}
-    z: dict[int, Tensor]  # {layer: [b, pos, head, d_head]}
-    mlp: dict[int, Tensor] = field(default_factory=dict)  # {layer: [b, pos, d_model]}
-
-
-def run_cached(model, batch: Batch, prompt: str, metric: str, mlps: bool, cost: Cost) -> Cached:
-    blocks: dict[int, Tensor] = {}
-    acts: dict[int, dict[str, Tensor]] = {}
-    mlp: dict[int, Tensor] = {}
-    hooks = _mlp_hooks(model, record=mlp) if mlps else contextlib.nullcontext()
-    with hooks:
-        hidden = model.run(
-            batch.tokens(prompt),
-            batch.mask,
-            handler=explicit_handler(acts, ("z",)),
-            output="hidden",
-            keep_blocks=blocks,
-        )
-    cost.add(len(batch.index), model.n_layers)
-    with torch.no_grad():
-        m, ld = read_metric(model, metric, hidden, batch.lengths, batch.answer, batch.wrong)
-    return Cached(m, ld, blocks, {la: a["z"] for la, a in acts.items()}, mlp)
-
-
 def _frozen_handler(
     base: Cached,
     repeat: int,
@@ -229,32 +159,10 @@ def _frozen_handler(
             }  # [rows, head, pos, dim]
         if stop_at is not None and la == stop_at:
             raise StopForward
-        z = base.z[la].repeat(repeat, 1, 1, 1)  # [rows, pos, head, d_head]
+        z = base.acts[la]["z"].repeat(repeat, 1, 1, 1)  # [rows, pos, head, d_head]
         return edit.apply(z) if edit is not None and edit.layer == la else z
 
     return handler
-
-
-def _resume(base: Cached, layer: int, repeat: int):
-    return (layer, base.blocks[layer - 1].repeat(repeat, 1, 1)) if layer > 0 else None
-
-
-def _metric(model, metric: str, hidden: Tensor, batch: Batch, repeat: int) -> Tensor:
-    with torch.no_grad():
-        m, _ = read_metric(
-            model,
-            metric,
-            hidden,
-            batch.lengths.repeat(repeat),
-            batch.answer.repeat(repeat),
-            batch.wrong.repeat(repeat),
-        )
-    return m.detach()
-
-
-def _chunks(items: list, per: int) -> Iterator[list]:
-    for start in range(0, len(items), per):
-        yield items[start : start + per]
 
 
 class MultiEdit:
@@ -317,9 +225,10 @@ def path_patching(
             baseline.setdefault(k, torch.full((n_pairs,), torch.nan, dtype=torch.float64))
     for batch in batches:
         b, n = batch.mask.shape
-        per = max(1, (rows_per_forward or max(b, TOKENS_PER_FORWARD // n)) // b)  # jobs/forward
+        per = jobs_per_forward(b, n, rows_per_forward)
         cached = {
-            p: run_cached(model, batch, p, metric, freeze_mlps, cost) for p in ("clean", "corrupt")
+            p: run_cached(model, batch, p, metric, ("z",), freeze_mlps, cost)
+            for p in ("clean", "corrupt")
         }
         if baseline is not None:
             for p, c in cached.items():
@@ -350,33 +259,18 @@ def path_patching(
                 singles.setdefault((r.layer, STAGE[r.kind]), []).append((tuple(s), r))
         jobs = [(lr, keys) for (lr, _), keys in sorted(singles.items())]
         jobs += [(g.layer, keys) for g, keys in groups.items()]
+
+        def step3(chunk: list, batch=batch, inputs=inputs) -> dict:
+            return {"handler": _edits_handler(_receiver_edits(batch, chunk, inputs))}
+
         for lr, keys in jobs:
-            for chunk in _chunks(keys, per):
+            for chunk, hidden in forwards(
+                model, batch.tokens(base_side), batch.mask, keys, per, step3,
+                layer=lr, kept=base.blocks, output="hidden",
+            ):  # fmt: skip
                 k = len(chunk)
-                edits = []
-                for r in members(chunk[0][1]) if isinstance(chunk[0][1], ReceiverGroup) else [None]:
-                    # singles: one Edit, a head per row; a group: one Edit per member
-                    rs = [key[1] for key in chunk] if r is None else [r] * k
-                    edits.append(
-                        Edit(
-                            rs[0].layer,
-                            STAGE[rs[0].kind],
-                            torch.tensor([x.head for x in rs]).repeat_interleave(b),
-                            torch.cat([position_masks(batch, x.position)[0][1] for x in rs]),
-                            torch.cat(
-                                [inputs[(key[0], x)] for key, x in zip(chunk, rs, strict=True)]
-                            ),  # [k*b, pos, dim]
-                        )
-                    )
-                hidden = model.run(
-                    batch.tokens(base_side).repeat(k, 1),
-                    batch.mask.repeat(k, 1),
-                    handler=_edits_handler(edits),
-                    output="hidden",
-                    resume=_resume(base, lr, k),
-                )
                 cost.add(k * b, model.n_layers - lr)
-                m = _metric(model, metric, hidden, batch, k).view(k, b)
+                m = read_rows(model, metric, hidden, batch, k).view(k, b)
                 for j, key in enumerate(chunk):
                     got[key] = m[j]
         for key, m in got.items():
@@ -386,6 +280,26 @@ def path_patching(
         if on_progress is not None:
             on_progress(len(batch.index))
     return {(tuple(s), r): out[(tuple(s), r)] for s, r in paths if (tuple(s), r) in out}
+
+
+def _receiver_edits(batch, chunk: list, inputs: dict) -> list[Edit]:
+    """Step (3)'s edits for a chunk of (sender, receiver) jobs of one receiver layer: singles, one
+    Edit with a head per row; a group, one Edit per member."""
+    b = len(batch.index)
+    k = len(chunk)
+    edits = []
+    for r in members(chunk[0][1]) if isinstance(chunk[0][1], ReceiverGroup) else [None]:
+        rs = [key[1] for key in chunk] if r is None else [r] * k
+        edits.append(
+            Edit(
+                rs[0].layer,
+                STAGE[rs[0].kind],
+                job_rows([x.head for x in rs], b),
+                torch.cat([position_masks(batch, x.position)[0][1] for x in rs]),
+                torch.cat([inputs[(key[0], x)] for key, x in zip(chunk, rs, strict=True)]),
+            )  # source: [k*b, pos, dim]
+        )
+    return edits
 
 
 def _step2(
@@ -409,43 +323,43 @@ def _step2(
     (_, s_where), *_ = position_masks(batch, sender_position)  # [b, pos]
     got: dict = {}
     inputs: dict = {}
+
+    def receivers(by_sender: dict, chunk: list) -> tuple[set, bool, int | None]:
+        """The head receivers of a chunk of senders, whether one is ``logits``, and the layer
+        after which the forward may stop (None: it runs to the logits)."""
+        targets = {r for s in chunk for r in by_sender[s]}
+        heads_r = {m for r in targets for m in members(r) if m.kind != "logits"}
+        logits = any(not isinstance(r, ReceiverGroup) and r.kind == "logits" for r in targets)
+        return heads_r, logits, None if logits else max(r.layer for r in heads_r)
+
     for ls, by_sender in sorted(by_sender_layer.items()):
-        senders = sorted(by_sender)
-        for chunk in _chunks(senders, per):
+        srcz = src.acts[ls]["z"]
+        record: dict[int, dict[str, Tensor]] = {}
+
+        def setup(chunk: list, ls=ls, by_sender=by_sender, srcz=srcz, record=record) -> dict:
+            heads_r, logits, stop = receivers(by_sender, chunk)
+            heads = job_rows([h for _, h in chunk], b)  # [k*b]
+            rows = torch.arange(b).repeat(len(chunk))
+            source = head_slice(srcz, "z", rows.to(srcz.device), heads.to(srcz.device))
+            edit = Edit(ls, "z", heads, s_where.repeat(len(chunk), 1), source, t)
+            record.clear()
+            layers = {r.layer for r in heads_r}
+            return {
+                "handler": _frozen_handler(base, len(chunk), edit, record, layers, stop),
+                "output": "hidden" if logits else None,
+            }
+
+        def freeze(k: int):
+            return model.mlp_outputs(frozen=base.mlp, repeat=k) if freeze_mlps else None
+
+        for chunk, hidden in forwards(
+            model, batch.tokens(base_side), batch.mask, sorted(by_sender), per, setup,
+            layer=ls, kept=base.blocks, context=freeze if freeze_mlps else None,
+        ):  # fmt: skip
             k = len(chunk)
-            targets = {r for s in chunk for r in by_sender[s]}
-            heads_r = {m for r in targets for m in members(r) if m.kind != "logits"}
-            logits = any(not isinstance(r, ReceiverGroup) and r.kind == "logits" for r in targets)
-            stop = None if logits else max(r.layer for r in heads_r)
-            heads = torch.tensor([h for _, h in chunk]).repeat_interleave(b)  # [k*b]
-            rows = torch.arange(b).repeat(k)
-            srcz = src.z[ls]
-            edit = Edit(
-                ls,
-                "z",
-                heads,
-                s_where.repeat(k, 1),
-                head_slice(srcz, "z", rows.to(srcz.device), heads.to(srcz.device)),
-                t,
-            )
-            record: dict[int, dict[str, Tensor]] = {}
-            hooks = (
-                _mlp_hooks(model, frozen=base.mlp, repeat=k)
-                if freeze_mlps
-                else contextlib.nullcontext()
-            )
-            with hooks:
-                hidden = model.run(
-                    batch.tokens(base_side).repeat(k, 1),
-                    batch.mask.repeat(k, 1),
-                    handler=_frozen_handler(
-                        base, k, edit, record, {r.layer for r in heads_r}, stop
-                    ),
-                    output="hidden" if logits else None,
-                    resume=_resume(base, ls, k),
-                )
+            _, logits, stop = receivers(by_sender, chunk)
             cost.add(k * b, (model.n_layers if stop is None else stop + 1) - ls)
-            m = _metric(model, metric, hidden, batch, k).view(k, b) if logits else None
+            m = read_rows(model, metric, hidden, batch, k).view(k, b) if logits else None
             for j, s in enumerate(chunk):
                 for r in by_sender[s]:
                     if not isinstance(r, ReceiverGroup) and r.kind == "logits":

@@ -30,7 +30,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headscope.catalog import CIRCUIT
-from headscope.effects.ablation import batches, segment_ids
+from headscope.effects.loop import batches, segment_ids
 from headscope.engines.blocked import block_rows, pattern_blocks
 from headscope.errors import HeadscopeError
 from headscope.models.attention import AttentionCall

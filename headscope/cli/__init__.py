@@ -3,7 +3,7 @@ own).
 
 =========  =========================================================================================
 main       the group: subcommands loaded on first use, errors and interrupts as exit codes
-options    click options made from a settings dataclass's fields (``scan``'s are ScanConfig's)
+options    click options made from a settings dataclass's fields (``scan``'s are ScanSettings's)
 scan       ``headscope scan``
 show       ``headscope show``
 plot       ``headscope plot``

@@ -1,12 +1,12 @@
 """``headscope census``: the literature's head types on one model. Its options are the fields of
-:class:`~headscope.apps.census_settings.CensusSettings`; the work is
+:class:`~headscope.apps.settings.CensusSettings`; the work is
 :func:`headscope.apps.census.census_to_dir`."""
 
 from __future__ import annotations
 
 import click
 
-from headscope.apps.census_settings import CensusSettings
+from headscope.apps.settings import CensusSettings
 from headscope.cli.options import config_from, config_options, figure_format_option
 
 
@@ -24,15 +24,12 @@ from headscope.cli.options import config_from, config_options, figure_format_opt
 )
 @config_options(CensusSettings)
 @click.option(
-    "--threads", type=int, default=None, help="torch CPU threads. [default: torch's choice]"
-)
-@click.option(
     "--force", is_flag=True, help="Replace an existing run directory (never any other folder)."
 )
 @click.option("--no-figures", is_flag=True, help="Skip the heatmaps.")
 @figure_format_option
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
-def census(model_name, out, threads, force, no_figures, figure_format, quiet, **settings) -> None:
+def census(model_name, out, force, no_figures, figure_format, quiet, **settings) -> None:
     """Score MODEL's heads for the literature's head types: syntax heads (Clark et al. 2019, on
     silver parses), the [SEP] / BOS no-op test, successor heads (Gould et al. 2023), copy
     suppression (McDougall et al. 2023) and rare-word heads (Voita et al. 2019).
@@ -41,18 +38,12 @@ def census(model_name, out, threads, force, no_figures, figure_format, quiet, **
     summary.md, heatmaps, report.html and metadata.json to --out, and prints summary.md.
     """
     from headscope.apps.census import census_to_dir, default_out
-    from headscope.errors import at_least
 
     def say(msg: str) -> None:
         if not quiet:
             click.echo(f"headscope: {msg}", err=True)
 
     config = config_from(CensusSettings, settings)
-    at_least("threads", threads)
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
     target = census_to_dir(
         model_name,
         out or default_out(model_name),

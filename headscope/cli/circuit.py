@@ -1,5 +1,5 @@
 """``headscope circuit``: its options are the fields of
-:class:`~headscope.apps.circuit_settings.CircuitConfig` (:mod:`headscope.cli.options`), plus the
+:class:`~headscope.apps.settings.CircuitSettings` (:mod:`headscope.cli.options`), plus the
 task, the scan read beside it, where the run goes and how loud it is. Wiring only: the work and
 every check are :func:`headscope.apps.circuit_run.circuit_to_dir`'s."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from headscope.apps.circuit_settings import CircuitConfig
+from headscope.apps.settings import CircuitSettings
 from headscope.cli.options import config_from, config_options, figure_format_option
 
 
@@ -34,7 +34,7 @@ from headscope.cli.options import config_from, config_options, figure_format_opt
     type=click.Path(file_okay=True, dir_okay=True),
     help="Run directory to write.",
 )
-@config_options(CircuitConfig)
+@config_options(CircuitSettings)
 @click.option(
     "--scan",
     "scan",
@@ -62,7 +62,7 @@ def circuit(model_name, task, out, scan, force, no_figures, figure_format, quiet
     """
     from headscope.apps.circuit_run import circuit_to_dir
 
-    config = config_from(CircuitConfig, settings)
+    config = config_from(CircuitSettings, settings)
 
     def say(msg: str) -> None:
         if not quiet:

@@ -1,12 +1,12 @@
 """``headscope kvplan``: a KV-cache plan from a scan, verified by running the model. Its options are
-the fields of :class:`~headscope.apps.plan_settings.PlanSettings`; the work is
+the fields of :class:`~headscope.apps.settings.PlanSettings`; the work is
 :func:`headscope.apps.kvplan.plan_to_dir`."""
 
 from __future__ import annotations
 
 import click
 
-from headscope.apps.plan_settings import PlanSettings
+from headscope.apps.settings import PlanSettings
 from headscope.cli.options import config_from, config_options, figure_format_option
 
 
@@ -28,16 +28,13 @@ from headscope.cli.options import config_from, config_options, figure_format_opt
 )
 @config_options(PlanSettings)
 @click.option(
-    "--threads", type=int, default=None, help="torch CPU threads. [default: torch's choice]"
-)
-@click.option(
     "--force",
     is_flag=True,
     help="Replace an earlier plan (and, with a MODEL, an earlier run at --out).",
 )
 @figure_format_option
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
-def kvplan(source, out, threads, force, figure_format, quiet, **settings) -> None:
+def kvplan(source, out, force, figure_format, quiet, **settings) -> None:
     """Choose heads to restrict to a sink + window KV cache, and check each plan by running the
     model.
 
@@ -47,20 +44,14 @@ def kvplan(source, out, threads, force, figure_format, quiet, **settings) -> Non
     Writes kvplan.csv, kvplan.md, kvplan.json and kvplan.png to <run>/kvplan/.
     """
     from headscope.apps import kvplan as kv
-    from headscope.errors import at_least
 
     def say(msg: str) -> None:
         if not quiet:
             click.echo(f"headscope: {msg}", err=True)
 
     config = config_from(PlanSettings, settings)
-    at_least("threads", threads)
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
     df, target = kv.plan_to_dir(
         source, out, config, force=force, say=say, figure_formats=figure_format or ("png",)
     )
     click.echo(kv.summary(df).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    click.echo(f"wrote {target}/ ({', '.join(n for n in kv.ALL_FILES if (target / n).is_file())})")
+    click.echo(f"wrote {target}/ ({', '.join(sorted(p.name for p in target.iterdir()))})")

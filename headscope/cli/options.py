@@ -2,7 +2,7 @@
 
 A field's metadata (set with :func:`headscope.scanner.config.opt`) gives its help text and how the
 command line spells it; its type and default give the option's. So ``headscope scan --help`` can
-never disagree with :class:`~headscope.scanner.config.ScanConfig`, and a new setting is one field.
+never disagree with :class:`~headscope.scanner.config.ScanSettings`, and a new setting is one field.
 
 =================  ===========================================================================
 field              option
@@ -50,12 +50,22 @@ def _choices_text(choices) -> str:
     return f" One of: {', '.join(choices)}." if choices else ""
 
 
+def declared_by(cls, name: str) -> int:
+    """How far up ``cls``'s bases the setting ``name`` was first declared (0: by ``cls``)."""
+    return next(
+        i for i, k in enumerate(cls.__mro__) if name in k.__dict__.get("__annotations__", {})
+    )
+
+
 def config_options(cls, skip: tuple[str, ...] = ()):
     """A decorator adding one click option per field of ``cls`` (in field order), except
     ``skip``."""
 
+    # the command's own settings first, then those of the groups it shares (headscope.settings)
+    ordered = sorted(dataclasses.fields(cls), key=lambda f: declared_by(cls, f.name))
+
     def decorate(command):
-        for f in reversed(dataclasses.fields(cls)):
+        for f in reversed(ordered):
             if f.name in skip or "help" not in f.metadata:
                 continue
             meta = f.metadata

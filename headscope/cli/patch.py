@@ -1,13 +1,13 @@
-"""``headscope patch``: its options are the fields of :class:`~headscope.apps.patch.PatchConfig`
-(:mod:`headscope.cli.options`), plus the task, the scan read beside it, where the run goes and how
-loud it is. Wiring only: the work and every check are
-:func:`headscope.apps.patch.patch_to_dir`'s."""
+"""``headscope patch``: its options are the fields of
+:class:`~headscope.apps.settings.PatchSettings` (:mod:`headscope.cli.options`), plus the task, the
+scan read beside it, where the run goes and how loud it is. Wiring only: the work and every check
+are :func:`headscope.apps.patch.patch_to_dir`'s."""
 
 from __future__ import annotations
 
 import click
 
-from headscope.apps.patch import PatchConfig
+from headscope.apps.settings import PatchSettings
 from headscope.cli.options import config_from, config_options, figure_format_option
 
 
@@ -32,7 +32,7 @@ from headscope.cli.options import config_from, config_options, figure_format_opt
     type=click.Path(file_okay=True, dir_okay=True),
     help="Run directory to write.",
 )
-@config_options(PatchConfig)
+@config_options(PatchSettings)
 @click.option(
     "--scan",
     "scan",
@@ -58,7 +58,7 @@ def patch(model_name, task, out, scan, force, no_figures, figure_format, quiet, 
     """
     from headscope.apps.patch import patch_to_dir
 
-    config = config_from(PatchConfig, settings)
+    config = config_from(PatchSettings, settings)
 
     def say(msg: str) -> None:
         if not quiet:

@@ -1,4 +1,4 @@
-"""``headscope scan``: its options are the fields of :class:`~headscope.scanner.config.ScanConfig`
+"""``headscope scan``: its options are the fields of :class:`~headscope.scanner.config.ScanSettings`
 (:mod:`headscope.cli.options`), plus where the run goes and how loud it is. Wiring only: the work
 and every check are :func:`headscope.scanner.runner.scan_to_dir`'s."""
 
@@ -9,7 +9,7 @@ import sys
 import click
 
 from headscope.cli.options import config_from, config_options, figure_format_option
-from headscope.scanner.config import ScanConfig
+from headscope.scanner.config import ScanSettings
 
 
 @click.command()
@@ -21,7 +21,7 @@ from headscope.scanner.config import ScanConfig
     default=None,
     help="Run directory to write. [default: runs/<model>]",
 )
-@config_options(ScanConfig)
+@config_options(ScanSettings)
 @click.option(
     "--force", is_flag=True, help="Replace an existing run directory (never any other folder)."
 )
@@ -35,7 +35,9 @@ def scan(model_name, out, force, no_figures, figure_format, quiet, **settings) -
     transformer-lens name such as gpt2-small, a Hugging Face repo id (NAME@REVISION for a branch,
     tag or commit), or a local checkpoint folder. `headscope models` lists them.
     """
-    config = config_from(ScanConfig, settings)  # every setting checked before anything heavy loads
+    config = config_from(
+        ScanSettings, settings
+    )  # every setting checked before anything heavy loads
 
     from headscope.report.tables import console_summary
     from headscope.scanner.runner import default_out, scan_to_dir

@@ -13,60 +13,29 @@ Two things make it cheap:
   forward at layer ``l`` starts at block ``l`` from it (:meth:`~headscope.models.model.Model.run`'s
   ``resume``): on average half a forward per head;
 * **heads of one layer share a forward**: the batch is repeated once per head, each copy ablating
-  its own head (:class:`~headscope.models.attention.AblateHeads`).
+  its own head (:class:`~headscope.models.attention.SetHeads`, one head per row).
+
+Both are the one intervention loop's (:func:`headscope.effects.loop.each_head`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from headscope.effects import loop
+from headscope.effects.loop import batches, segment_ids  # noqa: F401 - where callers find them
 from headscope.effects.settings import ABLATIONS  # noqa: F401 - where callers find it
-from headscope.effects.targets import Target, effect_sums, logits_from, measure
-from headscope.engines.extract import pad_batch
-from headscope.models.attention import AblateHeads, AttentionCall
+from headscope.effects.targets import Target
+from headscope.models.attention import SetHeads
 from headscope.result import Probe
-
-
-def batches(model, probe: Probe, batch_size: int, with_index: bool = False):
-    """``(tokens, mask, lengths)`` for each batch of ``probe``, similar lengths together; with
-    ``with_index``, also each row's place in the probe (``[batch]``)."""
-    order = sorted(range(len(probe)), key=lambda i: (len(probe.sequences[i]), i))
-    for start in range(0, len(order), batch_size):
-        index = order[start : start + batch_size]
-        padded = pad_batch([probe.sequences[i] for i in index], model.pad_id)
-        yield (*padded, torch.tensor(index)) if with_index else padded
-
-
-def segment_ids(probe: Probe, index: Tensor) -> Tensor | None:
-    """The padded segment ids (``token_type_ids``) of the batch made of ``probe``'s rows ``index``
-    (None when the probe feeds none)."""
-    if probe.token_types is None:
-        return None
-    return pad_batch([probe.token_types[i] for i in index.tolist()], 0)[0]
 
 
 def head_means(model, probe: Probe, batch_size: int) -> Float[Tensor, "layer head dim"]:
     """Each head's mean output (``A v``) over every real position of every sequence of ``probe``."""
-    sums: dict[int, Tensor] = {}
-    count = 0.0
-
-    for tokens, mask, _, index in batches(model, probe, batch_size, with_index=True):
-        real = mask.to(model.device)[:, :, None, None].float()  # [batch, pos, 1, 1]
-
-        def record(call: AttentionCall, real=real) -> Tensor:
-            out = call.output()  # [batch, query, head, dim]
-            s = (out.double() * real.double()).sum((0, 1))  # [head, dim], summed in float64
-            sums[call.layer] = sums.get(call.layer, 0) + s
-            return out
-
-        model.run(tokens, mask, handler=record, token_types=segment_ids(probe, index))
-        count += float(mask.sum())
-    # [layer, head, dim]
-    return torch.stack([sums[layer] for layer in range(model.n_layers)]) / count
+    return loop.head_means(model, loop.probe_inputs(model, probe, batch_size))
 
 
 def exact_effects(
@@ -87,67 +56,10 @@ def exact_effects(
     ``rows_per_forward`` caps sequences per ablated forward (the batch repeated once per head;
     default: about 8k tokens a forward).
     """
-    by_layer: dict[int, list[int]] = {}
-    for layer, head in heads:
-        by_layer.setdefault(layer, []).append(head)
-    n = len(probe)
-    sums = {
-        (layer, h): (torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64))
-        for layer, hs in by_layer.items()
-        for h in hs
-    }
-    for tokens, mask, lengths, index in batches(model, probe, batch_size, with_index=True):
-        b = len(tokens)
-        kept: dict[int, Tensor] = {}
-        first = logits_from(target, tokens, probe.repeat_len) if target.output == "logits" else 0
-        types = segment_ids(probe, index)
-        clean = measure(
-            target,
-            model.run(
-                tokens,
-                mask,
-                output=target.output,
-                keep_blocks=kept,
-                logits_from=first,
-                token_types=types,
-            ),
-            tokens,
-            lengths,
-            probe.repeat_len,
-        )
-        rows = rows_per_forward or max(b, 8192 // tokens.shape[1])
-        per_forward = max(1, rows // b)  # heads per ablated forward
-        for layer, layer_heads in sorted(by_layer.items()):
-            for start in range(0, len(layer_heads), per_forward):
-                chunk = layer_heads[start : start + per_forward]
-                k = len(chunk)
-                # [k * batch]: copy j ablates head chunk[j]
-                rep = torch.tensor(chunk).repeat_interleave(b)
-                # [k*b, pos, d_model]
-                resume = (layer, kept[layer - 1].repeat(k, 1, 1)) if layer > 0 else None
-                val = values[layer] if isinstance(values, Tensor) else values
-                out = model.run(
-                    tokens.repeat(k, 1),
-                    mask.repeat(k, 1),
-                    interventions=[AblateHeads(layer, rep, val)],
-                    output=target.output,
-                    resume=resume,
-                    logits_from=first,
-                    token_types=None if types is None else types.repeat(k, 1),
-                )
-                ablated = measure(
-                    target, out, tokens.repeat(k, 1), lengths.repeat(k), probe.repeat_len
-                )
-                for j, h in enumerate(chunk):
-                    part = slice(j * b, (j + 1) * b)
-                    abl = (
-                        (ablated[0][part], ablated[1][part])
-                        if isinstance(ablated, tuple)
-                        else ablated[part]
-                    )
-                    s, c = effect_sums(target, clean, abl)  # [batch] each
-                    sums[(layer, h)][0][index] += s.double().cpu()
-                    sums[(layer, h)][1][index] += c.double().cpu()
-                if on_progress is not None:
-                    on_progress(k * b)
-    return sums
+
+    def ablate(layer: int, rows: Tensor, tokens: Tensor, mask: Tensor) -> SetHeads:
+        return SetHeads(layer, rows, values[layer] if isinstance(values, Tensor) else values)
+
+    return loop.each_head(
+        model, probe, target, heads, ablate, batch_size, rows_per_forward, on_progress
+    )

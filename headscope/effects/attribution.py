@@ -23,7 +23,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headscope.effects.ablation import batches, segment_ids
+from headscope.effects.loop import batches, segment_ids
 from headscope.effects.targets import Target, logits_from, target_positions, token_losses
 from headscope.errors import HeadscopeError
 from headscope.models.attention import AttentionCall

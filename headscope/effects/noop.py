@@ -21,51 +21,31 @@ proposed it works "as a sort of no-op". A weight cannot show that; removing it c
 A no-op head has a high weight and an effect near 0 (chance: 0). Intervals: a seeded bootstrap
 over sequences of both. Cheap like exact ablation (:mod:`headscope.effects.ablation`): each batch
 runs clean once, keeps every block's output, and the heads of one layer share one forward that
-resumes at that layer, the batch repeated once per head.
+resumes at that layer, the batch repeated once per head (the one intervention loop,
+:func:`headscope.effects.loop.each_head`, with a
+:class:`~headscope.models.attention.RestrictKeys` per row).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 from jaxtyping import Bool
 from torch import Tensor
 
 from headscope.catalog import CENSUS
-from headscope.effects.ablation import batches, segment_ids
-from headscope.effects.targets import TARGETS, Target, effect_sums, logits_from, measure
-from headscope.models.attention import AttentionCall
+from headscope.effects import loop
+from headscope.effects.targets import TARGETS, Target
+from headscope.models.attention import RestrictKeys
 from headscope.result import Probe, ScoreInfo
 
 
-@dataclass(frozen=True)
-class DropKeys:
-    """For row ``b`` of the batch, head ``heads[b]`` (-1: none) of layer ``layer`` may not attend
-    to the keys ``keys[b]`` (True = removed); its softmax renormalises over the others. A query
-    row left with no key keeps its original mask (see the module docstring)."""
-
-    layer: int
-    heads: Tensor  # [batch] long
-    keys: Bool[Tensor, "batch key"]
-
-    def before(self, call: AttentionCall) -> AttentionCall:
-        if call.layer != self.layer:
-            return call
-        b, h, n_q, n_k = call.shape
-        mask = call.full_mask().expand(b, h, n_q, n_k).clone()  # [batch, head, query, key] bool
-        heads = self.heads.to(mask.device)
-        rows = torch.nonzero(heads >= 0).squeeze(-1)  # [m]
-        hh = heads[rows]  # [m]
-        old = mask[rows, hh]  # [m, query, key]
-        new = old & ~self.keys.to(mask.device)[rows][:, None, :n_k]  # [m, query, key]
-        empty = ~new.any(-1, keepdim=True)  # [m, query, 1]: only removed keys were visible
-        mask[rows, hh] = torch.where(empty, old, new)
-        return call.with_mask(mask)
-
-    def after(self, call: AttentionCall, out: Tensor) -> Tensor:
-        return out
+def drop_keys(layer: int, heads: Tensor, keys: Bool[Tensor, "batch key"]) -> RestrictKeys:
+    """Row ``b``'s head ``heads[b]`` (-1: none) of ``layer`` may not attend to ``keys[b]`` (True =
+    removed); its softmax renormalises over the others. A query row left with no key keeps its
+    original mask (see the module docstring)."""
+    return RestrictKeys(layer, heads, ~keys[:, None, :], empty="keep")  # keep: [batch, 1, key]
 
 
 def removed_keys(model, tokens: Tensor, mask: Tensor) -> Bool[Tensor, "batch key"]:
@@ -95,76 +75,19 @@ def noop_effects(
     """``{(layer, head): (effect sums [sequence], counts [sequence])}`` (float64) of removing each
     head's attention to [SEP] / position 0 on the text ``probe``; pooled = ``sums.sum() /
     counts.sum()``."""
-    target = target_for(model)
     heads = (
         [(la, h) for la in range(model.n_layers) for h in range(model.n_heads)]
         if heads is None
         else list(heads)
     )
-    by_layer: dict[int, list[int]] = {}
-    for layer, head in heads:
-        by_layer.setdefault(layer, []).append(head)
-    n = len(probe)
-    sums = {
-        (la, h): (torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64))
-        for la, h in heads
-    }
-    for tokens, mask, lengths, index in batches(model, probe, batch_size, with_index=True):
-        b = len(tokens)
-        kept: dict[int, Tensor] = {}
-        first = logits_from(target, tokens, probe.repeat_len) if target.output == "logits" else 0
-        types = segment_ids(probe, index)
-        clean = measure(
-            target,
-            model.run(
-                tokens,
-                mask,
-                output=target.output,
-                keep_blocks=kept,
-                logits_from=first,
-                token_types=types,
-            ),
-            tokens,
-            lengths,
-            probe.repeat_len,
-        )
-        keys = removed_keys(model, tokens, mask)  # [b, key]
-        per_forward = max(1, (rows_per_forward or max(b, 8192 // tokens.shape[1])) // b)
-        for layer, layer_heads in sorted(by_layer.items()):
-            for start in range(0, len(layer_heads), per_forward):
-                chunk = layer_heads[start : start + per_forward]
-                k = len(chunk)
-                rep = torch.tensor(chunk).repeat_interleave(
-                    b
-                )  # [k * b]: copy j changes head chunk[j]
-                resume = (
-                    (layer, kept[layer - 1].repeat(k, 1, 1)) if layer > 0 else None
-                )  # [k*b, pos, d_model]
-                out = model.run(
-                    tokens.repeat(k, 1),
-                    mask.repeat(k, 1),
-                    interventions=[DropKeys(layer, rep, keys.repeat(k, 1))],
-                    output=target.output,
-                    resume=resume,
-                    logits_from=first,
-                    token_types=None if types is None else types.repeat(k, 1),
-                )
-                changed = measure(
-                    target, out, tokens.repeat(k, 1), lengths.repeat(k), probe.repeat_len
-                )
-                for j, h in enumerate(chunk):
-                    part = slice(j * b, (j + 1) * b)
-                    got = (
-                        (changed[0][part], changed[1][part])
-                        if isinstance(changed, tuple)
-                        else changed[part]
-                    )
-                    s, c = effect_sums(target, clean, got)  # [b] each
-                    sums[(layer, h)][0][index] += s.double().cpu()
-                    sums[(layer, h)][1][index] += c.double().cpu()
-                if on_progress is not None:
-                    on_progress(k * b)
-    return sums
+
+    def drop(layer: int, rows: Tensor, tokens: Tensor, mask: Tensor) -> RestrictKeys:
+        keys = removed_keys(model, tokens, mask)  # [batch, key]
+        return drop_keys(layer, rows, keys.repeat(len(rows) // len(tokens), 1))
+
+    return loop.each_head(
+        model, probe, target_for(model), heads, drop, batch_size, rows_per_forward, on_progress
+    )
 
 
 def noop_info(model) -> ScoreInfo:

@@ -12,10 +12,11 @@ corrupt. What is written, per stage of :mod:`headscope.effects.stages`:
 Positions: ``"all"`` (every position), a named position of the task (per pair, e.g. IOI's ``S2``),
 or one token index (``positions="each"`` gives the layer x head x position grid).
 
-Speed (the same two tricks as :mod:`headscope.effects.ablation`): the clean and corrupt runs are
-cached once per batch of pairs (each block's output and every stage's tensors); a layer-l patch
-starts at block l from the base run's kept residual stream (``Model.run(resume=...)``), and every
-(head, position) patch of one layer shares a forward, the batch repeated once per patch.
+Speed (the one intervention loop's two tricks, :mod:`headscope.effects.loop`): the clean and
+corrupt runs are cached once per batch of pairs (each block's output and every stage's tensors);
+a layer-l patch starts at block l from the base run's kept residual stream
+(``Model.run(resume=...)``), and every (head, position) patch of one layer shares a forward, the
+batch repeated once per patch.
 
 Every forward here, cached or patched, computes attention with :func:`attend`, and the metric is
 read with :mod:`headscope.effects.readout`; so a patch that writes the base run's own values gives
@@ -24,14 +25,16 @@ the base metric bit for bit (``tests/effects/test_patching.py``).
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from headscope.effects.loop import forwards, job_rows, jobs_per_forward
 from headscope.effects.readout import read_metric
 from headscope.effects.settings import PATCH_ACTIVATIONS as KINDS
 from headscope.effects.settings import PATCH_DIRECTIONS as DIRECTIONS
@@ -53,12 +56,10 @@ __all__ = [
     "n_units",
     "patched_metrics",
     "position_masks",
+    "read_rows",
     "run_cached",
     "stage_of",
 ]
-TOKENS_PER_FORWARD = (
-    8192  # patched rows x positions per forward (the batch is repeated once per patch)
-)
 
 
 def stage_of(kind: str, kv_mode: str) -> str:
@@ -157,28 +158,57 @@ def position_masks(batch: Batch, position: str) -> list[tuple[str, Bool[Tensor, 
 @dataclass
 class Cached:
     """One prompt side of a batch, run once: the metric, each block's output, each stage's
-    tensors."""
+    tensors and (path patching with frozen MLPs) each MLP's output."""
 
     metric: Float[Tensor, " b"]
     logit_diff: Float[Tensor, " b"]
     blocks: dict[int, Tensor]  # {layer: [b, pos, d_model]}, the residual stream after block layer
     acts: dict[int, dict[str, Tensor]]  # {layer: {stage: tensor}}, layouts as in attend
+    mlp: dict[int, Tensor] = field(default_factory=dict)  # {layer: [b, pos, d_model]}
 
 
-def run_cached(model, batch: Batch, prompt: str, metric: str, stages: Sequence[str]) -> Cached:
-    """The unpatched run of ``batch``'s ``prompt`` side ("clean" or "corrupt")."""
+def run_cached(
+    model,
+    batch: Batch,
+    prompt: str,
+    metric: str,
+    stages: Sequence[str] = (),
+    mlps: bool = False,
+    cost=None,
+) -> Cached:
+    """The unpatched run of ``batch``'s ``prompt`` side ("clean" or "corrupt"), keeping
+    ``stages`` of every layer (and every MLP's output with ``mlps``); ``cost`` (a path-patching
+    :class:`~headscope.circuits.path_patching.Cost`) counts it."""
     blocks: dict[int, Tensor] = {}
     acts: dict[int, dict[str, Tensor]] = {}
-    hidden = model.run(
-        batch.tokens(prompt),
-        batch.mask,
-        handler=explicit_handler(acts, tuple(stages)),
-        output="hidden",
-        keep_blocks=blocks,
-    )
+    mlp: dict[int, Tensor] = {}
+    with model.mlp_outputs(record=mlp) if mlps else contextlib.nullcontext():
+        hidden = model.run(
+            batch.tokens(prompt),
+            batch.mask,
+            handler=explicit_handler(acts, tuple(stages)),
+            output="hidden",
+            keep_blocks=blocks,
+        )
+    if cost is not None:
+        cost.add(len(batch.index), model.n_layers)
     with torch.no_grad():
         m, ld = read_metric(model, metric, hidden, batch.lengths, batch.answer, batch.wrong)
-    return Cached(m, ld, blocks, acts)
+    return Cached(m, ld, blocks, acts, mlp)
+
+
+def read_rows(model, metric: str, hidden: Tensor, batch: Batch, repeat: int) -> Tensor:
+    """``[repeat * b]``: the metric of ``batch`` repeated ``repeat`` times, read from ``hidden``."""
+    with torch.no_grad():
+        m, _ = read_metric(
+            model,
+            metric,
+            hidden,
+            batch.lengths.repeat(repeat),
+            batch.answer.repeat(repeat),
+            batch.wrong.repeat(repeat),
+        )
+    return m.detach()
 
 
 def patched_metrics(
@@ -198,43 +228,29 @@ def patched_metrics(
 
     A job is ``(head, where [b, pos])``: write ``source``'s slice of that head at those positions
     (``head`` is a KV head for the stages ``k``/``v``). Jobs share forwards, ``rows_per_forward``
-    rows at most (default: about :data:`TOKENS_PER_FORWARD` tokens), each starting at block
-    ``layer`` from the base run's kept residual stream.
+    rows at most (default: about :data:`~headscope.effects.loop.TOKENS_PER_FORWARD` tokens), each
+    starting at block ``layer`` from the base run's kept residual stream (the one loop,
+    :func:`headscope.effects.loop.forwards`).
     """
     b, n = batch.mask.shape
-    per = max(1, (rows_per_forward or max(b, TOKENS_PER_FORWARD // n)) // b)  # jobs per forward
     src_all = source.acts[layer][stage]
-    out = []
-    for start in range(0, len(jobs), per):
-        chunk = jobs[start : start + per]
+
+    def setup(chunk: list) -> dict:
         k = len(chunk)
-        heads = torch.tensor([h for h, _ in chunk]).repeat_interleave(
-            b
-        )  # [k*b]: copy j patches job j
+        heads = job_rows([h for h, _ in chunk], b)  # [k*b]: copy j patches job j
         where = torch.cat([w for _, w in chunk])  # [k*b, pos]
         rows = torch.arange(b).repeat(k)  # [k*b]: the pair of each row
         source_rows = head_slice(src_all, stage, rows.to(src_all.device), heads.to(src_all.device))
-        edit = Edit(layer, stage, heads, where, source_rows, t)
-        resume = (
-            (layer, base.blocks[layer - 1].repeat(k, 1, 1)) if layer > 0 else None
-        )  # [k*b, pos, d_model]
-        hidden = model.run(
-            batch.tokens(prompt).repeat(k, 1),
-            batch.mask.repeat(k, 1),
-            handler=explicit_handler(edit=edit),
-            output="hidden",
-            resume=resume,
+        return {"handler": explicit_handler(edit=Edit(layer, stage, heads, where, source_rows, t))}
+
+    per = jobs_per_forward(b, n, rows_per_forward)
+    out = [
+        read_rows(model, metric, hidden, batch, len(chunk)).view(len(chunk), b)
+        for chunk, hidden in forwards(
+            model, batch.tokens(prompt), batch.mask, jobs, per, setup,
+            layer=layer, kept=base.blocks, output="hidden",
         )
-        with torch.no_grad():
-            m, _ = read_metric(
-                model,
-                metric,
-                hidden,
-                batch.lengths.repeat(k),
-                batch.answer.repeat(k),
-                batch.wrong.repeat(k),
-            )
-        out.append(m.detach().view(k, b))
+    ]  # fmt: skip
     return torch.cat(out)  # [job, b]
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from headscope.errors import HeadscopeError, did_you_mean, setting
 from headscope.result import Probe
+from headscope.settings import Settings
 
 #: auto: attribution for every head, exact ablation where it counts; the others as named.
 MODES = ("auto", "attribution", "exact", "both")
@@ -25,25 +26,26 @@ PATCH_ESTIMATORS = ("auto", "exact", "attribution", "both")
 
 
 @dataclass(frozen=True)
-class EffectSettings:
-    """How effects are estimated: the mode (see the module docstring) and the ablation value."""
+class EffectSettings(Settings):
+    """How effects are estimated: the mode (see the module docstring) and the ablation value (a
+    scan's ``--effects`` settings: :meth:`~headscope.scanner.config.ScanSettings.effect_settings`).
+    """
 
     mode: str = "auto"
     ablation: str = "mean"
     batch_size: int | None = None  # sequences per forward (None: up to 8, fewer for long sequences)
     n_sequences: int | None = 16  # the first N sequences of each probe (None: all of them)
 
-    def validate(self) -> EffectSettings:
+    def check(self) -> None:
+        super().check()
         if self.mode not in MODES:
             raise HeadscopeError(
-                "Unknown effects mode "
-                f"'{self.mode}'.{did_you_mean(self.mode, MODES)} "
+                f"Unknown effects mode '{self.mode}'.{did_you_mean(self.mode, MODES)} "
                 f"Use one of {', '.join(MODES)}."
             )
         if self.ablation not in ABLATIONS:
             raise HeadscopeError(
-                "Unknown ablation "
-                f"'{self.ablation}'.{did_you_mean(self.ablation, ABLATIONS)} "
+                f"Unknown ablation '{self.ablation}'.{did_you_mean(self.ablation, ABLATIONS)} "
                 f"Use one of {', '.join(ABLATIONS)}."
             )
         if self.batch_size is not None and self.batch_size < 1:
@@ -54,6 +56,9 @@ class EffectSettings:
             raise HeadscopeError(
                 f"{setting('effects_sequences')} must be at least 1, got {self.n_sequences}."
             )
+
+    def validate(self) -> EffectSettings:
+        """The settings, checked (they are checked when made: kept for older callers)."""
         return self
 
     def subset(self, probe: Probe) -> Probe:

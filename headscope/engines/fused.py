@@ -26,7 +26,7 @@ from headscope.engines.base import Engine
 from headscope.engines.blocked import BlockHandler, refuse_unmodelled
 from headscope.errors import notice
 from headscope.metrics.base import PatternBatch, key_set_flags
-from headscope.models.attention import AttentionCall, StopForward
+from headscope.models.attention import AttentionCall, RestrictKeys, StopForward, band
 
 FLAG_SETS = ("separator", "punctuation")  # PatternBatch key sets whose mass the kernel sums
 
@@ -166,3 +166,41 @@ class FusedEngine(Engine):
 
 
 ENGINE = FusedEngine()
+
+
+# -------------------------------------------------------------------------- a sink + window plan
+
+
+class Restricted:
+    """An attention handler: the heads of ``heads`` (layer, head) see only keys ``k < sinks`` and
+    ``q - window < k <= q`` (a sink + window KV cache:
+    :class:`~headscope.models.attention.RestrictKeys` with
+    :func:`~headscope.models.attention.band`). On the CPU kernel their key tiles outside that band
+    are skipped; elsewhere (a GPU, an additive mask) they get that per-head mask and the model's
+    own attention."""
+
+    def __init__(self, heads, n_heads: int, sinks: int, window: int):
+        self.sinks, self.window = sinks, window
+        self.by_layer: dict[int, Tensor] = {}
+        for layer, head in heads:
+            self.by_layer.setdefault(layer, torch.zeros(n_heads, dtype=torch.bool))[head] = True
+
+    def __call__(self, call: AttentionCall) -> Tensor:
+        heads = self.by_layer.get(call.layer)
+        if heads is None:
+            return call.output()
+        if kernel.supports(call.query, call.mask) and not call.extras:
+            out, _ = kernel.attention(
+                call.query,
+                call.key,
+                call.value,
+                call.mask,
+                call.scale,
+                call.causal,
+                {},
+                band=(self.sinks, self.window),
+                restrict=heads,
+            )
+            return out.transpose(1, 2).contiguous()
+        restrict = RestrictKeys(call.layer, heads, band(self.sinks, self.window))
+        return restrict.before(call).output()

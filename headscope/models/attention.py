@@ -7,9 +7,13 @@ does inside a forward pass goes through here:
 
 * an **engine** (:mod:`headscope.engines.registry`) reads the call's queries and keys, hands per-row
   statistics to the metrics, and returns the layer's output (``call.output()``, or its own);
-* an **intervention** changes the call before the handler sees it (:meth:`Intervention.before`,
-  e.g. mask some keys of some heads) or changes the per-head output after
-  (:meth:`Intervention.after`, e.g. replace a head's output: mean- or zero-ablation).
+* an **intervention** changes the call before the handler sees it (:meth:`Intervention.before`)
+  or changes the per-head output after (:meth:`Intervention.after`). The vocabulary is two
+  classes, each acting on chosen heads per row of the batch: :class:`SetHeads` sets their output
+  to a value or part of the way there (mean, zero or resample ablation, patching a head's output,
+  keeping only a circuit), :class:`RestrictKeys` lets them see only some keys (the no-op test, a
+  sink + window KV cache). ``ReplaceHeadOutput``, ``Interpolate`` and ``AblateHeads`` are
+  :class:`SetHeads` spelled for one head.
 
 Output layout: ``[batch, query, head, dim]``, the per-head results ``A v`` that the output
 projection (``o_proj`` / ``c_proj`` / ``dense``) reads after flattening the last two axes, so head
@@ -36,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float
 from torch import Tensor
 
 from headscope.errors import HeadscopeError
@@ -123,17 +127,48 @@ class Intervention(Protocol):
     ) -> Tensor: ...
 
 
-@dataclass(frozen=True)
-class ReplaceHeadOutput:
-    """Replace head ``head`` of layer ``layer``'s output ``A v`` (before the output projection).
+def head_rows(
+    heads: Sequence[int] | Tensor, rows: int, n_heads: int, device
+) -> Bool[Tensor, "row head"]:
+    """Which heads an intervention touches in each row of a batch, as booleans ``[row, head]``.
 
-    ``value`` is broadcast to ``[batch, query, dim_v]``: a ``[dim_v]`` vector for mean-ablation,
-    ``0.0`` for zero-ablation. Other heads, and the head's KV head, are untouched.
+    ``heads`` is a sequence of head indices (the same heads in every row), a long tensor ``[row]``
+    (one head per row, -1 for none: several heads of one layer in one forward, the batch repeated
+    once per head) or booleans ``[row, head]`` (any heads per row).
+
+    >>> head_rows([1], 2, 3, "cpu").tolist()
+    [[False, True, False], [False, True, False]]
+    >>> head_rows(torch.tensor([2, -1]), 2, 3, "cpu").tolist()
+    [[False, False, True], [False, False, False]]
+    """
+    if isinstance(heads, Tensor) and heads.dtype == torch.bool:
+        return heads.to(device).expand(rows, n_heads)
+    if isinstance(heads, Tensor):  # one head per row, -1: none
+        heads = heads.to(device)
+        return torch.arange(n_heads, device=device)[None, :] == heads[:, None]
+    which = torch.zeros(n_heads, dtype=torch.bool, device=device)
+    which[list(heads)] = True
+    return which.expand(rows, n_heads)
+
+
+@dataclass(frozen=True)
+class SetHeads:
+    """Set some heads' output ``A v`` (before the output projection) in layer ``layer``, per row.
+
+    ``heads``: which heads, as :func:`head_rows` reads it (the same heads in every row, one head
+    per row, or booleans ``[row, head]``). ``value``: what their output becomes, broadcast to
+    ``[batch, query, head, dim_v]``: ``0.0`` (zero ablation), a ``[head, dim_v]`` table of means
+    (mean ablation: each head its own), a ``[dim_v]`` vector, or a ``[batch, query, head,
+    dim_v]`` tensor (resample ablation: another sequence's output). ``t``: move a fraction ``t``
+    of the way there, ``out_h <- out_h + t (value - out_h)`` (``t = 1``, the default, writes
+    ``value`` exactly; small ``t`` traces the dose-response curve whose slope at 0 attribution
+    patching estimates). Other heads, and every head's KV head, are untouched.
     """
 
     layer: int
-    head: int
+    heads: Sequence[int] | Tensor
     value: Tensor | float = 0.0
+    t: float = 1.0
 
     def before(self, call: AttentionCall) -> AttentionCall:
         return call
@@ -141,105 +176,97 @@ class ReplaceHeadOutput:
     def after(self, call: AttentionCall, out: Tensor) -> Tensor:
         if call.layer != self.layer:
             return out
-        out = out.clone()  # [batch, query, head, dim_v]
-        out[:, :, self.head] = torch.as_tensor(self.value, dtype=out.dtype, device=out.device)
-        return out
+        b, _, h, _ = out.shape  # [batch, query, head, dim_v]
+        which = head_rows(self.heads, b, h, out.device)[:, None, :, None]  # [batch, 1, head, 1]
+        value = torch.as_tensor(self.value, dtype=out.dtype, device=out.device)
+        return torch.where(which, value if self.t == 1.0 else out + self.t * (value - out), out)
 
 
-@dataclass(frozen=True)
-class Interpolate:
-    """Move head ``head`` of layer ``layer`` a fraction ``t`` of the way to ``value``:
-    ``out_h <- out_h + t (value - out_h)``. ``t = 1`` is :class:`ReplaceHeadOutput`; small ``t``
-    traces the dose-response curve whose slope at 0 attribution patching estimates."""
-
-    layer: int
-    head: int
-    value: Tensor | float
-    t: float
-
-    def before(self, call: AttentionCall) -> AttentionCall:
-        return call
-
-    def after(self, call: AttentionCall, out: Tensor) -> Tensor:
-        if call.layer != self.layer:
-            return out
-        out = out.clone()  # [batch, query, head, dim_v]
-        target = torch.as_tensor(self.value, dtype=out.dtype, device=out.device)
-        out[:, :, self.head] += self.t * (target - out[:, :, self.head])
-        return out
+def _one_head(value: Tensor | float) -> Tensor | float:
+    """One head's value (``[dim_v]``, ``[batch, query, dim_v]`` or a float) as :class:`SetHeads`
+    broadcasts it over heads."""
+    if isinstance(value, Tensor) and value.dim() >= 2:
+        return value.unsqueeze(-2)  # [batch, query, 1, dim_v]
+    return value
 
 
-@dataclass(frozen=True)
-class AblateHeads:
-    """Replace one head per sequence of a batch: row ``b``'s head ``heads[b]`` of layer ``layer``
-    (-1: none) gets ``values[heads[b]]`` at every position. Several heads of one layer are ablated
-    in one forward by repeating the batch, one copy per head.
+def ReplaceHeadOutput(layer: int, head: int, value: Tensor | float = 0.0) -> SetHeads:
+    """Head ``head`` of layer ``layer`` gets ``value`` (``[dim_v]``, ``[batch, query, dim_v]``
+    or a float) at every position: :class:`SetHeads` for one head."""
+    return SetHeads(layer, (head,), _one_head(value))
 
-    ``values``: ``[head, dim_v]`` (mean-ablation) or a float (zero-ablation).
-    """
 
-    layer: int
-    heads: Tensor  # [batch] long
-    values: Tensor | float = 0.0
+def Interpolate(layer: int, head: int, value: Tensor | float, t: float) -> SetHeads:
+    """Head ``head`` of layer ``layer`` moved a fraction ``t`` of the way to ``value``:
+    :class:`SetHeads` for one head, with ``t``."""
+    return SetHeads(layer, (head,), _one_head(value), t)
 
-    def before(self, call: AttentionCall) -> AttentionCall:
-        return call
 
-    def after(self, call: AttentionCall, out: Tensor) -> Tensor:
-        if call.layer != self.layer:
-            return out
-        heads = self.heads.to(out.device)
-        rows = torch.nonzero(heads >= 0).squeeze(-1)  # [m]
-        out = out.clone()  # [batch, query, head, dim_v]
-        h = heads[rows]  # [m]
-        if isinstance(self.values, Tensor):
-            # [m, 1, dim_v]
-            value = self.values.to(device=out.device, dtype=out.dtype)[h][:, None, :]
-        else:
-            value = torch.full(
-                (len(rows), 1, out.shape[-1]),
-                float(self.values),
-                dtype=out.dtype,
-                device=out.device,
-            )
-        out[rows, :, h] = value.expand(-1, out.shape[1], -1)  # [m, query, dim_v]
-        return out
+def AblateHeads(layer: int, heads: Tensor, values: Tensor | float = 0.0) -> SetHeads:
+    """Row ``b``'s head ``heads[b]`` (-1: none) gets ``values[heads[b]]`` (``values``: ``[head,
+    dim_v]`` means, or a float): :class:`SetHeads` with one head per row."""
+    return SetHeads(layer, heads, values)
 
 
 @dataclass(frozen=True)
 class RestrictKeys:
-    """Let heads ``heads`` of layer ``layer`` see only the keys ``keep`` allows (and the mask did).
+    """Let some heads of layer ``layer`` see only the keys ``keep`` allows (and the mask did).
 
-    ``keep(call)`` returns booleans broadcastable to ``[batch, query, key]`` (True = may attend),
-    e.g. a sink + window band. The other heads of the layer keep their mask. A query row of a
-    restricted head left with no key at all is refused (its softmax would be NaN); keep at least
-    the query's own position.
+    ``heads``: which heads, per row, as :func:`head_rows` reads it. ``keep``: booleans (True = may
+    attend) broadcastable to ``[batch, query, key]`` (``[batch, 1, key]``: the same keys for every
+    query), or a function of the call returning them (a sink + window band: :func:`band`). The
+    other heads keep their mask; the softmax of a restricted head renormalises over what is left.
+    A query row of a restricted head left with no key at all (its softmax would be NaN) is refused
+    with one line (``empty="raise"``), or keeps the mask it had (``empty="keep"``: a decoder's
+    query 0 whose only key, BOS, is removed).
     """
 
     layer: int
-    heads: Sequence[int]
-    keep: Callable[[AttentionCall], Tensor]
+    heads: Sequence[int] | Tensor
+    keep: Tensor | Callable[[AttentionCall], Tensor]
+    empty: str = "raise"
 
     def before(self, call: AttentionCall) -> AttentionCall:
         if call.layer != self.layer:
             return call
         b, h, n_q, n_k = call.shape
         base = call.full_mask().expand(b, h, n_q, n_k)  # [batch, head, query, key]
-        mask = base.clone()
-        # [batch, query, key]
-        keep = self.keep(call).to(device=mask.device, dtype=torch.bool).expand(b, n_q, n_k)
-        mask[:, list(self.heads)] &= keep[:, None]  # [batch, 1, query, key] onto the chosen heads
-        had = base[:, list(self.heads)].any(-1)  # [batch, heads, query]: rows that saw a key before
-        if bool((had & ~mask[:, list(self.heads)].any(-1)).any()):
-            raise HeadscopeError(
-                f"RestrictKeys on layer {self.layer} leaves a query with no key "
-                "to attend to; "
-                "keep at least each query's own position."
-            )
+        keep = self.keep(call) if callable(self.keep) else self.keep
+        keep = keep.to(device=base.device, dtype=torch.bool)[..., :n_k].expand(b, n_q, n_k)
+        which = head_rows(self.heads, b, h, base.device)[:, :, None, None]  # [batch, head, 1, 1]
+        mask = base & (keep[:, None] | ~which)  # [batch, head, query, key]
+        lost = base.any(-1) & ~mask.any(-1)  # [batch, head, query]: rows left with no key
+        if bool(lost.any()):
+            if self.empty != "keep":
+                raise HeadscopeError(
+                    f"RestrictKeys on layer {self.layer} leaves a query with no key to attend "
+                    "to; keep at least each query's own position."
+                )
+            mask = torch.where(lost[..., None], base, mask)
         return call.with_mask(mask)
 
     def after(self, call: AttentionCall, out: Tensor) -> Tensor:
         return out
+
+
+def band(sinks: int, window: int) -> Callable[[AttentionCall], Bool[Tensor, "1 query key"]]:
+    """The keys a sink + window KV cache keeps, as a ``keep`` for :class:`RestrictKeys`: ``k <
+    sinks`` and ``q - window < k <= q`` (keys before the first query, a KV cache, count as earlier
+    positions).
+
+    >>> call = AttentionCall(0, torch.zeros(1, 1, 5, 2), torch.zeros(1, 1, 5, 2),
+    ...                      torch.zeros(1, 1, 5, 2), None, 1.0, True)
+    >>> band(1, 2)(call)[0].int().tolist()[4]
+    [1, 0, 0, 1, 1]
+    """
+
+    def keep(call: AttentionCall) -> Tensor:
+        _, _, n_q, n_k = call.shape
+        pos = torch.arange(n_q, device=call.query.device) + (n_k - n_q)  # [query]
+        k = torch.arange(n_k, device=call.query.device)  # [key]
+        return ((k[None, :] < sinks) | (pos[:, None] - k[None, :] < window))[None]
+
+    return keep
 
 
 # ------------------------------------------------------------------------------ activation

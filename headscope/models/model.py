@@ -311,6 +311,43 @@ class Model:
             f"{self.name}: cannot find its list of {self.n_layers} transformer blocks."
         )
 
+    def mlp(self, layer: int) -> torch.nn.Module:
+        """The MLP of block ``layer`` (``mlp``, ``feed_forward``, ``ffn``): what path patching
+        freezes at its base output."""
+        blk = self.blocks()[layer]
+        for name in ("mlp", "feed_forward", "ffn"):
+            mod = getattr(blk, name, None)
+            if isinstance(mod, torch.nn.Module):
+                return mod
+        raise HeadscopeError(
+            f"{self.name}: no MLP module (mlp, feed_forward, ffn) in block {layer}, so its MLPs "
+            "cannot be frozen; run with MLPs recomputed (freeze_mlps=False)."
+        )
+
+    @contextlib.contextmanager
+    def mlp_outputs(
+        self, record: dict | None = None, frozen: dict | None = None, repeat: int = 1
+    ) -> Iterator[None]:
+        """For the forwards inside the block: each MLP's output recorded into ``record[layer]``
+        (``[batch, pos, d_model]``), and/or replaced by ``frozen[layer]`` repeated ``repeat``
+        times along the batch. No hook outlives the block."""
+        handles = []
+        try:
+            for layer in range(self.n_layers):
+
+                def hook(module, args, out, layer=layer):
+                    if record is not None:
+                        record[layer] = out.detach()
+                    if frozen is not None and layer in frozen:
+                        return frozen[layer].repeat(repeat, 1, 1)
+                    return None
+
+                handles.append(self.mlp(layer).register_forward_hook(hook))
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
     @contextlib.contextmanager
     def _blocks(
         self, keep: dict[int, Tensor] | None, resume: tuple[int, Tensor] | None

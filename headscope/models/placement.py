@@ -1,7 +1,11 @@
-"""Where a model too big for one device goes: accelerate's device maps and memory limits, checked
-and parsed in one line each, before anything loads (no torch here)."""
+"""Where a model runs: accelerate's device maps and memory limits for a model too big for one
+device, checked and parsed in one line each before anything loads (no torch imported here), and
+torch's CPU threads for one block (:func:`threads`)."""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 from headscope.errors import HeadscopeError
 
@@ -75,3 +79,19 @@ def parse_max_memory(text: str | None) -> dict | None:
             raise HeadscopeError(f"--max-memory device '{key}' is not a GPU index, cpu or mps.")
         out[int(key) if key.isdigit() else key] = int(float(num) * _SIZE_UNITS[unit])
     return out
+
+
+@contextlib.contextmanager
+def threads(n: int | None) -> Iterator[None]:
+    """torch's CPU threads set to ``n`` for one block and put back after (None: left alone)."""
+    if n is None:
+        yield
+        return
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from headscope.errors import HeadscopeError, did_you_mean
+from headscope.settings import DTYPE_NAMES, check_dtype  # noqa: F401 - callers find them here
 
 
 @dataclass(frozen=True)
@@ -152,18 +153,6 @@ OFFLINE_NAMES = tuple(PACKAGED)
 
 #: Weight dtypes a named model can be loaded in (:mod:`headscope.models.loading` maps them to torch
 # dtypes).
-DTYPE_NAMES = ("float32", "bfloat16", "float16")
-
-
-def check_dtype(dtype: str | None) -> None:
-    """Refuse an unknown dtype name in one line (None: the model's own, or float32)."""
-    if dtype is not None and dtype not in DTYPE_NAMES:
-        raise HeadscopeError(
-            f"Unknown dtype '{dtype}'.{did_you_mean(dtype, DTYPE_NAMES)} "
-            f"Use one of {', '.join(DTYPE_NAMES)}."
-        )
-
-
 #: A few hub models shown by ``headscope models`` (any transformer-lens name or repo id works).
 COMMON_HUB = ("gpt2-small", "gpt2-medium", "pythia-70m", "pythia-160m", "bert-base-cased")
 

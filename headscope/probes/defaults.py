@@ -1,7 +1,7 @@
 """The probes a scan's settings ask for, built for one model (every check that needs the model or a
 file happens here, before any forward pass).
 
-``config`` is a :class:`~headscope.scanner.config.ScanConfig` (read, never imported: the settings
+``config`` is a :class:`~headscope.scanner.config.ScanSettings` (read, never imported: the settings
 object is defined above this layer and flows down to it).
 """
 

@@ -30,7 +30,7 @@ from functools import cache
 from pathlib import Path
 
 from headscope.errors import HeadscopeError, did_you_mean
-from headscope.probes.tasks import Pair, Task, check_metric
+from headscope.probes.tasks import Pair, Task, TokenizedTask, check_metric
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "tasks"
 KITS = ("ioi", "capital", "pronoun", "copy_name")
@@ -142,6 +142,28 @@ def resolve_task(
     return Task(
         checked.name, checked.pairs, check_metric(metric), checked.prepend_bos, checked.provenance
     )
+
+
+def tokenize_task(
+    task,
+    model,
+    metric: str | None = None,
+    n_pairs: int | None = None,
+    seed: int = 0,
+    templates: list[int] | tuple[int, ...] | None = None,
+    draw: int | None = None,
+) -> TokenizedTask:
+    """What a user passed (a :class:`TokenizedTask`, a :class:`Task`, a kit name or a file) as
+    token ids for ``model``, its provenance kept, cut to the first ``n_pairs`` pairs. A kit
+    draws ``draw`` pairs (default ``n_pairs``, else the kit's default); ``metric`` overrides the
+    task's."""
+    if isinstance(task, TokenizedTask):
+        tt = task.with_metric(metric)
+    else:
+        templates = list(templates) if templates is not None else None
+        t = resolve_task(task, model, metric, draw or n_pairs, seed, templates)
+        tt = t.tokenize(model)
+    return tt.subset(n_pairs)
 
 
 # ------------------------------------------------------------------------------ filling templates

@@ -34,7 +34,7 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from headscope.errors import HeadscopeError, did_you_mean
@@ -201,6 +201,7 @@ class Task:
             {n: [pos[n] for pos in positions] for n in names},
             self.metric,
             [dict(p.info) for p in self.pairs],
+            dict(self.provenance),
         )
 
 
@@ -208,7 +209,8 @@ class Task:
 class TokenizedTask:
     """A task as token ids for one tokenizer: what the patching engines read.
 
-    ``positions``: ``{name: [token index per pair]}``, ``END`` included.
+    ``positions``: ``{name: [token index per pair]}``, ``END`` included. ``provenance``: where the
+    pairs came from (a kit and its templates, a file and its sha256), as the run records it.
     """
 
     name: str
@@ -219,6 +221,7 @@ class TokenizedTask:
     positions: dict[str, list[int]]
     metric: str = "logit_diff"
     info: list[dict] = field(default_factory=list)
+    provenance: dict = field(default_factory=lambda: {"source": "tokenized in code"})
 
     def __post_init__(self) -> None:
         check_metric(self.metric)
@@ -310,7 +313,12 @@ class TokenizedTask:
             {k: v[:n] for k, v in self.positions.items()},
             self.metric,
             self.info[:n],
+            self.provenance,
         )
+
+    def with_metric(self, metric: str | None) -> TokenizedTask:
+        """The same pairs read with ``metric`` (None: as they are)."""
+        return self if metric is None else replace(self, metric=metric)
 
 
 def check_model(model) -> None:

@@ -1,40 +1,42 @@
 """Run directories: written atomically, read back, and never a folder headscope did not write.
 
-:func:`save_run` writes everything into a hidden temporary folder beside ``OUT`` (same file system)
-and renames it into place when complete; ``metadata.json`` is written last, complete (the list of
-files, the time taken to write them), so no file is ever rewritten after the rename.
+Every command that writes a run directory (scan, patch, circuit, census, kvplan; a sweep's jobs
+are scans) writes it through :func:`write_run`, the one writer, and reads it back through
+:func:`read_record` and :func:`read_table`. What each kind is named, holds and may replace is one
+table (:mod:`headscope.rundir.kinds`); what its record says about the model is one builder
+(:mod:`headscope.rundir.record`). The writer:
 
+* fills a hidden temporary folder beside ``OUT`` (same file system): the tables first, then the
+  record (``metadata.json``, complete: every file, the time taken), then the figures and the page,
+  each of which may fail and cost only itself (one line, ``figures_skipped`` / ``report_skipped``
+  in the record), then the record again; and renames the folder into place whole;
 * ``OUT`` does not exist: the rename creates it. If another process published ``OUT`` in the
-  meantime (two scans to one ``--out``), exactly one wins; the other fails with one line and
-  leaves nothing.
+  meantime (two runs to one ``--out``), exactly one wins; the other fails with one line and
+  leaves nothing;
 * ``OUT`` exists: refused without ``force``. With ``force`` it is replaced only if it is an empty
-  folder or a headscope run directory holding nothing that headscope did not write; anything else
-  (a thesis folder, a home directory) is refused with one line and left untouched. The same rules
-  serve other kinds of run (``headscope patch``'s, :data:`PATCH_RUN_FORMAT`): each replaces only
-  a run of its own kind.
+  folder or a run of a kind this one may replace, holding nothing that headscope did not write;
+  anything else (a thesis folder, a home directory) is refused with one line and left untouched;
 * Ctrl-C, ``SIGTERM`` (what Slurm, Kubernetes and Ray send) or any error while writing removes
   the temporary folder and any parent folder made for ``OUT``: nothing is left behind. While a
   run is written, ``SIGTERM`` is handled like Ctrl-C, and both are held back during the final
-  rename and the clean-up, so neither is ever half done (:func:`interruptible`).
+  rename and the clean-up, so neither is ever half done (:func:`interruptible`); one that
+  arrives during the rename is reported with the run complete (``exc.written``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
-import tempfile
 import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from headscope.errors import HeadscopeError
-from headscope.files import Claimed, fsync_tree, make_parents, optional, rename_into
+from headscope.files import Claimed, optional, publish_dir
 from headscope.result import COLUMNS, FLOAT_FORMAT, METRIC_NAME, RUN_FORMAT, Probe, ScanResult
+from headscope.rundir.kinds import FORMATS, KVPLAN, SCAN, RunKind
 from headscope.rundir.signals import Interrupted, held, interruptible, released
 
 #: What every run directory holds besides one ``<metric>.png`` per metric.
@@ -53,42 +55,44 @@ RUN_FILES = (
 )
 # the strongest heads' patterns on one example per probe (headscope.scanner.examples)
 VIEWS = "views.npz"
-PATCH_RUN_FORMAT = "headscope-patching/1"  # a run of `headscope patch` (headscope.apps.patch)
-CIRCUIT_RUN_FORMAT = "headscope-circuit/1"  # a run of `headscope circuit` (headscope.apps.circuit)
-#: Per kind of run directory (its ``run_format``): its main table and what messages call it.
-RUN_KINDS = {
-    RUN_FORMAT: ("scores.csv", "run directory"),
-    PATCH_RUN_FORMAT: ("patching.csv", "patching run"),
-    CIRCUIT_RUN_FORMAT: ("path.csv", "circuit run"),
-}
+REPORT = "report.html"
+#: ``metadata.json`` keys noting a figure or page that could not be made (the rest is kept).
+SKIPPED = ("figures_skipped", "report_skipped")
 
 
 # ------------------------------------------------------------------------------ what a run is
 
 
-def read_metadata(path: Path) -> dict | None:
-    """``metadata.json`` of a folder as a dict, or None when it is missing or not JSON."""
+def read_metadata(path: Path, record: str = "metadata.json") -> dict | None:
+    """A folder's record (``metadata.json``) as a dict, or None when it is missing or not JSON."""
     try:
-        meta = json.loads((Path(path) / "metadata.json").read_text())
+        meta = json.loads((Path(path) / record).read_text())
     except (OSError, ValueError, UnicodeDecodeError):
         return None
     return meta if isinstance(meta, dict) else None
 
 
-def is_run_dir(path: str | Path, formats: str | tuple[str, ...] = (RUN_FORMAT,)) -> bool:
-    """Whether ``path`` is a headscope run directory of one of ``formats`` (``run_format`` values;
-    a scan's by default; ``headscope census`` and ``headscope patch`` name their own): its main
-    table (:data:`RUN_KINDS`: ``scores.csv``, ``patching.csv``) plus a headscope ``metadata.json``.
-    Scans written before the ``run_format`` key are known by their recorded headscope version."""
-    formats = (formats,) if isinstance(formats, str) else tuple(formats)
+def _formats(kind: RunKind | str | tuple[str, ...]) -> tuple[str, ...]:
+    if isinstance(kind, RunKind):
+        return kind.replaces
+    return (kind,) if isinstance(kind, str) else tuple(kind)
+
+
+def is_run_dir(path: str | Path, formats: RunKind | str | tuple[str, ...] = RUN_FORMAT) -> bool:
+    """Whether ``path`` is a headscope run directory of one of ``formats`` (``run_format`` values,
+    or a :class:`~headscope.rundir.kinds.RunKind`: it or a kind it may replace; a scan's by
+    default): its main table (:mod:`headscope.rundir.kinds`) plus a headscope record. Scans
+    written before the ``run_format`` key are known by their recorded headscope version."""
+    formats = _formats(formats)
     path = Path(path)
+    if KVPLAN.run_format in formats and is_kvplan_dir(path):
+        return True
     meta = read_metadata(path)
     if meta is None:
         return False
     if "run_format" in meta:
-        kind = meta["run_format"]
-        table = RUN_KINDS.get(kind, ("scores.csv",))[0]
-        return kind in formats and (path / table).is_file()
+        kind = FORMATS.get(meta["run_format"])
+        return kind is not None and kind.run_format in formats and (path / kind.table).is_file()
     if not (path / "scores.csv").is_file():
         return False
     versions = meta.get("versions")
@@ -101,6 +105,8 @@ def foreign_entries(path: str | Path, run_format: str = RUN_FORMAT) -> list[str]
     from headscope.report.figures import figure_names
 
     path = Path(path)
+    if run_format == KVPLAN.run_format:
+        return sorted(e.name for e in path.iterdir() if e.name not in KVPLAN.files)
     meta = read_metadata(path) or {}
     ours = (set(RUN_FILES) if run_format == RUN_FORMAT else set()) | set(meta.get("files") or [])
     try:
@@ -122,36 +128,33 @@ def foreign_entries(path: str | Path, run_format: str = RUN_FORMAT) -> list[str]
     return sorted(
         e.name
         for e in path.iterdir()
-        if not (e.name == KVPLAN and is_kvplan_dir(e))
+        if not (e.name == KVPLAN_DIR and is_kvplan_dir(e))
         and (e.name not in ours or not e.is_file() or e.is_symlink())
     )
 
 
-KVPLAN = "kvplan"  # `headscope kvplan RUN_DIR` writes its table, curve and summary here
-KVPLAN_FILES = ("kvplan.csv", "kvplan.png", "kvplan.md", "kvplan.json", "kvplan.svg", "kvplan.pdf")
+KVPLAN_DIR = "kvplan"  # `headscope kvplan RUN_DIR` writes its table, curve and summary here
 
 
 def is_kvplan_dir(path: str | Path) -> bool:
     """A folder holding only what ``headscope kvplan`` writes (and its record)."""
     path = Path(path)
-    if path.is_symlink() or not path.is_dir() or not (path / "kvplan.json").is_file():
+    if path.is_symlink() or not path.is_dir() or not (path / KVPLAN.record).is_file():
         return False
     return all(
-        e.name in KVPLAN_FILES and e.is_file() and not e.is_symlink() for e in path.iterdir()
+        e.name in KVPLAN.files and e.is_file() and not e.is_symlink() for e in path.iterdir()
     )
 
 
-def check_out_dir(
-    out: str | Path, force: bool, formats: str | tuple[str, ...] = (RUN_FORMAT,)
-) -> Path:
+def check_out_dir(out: str | Path, force: bool, kind: RunKind | str = SCAN) -> Path:
     """Refuse an ``out`` that may not be written, before any work is done (one line, nothing
     touched).
 
     Without ``force`` ``out`` must not exist; with it, it may also be an empty folder or a headscope
-    run directory (of one of ``formats``, :func:`is_run_dir`) holding only what headscope wrote.
+    run directory of a kind ``kind`` may replace (:func:`is_run_dir`) holding only what headscope
+    wrote.
     """
-    formats = (formats,) if isinstance(formats, str) else tuple(formats)
-    kind = RUN_KINDS.get(formats[0], ("", "run directory"))[1]
+    kind = FORMATS[kind] if isinstance(kind, str) else kind
     out = Path(out)
     if not (out.exists() or out.is_symlink()):
         if out.parent.exists() and not out.parent.is_dir():
@@ -159,43 +162,152 @@ def check_out_dir(
         return out
     if not force:
         raise HeadscopeError(
-            f"Output directory '{out}' already exists; pass --force to replace it "
-            "(a headscope "
+            f"Output directory '{out}' already exists; pass --force to replace it (a headscope "
             "run only) or choose another --out."
         )
     if out.is_symlink() or not out.is_dir():
         what = "a symbolic link" if out.is_symlink() else "not a directory"
         raise HeadscopeError(
-            f"'{out}' exists and is {what}; --force replaces only a headscope "
-            f"{kind}, "
+            f"'{out}' exists and is {what}; --force replaces only a headscope {kind.what}, "
             "choose another --out."
         )
     entries = sorted(e.name for e in out.iterdir())
     if not entries:
         return out
-    if not is_run_dir(out, formats):
+    if not is_run_dir(out, kind):
         more = f" and {len(entries) - 1} more" if len(entries) > 1 else ""
         raise HeadscopeError(
-            f"'{out}' is not a headscope {kind} (it holds {entries[0]}{more}); "
-            "--force "
-            f"replaces only a {kind} or an empty folder, so choose another --out."
+            f"'{out}' is not a headscope {kind.what} (it holds {entries[0]}{more}); --force "
+            f"replaces only a {kind.what} or an empty folder, so choose another --out."
         )
-    foreign = foreign_entries(out, (read_metadata(out) or {}).get("run_format", RUN_FORMAT))
+    record = read_metadata(out, kind.record) or {}
+    foreign = foreign_entries(out, record.get("run_format", kind.run_format))
     if foreign:
         more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
         raise HeadscopeError(
-            f"'{out}' is a headscope run but also holds {foreign[0]}{more}, which "
-            "headscope did "
+            f"'{out}' is a headscope run but also holds {foreign[0]}{more}, which headscope did "
             "not write; move it out first or choose another --out."
         )
     return out
 
 
-# ------------------------------------------------------------------------------ saving
+# ------------------------------------------------------------------------------ the one writer
 
-#: ``metadata.json`` keys noting a figure or page that could not be made (the rest of the run is
-# kept).
-SKIPPED = ("figures_skipped", "report_skipped")
+
+def write_run(
+    out: str | Path,
+    kind: RunKind,
+    tables: Callable[[Path], None],
+    record: dict,
+    *,
+    force: bool = False,
+    figures: Callable[[Path], None] | None = None,
+    page: Callable[[Path], None] | None = None,
+    say: Callable[[str], None] | None = None,
+    started: float | None = None,
+) -> dict:
+    """Write the run directory ``out`` of ``kind`` whole (see the module docstring for every rule)
+    and return its record as saved.
+
+    ``tables(tmp)`` writes the tables (and tokens); ``record`` is the record's content (the
+    writer adds ``run_format``, ``files`` and the time spent writing, and the total time since
+    ``started``, a ``time.perf_counter()`` value); ``figures(tmp)`` and ``page(tmp)``, each
+    optional, run after the record is written (the page may read the run back), and a failure of
+    either costs only itself (one line to ``say``, noted in the record).
+    """
+    out = check_out_dir(out, force, kind)
+    t0 = time.perf_counter()
+    saved: dict = {}
+    published = False
+    try:
+        # Everything is held by default: a signal can only interrupt the writing itself (released),
+        # never the making of the folders, the rename or the clean-up, which run whole.
+        with interruptible(), held():
+            try:
+                publish_dir(
+                    out,
+                    lambda tmp: _fill(tmp, kind, tables, record, figures, page, say, t0, started,
+                                      saved),
+                    replace=force and (out.exists() or out.is_symlink()),
+                    before_replace=lambda: check_out_dir(out, True, kind),  # it may have changed
+                )  # fmt: skip
+            except Claimed:
+                raise HeadscopeError(
+                    f"Output directory '{out}' appeared while this {kind.command} ran (another "
+                    f"{kind.command} to the same --out?); nothing was written. Choose another "
+                    "--out, or pass --force."
+                ) from None
+            published = True
+    except Interrupted as exc:
+        if published:  # it came during the rename, which finished: the run is complete
+            exc.written = out
+        raise
+    return saved
+
+
+def _fill(tmp, kind, tables, record, figures, page, say, t0, started, saved: dict) -> None:
+    """Everything of the run into the temporary folder ``tmp`` (signals released: this is the only
+    part an interrupt may stop)."""
+    with released():
+        meta = {k: v for k, v in record.items() if k not in (*SKIPPED, "files")}
+        meta["run_format"] = kind.run_format
+        tables(tmp)
+
+        def write_record() -> None:
+            meta["timings"] = dict(meta.get("timings", {}))
+            meta["timings"]["write_s"] = round(time.perf_counter() - t0, 3)
+            if started is not None:
+                meta["timings"]["total_s"] = round(time.perf_counter() - started, 3)
+            names = {p.name for p in tmp.iterdir() if not p.name.startswith(".")}
+            meta["files"] = sorted(names | {kind.record})
+            (tmp / kind.record).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+
+        write_record()  # the tables and their record are complete before any figure is drawn
+        if figures is not None:
+            optional("the figures", lambda: figures(tmp), meta, "figures_skipped", say)
+        if page is not None:
+            optional(REPORT, lambda: page(tmp), meta, "report_skipped", say)
+        write_record()  # complete, and last
+    saved.clear()
+    saved.update(meta)
+
+
+def write_csv(table: pd.DataFrame, path: Path) -> None:
+    """A run's table as every run writes it (8 significant digits, NaN spelled out)."""
+    table.to_csv(path, index=False, float_format=FLOAT_FORMAT, na_rep="NaN")
+
+
+# ------------------------------------------------------------------------------ the one reader
+
+
+def read_record(path: str | Path, kind: RunKind) -> dict:
+    """The record of a run directory of ``kind``, or one line saying it is not one."""
+    path = Path(path)
+    meta = read_metadata(path, kind.record)
+    if (
+        meta is None
+        or meta.get("run_format") != kind.run_format
+        or not (path / kind.table).is_file()
+    ):
+        raise HeadscopeError(
+            f"'{path}' is not a headscope {kind.what} (no {kind.table} with its {kind.record}); "
+            f"give a folder written by `headscope {kind.command}`."
+        )
+    return meta
+
+
+def read_table(path: str | Path, name: str, str_cols=()) -> pd.DataFrame | None:
+    """A table of a run directory as written by :func:`write_csv` (None when the run has none):
+    ``NaN`` read as missing, ``str_cols`` kept as text."""
+    path = Path(path) / name
+    if not path.is_file():
+        return None
+    return pd.read_csv(
+        path, keep_default_na=False, na_values=["NaN", "nan", ""], dtype={c: str for c in str_cols}
+    )
+
+
+# ------------------------------------------------------------------------------ a scan's run
 
 
 def save_run(
@@ -207,98 +319,44 @@ def save_run(
     say=None,
     figure_formats: Sequence[str] = ("png",),
 ) -> Path:
-    """Write the run directory ``out`` atomically (see the module docstring for every rule).
-
-    Tables and records are written first; a figure or the page that cannot be drawn costs only
-    itself (one line to ``say``, ``figures_skipped`` / ``report_skipped`` in ``metadata.json``),
-    never the finished scan. ``started`` (a ``time.perf_counter()`` value) lets ``metadata.json``
-    record the total time of the run; the time spent writing is always recorded.
+    """Write a scan's run directory ``out`` atomically (:func:`write_run`; the module docstring
+    has every rule): scores.csv (and .parquet), tokens.jsonl, controls.jsonl, per_sequence.npz,
+    views.npz, summary.md, metadata.json, then a heatmap per metric and report.html.
     ``figure_formats``: the figures' files (png, svg, pdf; the page's figures are inline PNGs
-    whatever they are). ``result.metadata`` is updated to what was saved.
-    """
-    out = check_out_dir(out, force)
-    t0 = time.perf_counter()
-    tmp: Path | None = None
-    made: list[Path] = []
-    published = False
-    # Everything is held by default: a signal can only interrupt the writing itself (released),
-    # never the making of the folders, the rename or the clean-up, which run whole.
-    try:
-        with interruptible(), held():
-            try:
-                made = make_parents(out.absolute().parent)
-                tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.absolute().parent))
-                with released():
-                    notes: dict = {}
-                    _write(result, tmp, figures, notes, say, figure_formats)
-                    timings = dict(
-                        result.metadata.get("timings", {}),
-                        write_s=round(time.perf_counter() - t0, 3),
-                    )
-                    if started is not None:
-                        timings["total_s"] = round(time.perf_counter() - started, 3)
-                    files = sorted([p.name for p in tmp.iterdir()] + ["metadata.json", REPORT])
-                    # a reloaded run's
-                    kept = {k: v for k, v in result.metadata.items() if k not in SKIPPED}
-                    meta = (
-                        kept
-                        | notes
-                        | {
-                            "run_format": RUN_FORMAT,
-                            "thresholds": result.thresholds,
-                            "timings": timings,
-                            "files": files,
-                        }
-                    )
-                    _write_json(tmp / "metadata.json", meta)
-                    # from the files as saved, so that a rebuild is the same page
-                    optional(
-                        "report.html",
-                        lambda: _write_report(tmp, tmp / REPORT, figures),
-                        meta,
-                        "report_skipped",
-                        say,
-                    )
-                    if "report_skipped" in meta:
-                        meta["files"] = [f for f in files if f != REPORT]
-                        _write_json(tmp / "metadata.json", meta)
-                    fsync_tree(tmp)
-                    # mkdtemp makes it private; a run directory is an ordinary folder
-                    os.chmod(tmp, 0o755)
-                _publish(tmp, out, force)
-                tmp, published = None, True
-                result.metadata = meta
-            except BaseException:
-                if tmp is not None:
-                    shutil.rmtree(tmp, ignore_errors=True)
-                for folder in reversed(made):
-                    with contextlib.suppress(OSError):
-                        folder.rmdir()  # only if still empty
-                raise
-    except Interrupted as exc:
-        if published:  # it came during the rename, which finished: the run is complete
-            exc.written = out
-        raise
-    return out
+    whatever they are). ``result.metadata`` is updated to what was saved."""
+    record = dict(result.metadata, thresholds=result.thresholds)
+
+    def draw(tmp: Path) -> None:
+        from headscope.report.figures import save_figures
+
+        save_figures(
+            result.scores,
+            tmp,
+            n_sequences={p.name: len(p) for p in result.probes},
+            thresholds=result.thresholds,
+            formats=figure_formats,
+        )
+
+    result.metadata = write_run(
+        out,
+        SCAN,
+        lambda tmp: _write(result, tmp),
+        record,
+        force=force,
+        figures=draw if figures else None,
+        page=lambda tmp: _write_report(tmp, tmp / REPORT, figures),
+        say=say,
+        started=started,
+    )
+    return Path(out)
 
 
-def _write_json(path: Path, record: dict) -> None:
-    path.write_text(json.dumps(record, indent=2, default=str) + "\n")
-
-
-def _write(
-    result: ScanResult,
-    tmp: Path,
-    figures: bool,
-    notes: dict | None = None,
-    say=None,
-    figure_formats: Sequence[str] = ("png",),
-) -> None:
-    """Every file of the run but ``metadata.json`` and the page: tables first, figures last (a
-    figure that fails is noted in ``notes["figures_skipped"]``; the tables stay)."""
+def _write(result: ScanResult, tmp: Path) -> None:
+    """Every table and record of a scan's run but ``metadata.json``: scores, tokens, controls,
+    per-sequence sums, the page's views, the summary."""
     from headscope.report.tables import summary_markdown
 
-    result.scores.to_csv(tmp / "scores.csv", index=False, float_format=FLOAT_FORMAT, na_rep="NaN")
+    write_csv(result.scores, tmp / "scores.csv")
     try:
         import pyarrow  # noqa: F401
 
@@ -349,49 +407,12 @@ def _write(
             arrays[f"{i}.pattern"] = np.asarray(ex["pattern"], dtype=np.float32)
         np.savez_compressed(tmp / VIEWS, **arrays)
     (tmp / "summary.md").write_text(summary_markdown(result))
-    if figures:
-        from headscope.report.figures import save_figures
-
-        optional(
-            "the figures",
-            lambda: save_figures(
-                result.scores,
-                tmp,
-                n_sequences={p.name: len(p) for p in result.probes},
-                thresholds=result.thresholds,
-                formats=figure_formats,
-            ),
-            {} if notes is None else notes,
-            "figures_skipped",
-            say,
-        )
-
-
-REPORT = "report.html"
 
 
 def _write_report(run_dir: Path, path: Path, figures: bool) -> None:
     from headscope.report.html import report_html
 
     path.write_text(report_html(load_run(run_dir), figures=figures), encoding="utf-8")
-
-
-def _publish(tmp: Path, out: Path, force: bool) -> None:
-    """Rename the finished ``tmp`` to ``out`` (signals held by the caller)."""
-    try:
-        rename_into(
-            tmp,
-            out,
-            replace=force and (out.exists() or out.is_symlink()),
-            # it may have changed meanwhile
-            before_replace=lambda: check_out_dir(out, force=True),
-        )
-    except Claimed:
-        raise HeadscopeError(
-            f"Output directory '{out}' appeared while this scan ran (another scan "
-            "to the same "
-            "--out?); nothing was written. Choose another --out, or pass --force."
-        ) from None
 
 
 # ------------------------------------------------------------------------------ loading
@@ -517,33 +538,3 @@ def _read_views(path: Path) -> dict:
         # views are an extra of the page: an unreadable file only means a page without them
         return {}
     return {"heads": heads, "examples": examples}
-
-
-def publish_run(out: Path, force: bool, run_format: str, write) -> dict:
-    """Publish the run directory ``out`` whole (``--force`` rules of :func:`check_out_dir` for
-    ``run_format``, checked again just before a replace): ``write(tmp) -> dict`` fills a temporary
-    folder (signals released while it runs) and its dict is returned. An interrupt after the
-    publish says so (``exc.written``)."""
-    from headscope.files import publish_dir
-
-    saved: dict = {}
-
-    def build(tmp: Path) -> None:
-        with released():
-            saved.update(write(tmp))
-
-    published = False
-    try:
-        with interruptible(), held():
-            publish_dir(
-                out,
-                build,
-                replace=force and (out.exists() or out.is_symlink()),
-                before_replace=lambda: check_out_dir(out, True, run_format),
-            )
-            published = True
-    except Interrupted as exc:
-        if published:
-            exc.written = out
-        raise
-    return saved

@@ -1,19 +1,21 @@
 """A scan's settings: one frozen object, checked once when it is made, that flows down.
 
-The ``headscope scan`` command builds its options from these fields (name, type, default and help
-text: :func:`headscope.cli.options.config_options`), builds a :class:`ScanConfig` from what was
-typed and hands it on; the probes, the scan, the effects and the run directory read it. So a new
-setting is one field here, with its help text, plus the code that uses it.
+:class:`ScanSettings` is a :class:`~headscope.settings.Settings` (the one base; ``ScanConfig`` is
+its older name). The ``headscope scan`` command builds its options from these fields (name, type,
+default and help text: :func:`headscope.cli.options.config_options`), builds a
+:class:`ScanSettings` from what was typed and hands it on; the probes, the scan, the effects and
+the run directory read it. So a new setting is one field here, with its help text, plus the code
+that uses it.
 
 Every check that needs neither the model nor a file runs when the object is made (a
-``ScanConfig`` that exists is valid, and ``dataclasses.replace`` checks again); checks that need
+``ScanSettings`` that exists is valid, and ``dataclasses.replace`` checks again); checks that need
 the model (its context length) or a file (the prompts) run where the probes are built. Names are
 matched without case (``--metrics Induction``). Messages name a setting the way both callers know
 it: ``n_prompts (--n-prompts)``.
 
->>> ScanConfig().repeat_len, ScanConfig().engine, ScanConfig(metrics=("Induction",)).metrics
+>>> ScanSettings().repeat_len, ScanSettings().engine, ScanSettings(metrics=("Induction",)).metrics
 (50, 'auto', ('induction',))
->>> ScanConfig(n_prompts=0)
+>>> ScanSettings(n_prompts=0)
 Traceback (most recent call last):
 ...
 headscope.errors.HeadscopeError: n_prompts (--n-prompts) must be at least 1, got 0.
@@ -23,38 +25,25 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass
 
 from headscope.catalog import check_score_name, describe, pattern_names
 from headscope.effects.settings import ABLATIONS, MODES, EffectSettings
 from headscope.engines.registry import AUTO, get_engine
 from headscope.errors import HeadscopeError, at_least, did_you_mean, setting
 from headscope.models.placement import check_device_map
-from headscope.models.sources import check_dtype
 from headscope.probes.pairs import JOINS
 from headscope.result import METRIC_NAME
 from headscope.scale.options import check_options
-from headscope.uncertainty import check as check_bootstrap
+from headscope.settings import Placement, Resampling, check_choice, opt
 
 LONG_SEQ_LEN = 2048  # the long-context view's length when --seq-len is not given
 # sequences per probe when --n-prompts is not given (fewer if a prompts file holds fewer)
 N_PROMPTS = 64
 
 
-def opt(default, help: str, **cli):
-    """A setting: its default, its help text, and how the CLI spells it (``cli`` keys: ``flag`` the
-    option's name, ``kind`` (``csv``, ``thresholds``, ``memory``, ``path``), ``flag_value`` (an
-    option
-    whose value may be left out), ``metavar``, ``choices`` shown in the help)."""
-    factory = dict if isinstance(default, dict) else None
-    meta = {"help": help, **cli}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
-
-
 @dataclass(frozen=True)
-class ScanConfig:
+class ScanSettings(Resampling, Placement):
     """Everything a scan is run with: probes, metrics, labels, engine, effects, intervals, where the
     model runs, scale-out. The model and the output folder are given beside it."""
 
@@ -167,21 +156,15 @@ class ScanConfig:
     # ---------------------------------------------------------------- intervals
     bootstrap: int = opt(
         1000,
-        "Resamples of the sequences for every score's interval and every "
-        "label's stability "
+        "Resamples of the sequences for every score's interval and every label's stability "
         "(0: none).",
     )
-    ci: float = opt(0.95, "Coverage of the intervals.")
     # ---------------------------------------------------------------- where the model runs
-    device: str = opt("auto", "auto, cpu, cuda, cuda:N or mps.")
     device_map: str | None = opt(
         None,
-        "A model bigger than one device: let accelerate place its "
-        "layers across the "
-        "GPUs (and CPU, offloading what fits nowhere): auto, "
-        "balanced, balanced_low_0 "
-        "or sequential. Blocked and fused engines; not with --ray "
-        "or --effects.",
+        "A model bigger than one device: let accelerate place its layers across the GPUs (and "
+        "CPU, offloading what fits nowhere): auto, balanced, balanced_low_0 or sequential. "
+        "Blocked and fused engines; not with --ray or --effects.",
     )
     max_memory: Mapping | None = opt(
         None,
@@ -191,12 +174,8 @@ class ScanConfig:
     )
     dtype: str | None = opt(
         None,
-        "Model weights dtype: float32, bfloat16 or float16. [default: "
-        "float32] Patterns "
-        "are scored in float32.",
-    )
-    threads: int | None = opt(
-        None, "CPU threads for torch. [default: torch's choice, usually one per core]"
+        "Model weights dtype: float32, bfloat16 or float16. [default: float32] Patterns are "
+        "scored in float32.",
     )
     # ---------------------------------------------------------------- scale-out
     ray: str | None = opt(
@@ -211,12 +190,13 @@ class ScanConfig:
     )
     workers: int | None = opt(None, "Ray actors, one model replica each. [default: 1]")
 
-    def __post_init__(self) -> None:
+    def normalise(self) -> None:
+        super().normalise()
         _normalise(self)
-        self._check()
 
     # ------------------------------------------------------------------ checks
-    def _check(self) -> None:
+    def check(self) -> None:
+        super().check()
         for name in (
             "n_prompts",
             "repeat_len",
@@ -224,12 +204,10 @@ class ScanConfig:
             "seq_len",
             "effects_sequences",
             "effects_batch_size",
-            "threads",
             "workers",
         ):
             at_least(name, getattr(self, name))
-        check_bootstrap(self.bootstrap, self.ci)
-        _choice("text_join", self.text_join, JOINS)
+        check_choice("text_join", self.text_join, JOINS)
         if self.long_context or (self.sinks, self.window, self.needle_tokens) != (4, 64, 8):
             check_long(
                 self.long_seq_len(), self.sinks, self.window, self.needle_tokens, self.long_context
@@ -256,7 +234,6 @@ class ScanConfig:
             check_score_name(name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
                 raise HeadscopeError(f"Threshold for {name} must be a number, got {value!r}.")
-        check_dtype(self.dtype)
         check_device_map(self.device_map, self.max_memory)
         if self.device_map is not None:
             if self.ray is not None:
@@ -338,32 +315,33 @@ class ScanConfig:
         needed = {m.probe for m in self.metric_objects()}
         return [p for p in ("text", "repeat", "needle") if p in needed]
 
-    def record(self) -> dict:
-        """The settings as saved in ``metadata.json``."""
-        out = asdict(self)
-        out["thresholds"] = dict(self.thresholds)
-        out["metrics"] = (
-            [m if isinstance(m, str) else m.name for m in self.metrics]
-            if self.metrics is not None
-            else None
-        )
-        if self.max_memory is not None:
-            out["max_memory"] = {str(k): v for k, v in self.max_memory.items()}
-        return out
-
-    def changed(self) -> dict:
-        """The recorded settings that differ from their defaults (what a reader wants to see
-        first)."""
-        default = ScanConfig().record()
-        return {k: v for k, v in self.record().items() if v != default[k]}
-
     @classmethod
-    def settings(cls) -> list[str]:
-        """Every field's name, in order (what ``headscope scan`` has an option for)."""
-        return [f.name for f in fields(cls)]
+    def configure(cls, config=None, settings=None) -> ScanSettings:
+        """``config`` with ``settings`` (keyword settings of the Python API) applied, checked once.
+
+        Older spellings still work: ``band=(sinks, window)``, ``bootstrap_seed`` (the ``seed``),
+        and ``effects=EffectSettings(...)`` (its mode, ablation, sequences and batch size)."""
+        settings = dict(settings or {})
+        if "band" in settings:
+            settings["sinks"], settings["window"] = settings.pop("band")
+        if "bootstrap_seed" in settings:
+            settings["seed"] = settings.pop("bootstrap_seed")
+        effects = settings.get("effects")
+        if isinstance(effects, EffectSettings):
+            effects.validate()
+            settings.update(
+                effects=effects.mode,
+                ablation=effects.ablation,
+                effects_sequences=effects.n_sequences,
+                effects_batch_size=effects.batch_size,
+            )
+        return super().configure(config, settings)
 
 
-def _normalise(config: ScanConfig) -> None:
+ScanConfig = ScanSettings  # the name it had (``headscope.ScanConfig``)
+
+
+def _normalise(config: ScanSettings) -> None:
     """Names matched without case; sequences made tuples (the object is frozen and hashable)."""
 
     def put(name, value):
@@ -391,14 +369,6 @@ def _canonical(name: str) -> str:
     unchanged."""
     info = describe(name.strip())
     return info.name if info is not None else name.strip()
-
-
-def _choice(name: str, value: str, allowed: Sequence[str]) -> None:
-    if value not in allowed:
-        raise HeadscopeError(
-            f"Unknown {setting(name)} '{value}'.{did_you_mean(value, allowed)} "
-            f"Use one of {', '.join(allowed)}."
-        )
 
 
 def check_long(

@@ -8,11 +8,11 @@ directory).
 * :func:`scan_to_dir` is the ``headscope scan`` command as a function: checks, load, probes, scan,
   atomic save.
 
-Both read one :class:`~headscope.scanner.config.ScanConfig`. The route of a setting, top to
+Both read one :class:`~headscope.scanner.config.ScanSettings`. The route of a setting, top to
 bottom: ``cli/main.py`` builds the config from the options -> :func:`scan_to_dir` -> the probes
 (:func:`~headscope.probes.defaults.build_probes`) -> :func:`scan` (engine, metrics, null, effects
-via :meth:`~headscope.scanner.config.ScanConfig.effect_settings`, bootstrap) -> ``metadata.json``
-(:meth:`~headscope.scanner.config.ScanConfig.record`) -> :func:`~headscope.rundir.store.save_run`.
+via :meth:`~headscope.scanner.config.ScanSettings.effect_settings`, bootstrap) -> ``metadata.json``
+(:meth:`~headscope.scanner.config.ScanSettings.record`) -> :func:`~headscope.rundir.store.save_run`.
 From Python, settings may also be given as keywords (``scan(model, probes, metrics=["sink"])``).
 
 >>> import headscope                                           # doctest: +SKIP
@@ -25,32 +25,30 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from headscope import __version__
 from headscope.circuits.copying import copying_scores
 from headscope.circuits.value_weighted import value_sink_scores
 from headscope.effects.heads import check_model, head_effects
-from headscope.effects.settings import EffectSettings
 from headscope.engines.extract import MetricScores, score_probe
 from headscope.engines.registry import resolve_engine
 from headscope.errors import HeadscopeError, listening
 from headscope.files import figure_formats as check_figure_formats
 from headscope.models.loading import load_model
+from headscope.models.placement import threads
 from headscope.models.sources import resolve
 from headscope.probes.defaults import build_probes, n_prompts
 from headscope.probes.pairs import NULL_PROBE, null_probe
 from headscope.report.tables import to_frame
 from headscope.result import Probe, ScanResult, model_slug
+from headscope.rundir.record import run_record
 from headscope.rundir.signals import interruptible
 from headscope.rundir.store import check_out_dir, save_run
 from headscope.scale.options import check_address, require_ray
-from headscope.scanner.config import ScanConfig
+from headscope.scanner.config import ScanSettings
 from headscope.scanner.examples import example_patterns, pick_heads
 from headscope.uncertainty import bootstrap as run_bootstrap
 from headscope.uncertainty import passes_fn
@@ -58,35 +56,9 @@ from headscope.uncertainty import passes_fn
 __all__ = ["ScanResult", "default_out", "default_probes", "scan", "scan_to_dir"]
 
 
-def configure(config: ScanConfig | None, settings: dict) -> ScanConfig:
-    """``config`` with ``settings`` (keyword settings of the Python API) applied, checked once.
-
-    Older spellings still work: ``band=(sinks, window)``, ``bootstrap_seed`` (the ``seed``), and
-    ``effects=EffectSettings(...)`` (its mode, ablation, sequences and batch size)."""
-    settings = dict(settings)
-    if "band" in settings:
-        settings["sinks"], settings["window"] = settings.pop("band")
-    if "bootstrap_seed" in settings:
-        settings["seed"] = settings.pop("bootstrap_seed")
-    effects = settings.get("effects")
-    if isinstance(effects, EffectSettings):
-        effects.validate()
-        settings.update(
-            effects=effects.mode,
-            ablation=effects.ablation,
-            effects_sequences=effects.n_sequences,
-            effects_batch_size=effects.batch_size,
-        )
-    if settings.get("metrics") is not None:
-        settings["metrics"] = tuple(settings["metrics"])
-    if config is None:
-        return ScanConfig(**settings)
-    return replace(config, **settings) if settings else config
-
-
 def default_probes(
     model,
-    config: ScanConfig | None = None,
+    config: ScanSettings | None = None,
     *,
     probes: Sequence[str] | None = None,
     say: Callable[[str], None] | None = None,
@@ -95,7 +67,7 @@ def default_probes(
     """The probes ``config`` (or the keyword ``settings``, e.g. ``n_prompts=8, repeat_len=20``) asks
     for, built for ``model``: see :func:`~headscope.probes.defaults.build_probes`. ``probes`` names
     the ones wanted (default: text and repeat, plus the needle probe with ``long_context``)."""
-    config = configure(config, settings)
+    config = ScanSettings.configure(config, settings)
     if probes is None and config.metrics is None:
         probes = ("text", "repeat", "needle") if config.long_context else ("text", "repeat")
     return build_probes(model, config, probes, say)
@@ -104,7 +76,7 @@ def default_probes(
 def scan(
     model,
     probes: Sequence[Probe] | None = None,
-    config: ScanConfig | None = None,
+    config: ScanSettings | None = None,
     *,
     progress=None,
     say: Callable[[str], None] | None = None,
@@ -130,12 +102,12 @@ def scan(
     pattern scores and the positional null: a :class:`headscope.scale.shard.ShardedScorer` shards
     them over workers with the same results.
     """
-    config = configure(config, settings)
+    config = ScanSettings.configure(config, settings)
     with listening(say):
         return _scan(model, probes, config, progress, say, interventions, scorer or score_probe)
 
 
-def _scan(model, probes, config: ScanConfig, progress, say, interventions, score) -> ScanResult:
+def _scan(model, probes, config: ScanSettings, progress, say, interventions, score) -> ScanResult:
     probes = list(probes) if probes is not None else build_probes(model, config, say=say)
     chosen = config.metric_objects()
     thresholds = dict(config.thresholds)
@@ -328,7 +300,7 @@ def default_out(model) -> Path:
 def scan_to_dir(
     model_name,
     out: str | Path | None = None,
-    config: ScanConfig | None = None,
+    config: ScanSettings | None = None,
     *,
     tokenizer=None,
     force: bool = False,
@@ -352,7 +324,7 @@ def scan_to_dir(
     ``figure_formats``: the files of each figure (png, svg, pdf; ``--figure-format``).
     """
     t_start = time.perf_counter()
-    config = configure(config, settings)
+    config = ScanSettings.configure(config, settings)
     figure_formats = check_figure_formats(figure_formats)
     say = say or (lambda _msg: None)
     out = default_out(model_name) if out is None else Path(out)
@@ -389,8 +361,7 @@ def scan_to_dir(
                 scorer = stack.enter_context(
                     sharded(model_name, config.ray, config.workers, config.device, config.dtype)
                 )
-            if config.threads is not None:
-                stack.enter_context(_threads(config.threads))
+            stack.enter_context(threads(config.threads))
             t0 = time.perf_counter()
             placed = (
                 {}
@@ -428,84 +399,24 @@ def scan_to_dir(
     return result
 
 
-@contextlib.contextmanager
-def _threads(n: int):
-    """torch's CPU threads set to ``n`` for one block, and put back after."""
-    import torch
-
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
-
-
-def run_metadata(model, probes: Sequence[Probe], config: ScanConfig, scan_meta: dict) -> dict:
-    """Everything ``metadata.json`` records about a scan: model, source, settings, versions, timings
-    (``scan_meta``: what the scan itself measured: engine, batch size, effects, bootstrap,
-    timings)."""
-    import torch
-
-    source = {"kind": model.source.kind, **model.provenance}
-    if model.source.kind == "memory":  # no weights file to hash: hash the weights themselves
-        source["state_dict_sha256"] = model.fingerprint()
-    return {
-        "model": model.name,
-        "source": source,
-        "n_layers": model.n_layers,
-        "n_heads": model.n_heads,
-        "n_kv_heads": model.n_kv_heads,
-        "n_ctx": model.n_ctx,
-        "causal": model.causal,
-        "special_tokens": {
-            "bos_or_cls": model.bos_id,
-            "separator": model.sep_id,
-            "pad": model.pad_id,
-        },
-        "probes": {p.name: {**p.settings, "n_sequences": len(p)} for p in probes},
-        "seed": config.seed,
-        "prompts": str(Path(config.prompts).resolve())
+def run_metadata(model, probes: Sequence[Probe], config: ScanSettings, scan_meta: dict) -> dict:
+    """Everything ``metadata.json`` records about a scan: the one run record
+    (:func:`headscope.rundir.record.run_record`: model, source, settings, versions) and what the
+    scan itself measured (``scan_meta``: engine, batch size, effects, bootstrap, timings)."""
+    return run_record(
+        model,
+        config,
+        probes={p.name: {**p.settings, "n_sequences": len(p)} for p in probes},
+        prompts=str(Path(config.prompts).resolve())
         if config.prompts
         else "builtin:headscope/data/pairs.tsv",
-        "settings": config.record(),
-        "settings_changed": config.changed(),
-        "token_type_ids": (
+        token_type_ids=(
             "segment ids of each pair, saved in tokens.jsonl"
             if config.token_types
             else "all zero (sequences are fed as token ids alone)"
         ),
-        "engine": scan_meta.get("engine"),
-        **(
-            {
-                k: scan_meta[k]
-                for k in ("effects", "bootstrap", "examples_skipped")
-                if k in scan_meta
-            }
-        ),
-        "batch_size": scan_meta.get("batch_size"),
-        "device": str(model.device),
-        **(
-            {"device_map": model.device_map}
-            if getattr(model, "device_map", None) is not None
-            else {}
-        ),
-        "threads": torch.get_num_threads(),
-        "dtype": str(model.dtype).replace("torch.", ""),
-        "versions": {
-            "headscope": __version__,
-            "torch": torch.__version__,
-            "transformers": _version("transformers"),
-            "transformer-lens": _version("transformer-lens"),
-            "python": platform.python_version(),
-        },
-        "timings": dict(scan_meta.get("timings", {})),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
+        engine=scan_meta.get("engine"),
+        **{k: scan_meta[k] for k in ("effects", "bootstrap", "examples_skipped") if k in scan_meta},
+        batch_size=scan_meta.get("batch_size"),
+        timings=dict(scan_meta.get("timings", {})),
+    )

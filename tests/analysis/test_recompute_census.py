@@ -40,7 +40,7 @@ def test_a_minilm_census_recomputes_from_its_files(minilm, tmp_path):
     import pandas as pd
 
     from headscope.apps.census import census
-    from headscope.apps.census_settings import CensusSettings
+    from headscope.apps.settings import CensusSettings
 
     if __import__("importlib").util.find_spec("spacy") is None:
         pytest.skip(

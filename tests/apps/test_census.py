@@ -10,7 +10,7 @@ import pytest
 
 from headscope.apps.census import census, census_to_dir
 from headscope.apps.census import load_census as load_census_dir
-from headscope.apps.census_settings import CensusSettings
+from headscope.apps.settings import CensusSettings
 from headscope.errors import HeadscopeError
 from headscope.probes import parser, sentences
 

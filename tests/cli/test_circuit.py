@@ -10,45 +10,15 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from headscope.apps.circuit_settings import CircuitConfig
+from headscope.apps.settings import CircuitConfig
 from headscope.cli.main import main
+from tests.conftest import write_task
 
 FAST = ["--bootstrap", "50", "--n-null", "4", "--quiet"]
 
 
 def run(*args):
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
-
-
-@pytest.fixture(scope="module")
-def words(tiny_gpt2):
-    out = []
-    for i in range(len(tiny_gpt2.tokenizer)):
-        w = tiny_gpt2.decode_one(i)
-        if w.startswith(" ") and w[1:].isalpha() and tiny_gpt2.encode(w) == [i]:
-            out.append(w[1:])
-    return sorted(out, key=len, reverse=True)
-
-
-def _task(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def good_task(tmp_path_factory, words):
-    a, b, c, d = words[:4]
-    rows = [
-        {
-            "clean": f"the {x} and the {y} met the",
-            "corrupt": f"the {z} and the {y} met the",
-            "answer": " " + x,
-            "wrong": " " + z,
-            "positions": {"A": 2},
-        }
-        for x, y, z in ((a, b, c), (b, c, d), (c, d, a), (d, a, b))
-    ]
-    return _task(tmp_path_factory.mktemp("task") / "mine.jsonl", rows)
 
 
 def test_writes_a_circuit_run_and_prints_its_summary(tmp_path, tiny_gpt2_dir, good_task):
@@ -118,7 +88,7 @@ def test_bad_input_exits_2_with_one_line_and_leaves_nothing(
     elif case == "outside":
         extra, expect = ["--receivers", "L7H0.v"], ["Receiver L7H0.v is outside"]
     elif case == "lengths":
-        task = _task(
+        task = write_task(
             tmp_path / "t.jsonl",
             [
                 {
@@ -159,7 +129,7 @@ def test_an_ioi_shaped_task_reads_its_evidence_from_a_scan(tmp_path, tiny_gpt2_d
         }
         for x, y, z, w, v in ((a, b, c, d, e), (b, c, d, e, a), (c, d, e, a, b))
     ]
-    task = _task(tmp_path / "ioi.jsonl", rows)
+    task = write_task(tmp_path / "ioi.jsonl", rows)
     out = tmp_path / "run"
     res = run(
         "circuit",

@@ -12,44 +12,13 @@ from click.testing import CliRunner
 
 from headscope.apps.patch import PatchConfig
 from headscope.cli.main import main
+from tests.conftest import write_task
 
 FAST = ["--bootstrap", "50", "--quiet"]
 
 
 def run(*args):
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
-
-
-@pytest.fixture(scope="module")
-def words(tiny_gpt2):
-    """Words that are one token with a leading space for the tiny tokenizer, longest first."""
-    out = []
-    for i in range(len(tiny_gpt2.tokenizer)):
-        w = tiny_gpt2.decode_one(i)
-        if w.startswith(" ") and w[1:].isalpha() and tiny_gpt2.encode(w) == [i]:
-            out.append(w[1:])
-    return sorted(out, key=len, reverse=True)
-
-
-def _task(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def good_task(tmp_path_factory, words):
-    a, b, c, d = words[:4]
-    rows = [
-        {
-            "clean": f"the {x} and the {y} met the",
-            "corrupt": f"the {z} and the {y} met the",
-            "answer": " " + x,
-            "wrong": " " + z,
-            "positions": {"A": 2},
-        }
-        for x, y, z in ((a, b, c), (b, c, d), (c, d, a), (d, a, b))
-    ]
-    return _task(tmp_path_factory.mktemp("task") / "mine.jsonl", rows)
 
 
 def test_writes_a_patching_run_and_prints_its_summary(tmp_path, tiny_gpt2_dir, good_task, runs):
@@ -151,7 +120,7 @@ def test_bad_input_exits_2_with_one_line_and_leaves_nothing(
     out = tmp_path / "run"
     model, task, extra, expect = str(tiny_gpt2_dir), good_task, [], []
     if case == "lengths":
-        task = _task(
+        task = write_task(
             tmp_path / "t.jsonl",
             [
                 {
@@ -164,7 +133,7 @@ def test_bad_input_exits_2_with_one_line_and_leaves_nothing(
         )
         expect = ["Pair 0", "different lengths"]
     elif case == "multi_token":
-        task = _task(
+        task = write_task(
             tmp_path / "t.jsonl",
             [
                 {
@@ -177,7 +146,7 @@ def test_bad_input_exits_2_with_one_line_and_leaves_nothing(
         )
         expect = ["single token", "tokens for this tokenizer"]
     elif case == "same":
-        task = _task(
+        task = write_task(
             tmp_path / "t.jsonl",
             [{"clean": f"the {a}", "corrupt": f"the {b}", "answer": " " + c, "wrong": " " + c}],
         )

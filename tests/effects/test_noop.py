@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from headscope.effects.noop import DropKeys, noop_effects, removed_keys
+from headscope.effects.noop import drop_keys, noop_effects, removed_keys
 from headscope.models.attention import AttentionCall
 from headscope.probes.pairs import text_probe
 
@@ -30,7 +30,7 @@ def test_drop_keys_renormalises_the_row_and_spares_a_row_with_nothing_else():
     )
     keys = torch.zeros(1, 5, dtype=torch.bool)
     keys[0, 0] = True
-    out = DropKeys(0, torch.tensor([1]), keys).before(call).output()  # head 1 loses key 0
+    out = drop_keys(0, torch.tensor([1]), keys).before(call).output()  # head 1 loses key 0
     want = A.clone()
     want[0, 1, 1:, 0] = 0
     want[0, 1, 1:] /= want[0, 1, 1:].sum(-1, keepdim=True)  # renormalised over the other keys

@@ -17,6 +17,7 @@ import pytest
 import headscope
 from headscope.errors import HeadscopeError
 from headscope.result import RUN_FORMAT
+from headscope.rundir.kinds import CENSUS
 from headscope.rundir.store import check_out_dir, foreign_entries, is_run_dir, load_run, save_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -159,7 +160,7 @@ def test_the_cli_refuses_force_on_a_folder_it_did_not_write(tmp_path, tiny_gpt2_
 DRIVER = r"""
 import os, sys, time
 phase, ready, model, out = sys.argv[1:5]
-import headscope.engines.extract, headscope.models.model
+import headscope.engines.extract, headscope.files, headscope.models.model
 import headscope.rundir.store, headscope.scanner.runner
 
 def pause():
@@ -182,21 +183,26 @@ if phase == "load":
 elif phase == "scan":
     wrap(headscope.scanner.runner, "score_probe")
 elif phase == "write":
-    wrap(headscope.rundir.store, "_write", before=False)   # every file written to the temp folder
+    wrap(headscope.rundir.store, "write_csv")              # a table half written to the temp folder
 elif phase == "publish":
-    wrap(headscope.rundir.store, "_publish")               # inside the held section: deferred
+    wrap(headscope.files, "rename_into")                   # inside the held section: deferred
 elif phase == "race":
-    orig = headscope.rundir.store._publish
+    orig = headscope.files.rename_into
     def together(*a, **k):                           # both scans finish, then publish at once
         open(ready + "." + str(os.getpid()), "w").close()
         while len([f for f in os.listdir(os.path.dirname(ready)) if
         f.startswith(os.path.basename(ready) + ".")]) < 2:
             time.sleep(0.02)
         return orig(*a, **k)
-    headscope.rundir.store._publish = together
+    headscope.files.rename_into = together
 from headscope.cli.main import main
-main(["scan", model, "--out", out, "--n-prompts", "3", "--repeat-len", "6", "--batch-size", "3",
-      "--quiet", "--threads", "1"])
+command = sys.argv[5] if len(sys.argv) > 5 else "scan"
+if command == "scan":
+    main(["scan", model, "--out", out, "--n-prompts", "3", "--repeat-len", "6", "--batch-size",
+          "3", "--quiet", "--threads", "1"])
+else:  # every command writes its run through the one writer: interrupted alike
+    main(["census", model, "--out", out, "--parts", "noop", "--noop-sequences", "2",
+          "--n-prompts", "3", "--bootstrap", "10", "--quiet"])
 """
 
 
@@ -207,10 +213,12 @@ def _as_from_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _start(phase: str, model: Path, out: Path, ready: Path) -> subprocess.Popen:
+def _start(
+    phase: str, model: Path, out: Path, ready: Path, command: str = "scan"
+) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
     return subprocess.Popen(
-        [sys.executable, "-c", DRIVER, phase, str(ready), str(model), str(out)],
+        [sys.executable, "-c", DRIVER, phase, str(ready), str(model), str(out), command],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -256,9 +264,66 @@ def test_ctrl_c_and_sigterm_in_any_phase_leave_nothing_behind(phase, sig, tmp_pa
         assert not parent.exists()  # the folder made for --out's parent is gone too
 
 
+@pytest.mark.parametrize("phase", ["write", "publish"])
+def test_a_census_is_interrupted_as_a_scan_is(phase, tmp_path, tiny_gpt2_dir):
+    """Every command publishes through one writer (rundir.store.write_run): a census stopped while
+    it writes leaves nothing, and one stopped during the rename says its run is complete."""
+    parent = tmp_path / "runs"
+    out, ready = parent / "census", tmp_path / "ready"
+    proc = _start(phase, tiny_gpt2_dir, out, ready, command="census")
+    _wait_for(ready, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    if phase == "publish":
+        assert err.strip().splitlines() == [
+            "headscope: error: interrupted (SIGTERM) as the run was being renamed into place; "
+            f"{out}/ is complete."
+        ]
+        assert is_run_dir(out, CENSUS) and leftovers(parent) == []
+    else:
+        assert err.strip().splitlines() == [
+            "headscope: error: interrupted (SIGTERM); no partial output is left behind."
+        ]
+        assert not parent.exists()
+
+
+def test_every_command_writes_through_the_one_writer(tiny_gpt2, good_task, tmp_path, monkeypatch):
+    """scan, patch, circuit, census and kvplan's plan each call write_run once, with their kind."""
+    import headscope.rundir.store as rd
+    from headscope.apps import census, circuit_run, kvplan, patch
+    from headscope.rundir.kinds import KINDS
+
+    kinds = []
+    real = rd._fill  # what write_run fills the temporary folder with
+
+    def spy(tmp, kind, *a, **k):
+        kinds.append(kind.command)
+        return real(tmp, kind, *a, **k)
+
+    monkeypatch.setattr(rd, "_fill", spy)
+    small = {"n_prompts": 2, "bootstrap": 0}
+    headscope.scan_to_dir(tiny_gpt2, tmp_path / "scan", repeat_len=5, figures=False, **small)
+    tt = headscope.Task.from_file(good_task).tokenize(tiny_gpt2)
+    result = headscope.patch(tiny_gpt2, tt, bootstrap=0, estimator="attribution")
+    patch.save_patching(result, tmp_path / "patch", figures=False)
+    paths = headscope.circuit(
+        tiny_gpt2, tt, bootstrap=0, receivers=("logits",), senders=("L0H0",), composition=False
+    )
+    circuit_run.save_circuit(paths, tmp_path / "circuit", figures=False)
+    settings = census.CensusSettings(parts=("rare_word",), n_prompts=2, bootstrap=10)
+    census.census(tiny_gpt2, tmp_path / "census", settings, figures=False)
+    from tests.apps.test_kvplan import _plan_table
+
+    kvplan.save(_plan_table(), tmp_path / "plan", kvplan.PlanSettings(), "tiny", {}, {})
+    assert kinds == ["scan", "patch", "circuit", "census", "kvplan"]
+    assert set(kinds) == set(KINDS)
+
+
 def test_a_second_ctrl_c_during_the_clean_up_cannot_stop_it(result, tmp_path, monkeypatch):
     """Signals are held everywhere but in the writing itself: a second Ctrl-C that arrives while the
     temporary folder is being removed is held and delivered after it (double-tapping Ctrl-C)."""
+    import headscope.files
     import headscope.rundir.store as rd
     from headscope.rundir import signals
 
@@ -268,7 +333,7 @@ def test_a_second_ctrl_c_during_the_clean_up_cannot_stop_it(result, tmp_path, mo
         os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C: raises here, in the released part
         time.sleep(1)
 
-    real_rmtree = rd.shutil.rmtree
+    real_rmtree = headscope.files.shutil.rmtree
 
     def rmtree_with_a_second_ctrl_c(path, **kwargs):
         os.kill(os.getpid(), signal.SIGINT)  # arrives mid clean-up: must be held
@@ -276,7 +341,7 @@ def test_a_second_ctrl_c_during_the_clean_up_cannot_stop_it(result, tmp_path, mo
         real_rmtree(path, **kwargs)
 
     monkeypatch.setattr(rd, "_write", interrupted_write)
-    monkeypatch.setattr(rd.shutil, "rmtree", rmtree_with_a_second_ctrl_c)
+    monkeypatch.setattr(headscope.files.shutil, "rmtree", rmtree_with_a_second_ctrl_c)
     # Ctrl-C as at a terminal, even when the suite runs as a background job (SIGINT ignored)
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
