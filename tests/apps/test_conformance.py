@@ -17,7 +17,7 @@ import torch
 import transformers
 
 from headscope.apps import conformance as conf
-from headscope.engines.support import load_support, support_meta, support_text
+from headscope.engines.support import load_support, support_markdown, support_meta, support_text
 
 SHIPPED = load_support()
 MADE_WITH = support_meta()["transformers"]
@@ -80,7 +80,7 @@ def test_the_site_table_is_generated_from_the_shipped_table():
     hand copy that could go stale (the test reads the files as text: it never imports ``docs/``)."""
     root = Path(__file__).resolve().parents[2]
     assert "<!-- headscope:support -->" in (root / "docs" / "models.md").read_text()
-    assert conf.support_markdown(SHIPPED).splitlines()[0] not in (root / "README.md").read_text()
+    assert support_markdown(SHIPPED).splitlines()[0] not in (root / "README.md").read_text()
 
 
 def test_support_text_names_every_family_and_reason():
