@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from headscope.apps.conformance import CORPUS  # one training text for every tiny tokenizer
+from tests.oracles.conformance import CORPUS  # one training text for every tiny tokenizer
 
 
 def _bpe_tokenizer(vocab_size: int = 300):
@@ -40,7 +40,7 @@ def make_tiny_gpt2(path: Path, n_layer: int = 2, n_head: int = 4, n_ctx: int = 1
 def make_tiny_bert(path: Path, n_layer: int = 2, n_head: int = 4) -> Path:
     from transformers import BertConfig, BertForMaskedLM
 
-    from headscope.apps.conformance import encoder_tokenizer
+    from tests.oracles.conformance import encoder_tokenizer
 
     fast = encoder_tokenizer()
     cfg = BertConfig(

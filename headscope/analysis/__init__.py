@@ -16,10 +16,6 @@
   timer and quadratic fit are :mod:`headscope.analysis.timing`, shared with ``benchmarks/``).
 * :mod:`headscope.analysis.atlas`: several models' scores on one relative-depth axis (layer /
   (n_layers - 1)): a tidy table, per-depth-bin summaries (early/middle/late), a figure.
-* :mod:`headscope.analysis.recompute`: every score of a run recomputed from its tokens alone with
-  plain HF eager attention, sharing no code with the metrics (``scripts/recompute_scores.py``).
-* :mod:`headscope.analysis.recompute_census`: the same for a census run (syntax tables, no-op
-  test, successor, copy suppression, rare word), plain HF modules (``scripts/recompute_census.py``).
 * :mod:`headscope.analysis.phase_change`: the induction phase change of a small trained model.
 * :mod:`headscope.analysis.controls`: intervals (bootstrap over sequences, Wilson) and controls
   that can fail (size-matched random head groups, mean / zero / resample group ablation, sink

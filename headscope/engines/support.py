@@ -1,11 +1,12 @@
 """Which model families each engine scores exactly: the conformance table, as the tests found it.
 
-``headscope/data/support.json`` is written by ``python -m scripts.conformance --write``, which scans
-a tiny random model of every family with every engine and compares each score, chance and n with
-the same metrics computed from Hugging Face's own eager attention weights.
+``headscope/data/support.json`` is written by ``python -m scripts.conformance --write`` (from a
+clone: the conformance suite, ``tests/oracles/conformance.py``, is not part of the package), which
+scans a tiny random model of every family with every engine and compares each score, chance and n
+with the same metrics computed from Hugging Face's own eager attention weights.
 ``tests/apps/test_conformance.py`` reruns those checks and fails when this file (or the site's table
-made from it) says anything else, so a family is claimed for an engine only where the test run
-showed it exact.
+made from it, :func:`support_markdown`) says anything else, so a family is claimed for an engine
+only where the test run showed it exact.
 
 >>> table = load_support()
 >>> table["Llama"]["engines"]["blocked"]["status"]

@@ -21,8 +21,8 @@ headscope's reading of its config.
 
 ``tests/apps/test_conformance.py`` runs the same :func:`check` per family and engine, and checks
 that the shipped ``support.json`` (:mod:`headscope.engines.support`) and the site's table (generated
-from it) say what the run found. The tiny models and tokenizers here are also what the tests
-build theirs from.
+from it) say what the run found. The tokenizers here are also what the tests' tiny models use
+(``tests/tiny_models.py``). An oracle, so not part of the package: it lives beside the tests.
 """
 
 from __future__ import annotations
