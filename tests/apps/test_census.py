@@ -150,8 +150,8 @@ def test_every_part_writes_its_rows_tables_and_records(gpt2_run, tiny_gpt2):
 def test_the_per_sequence_sums_rebuild_every_noop_row_and_its_interval(gpt2_run, tiny_gpt2):
     """noop_sequences.csv holds what each no-op, weight and ablation row is pooled from: summing
     it gives scores.csv's score, and resampling it (same seed and draws) its interval."""
-    from headscope.analysis.controls import joint_interval, sequence_sums
     from headscope.apps.census import load_census
+    from lib.controls import joint_interval, sequence_sums
 
     run = load_census(gpt2_run)
     table, scores = run["noop_sequences"], run["scores"]

@@ -165,7 +165,7 @@ def test_gpt2_matches_oracle(gpt2_norms):
 def test_gpt_neox_matches_oracle(tmp_path):
     """Notebook 07's attention-only GPT-NeoX (rotary, q/k/v fused head by head), 3 layers, its
     LayerNorm gains away from 1."""
-    from headscope.analysis.phase_change import _model, make_tokenizer
+    from lib.phase_change import _model, make_tokenizer
 
     hf = _model(32, 32, 3, 4, 32, seed=0).eval()
     _randomise_norms(hf, 0.1, 2.1)
