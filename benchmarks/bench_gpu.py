@@ -143,7 +143,7 @@ def build(cfg: Config, device: torch.device, dtype: torch.dtype, smoke: bool):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     import headscope
-    from headscope.apps.conformance import _decoder_tokenizer
+    from tests.oracles.conformance import _decoder_tokenizer
 
     kw = dict(cfg.config)
     model_type = kw.pop("model_type")

@@ -20,8 +20,8 @@ timings on a shared machine are noisy, so each configuration's methods are measu
 rounds (the fastest wall time and the highest peak are kept; eager at >= 4,096 and the
 transformer-lens caches once), and ratios are only ever taken within one run. The timer and the
 closing fit of scan time against context length (``a + b n + c n^2``) are
-:func:`headscope.analysis.timing.best_time` and :func:`headscope.analysis.timing.fit_quadratic`, the
-same ones notebook 03 uses.
+:func:`lib.timing.best_time` and :func:`lib.timing.fit_quadratic` (``analyses/lib/timing.py``, put
+on ``sys.path`` here), the same ones notebook 03 uses.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "analyses"))  # lib: the notebooks' helpers (lib.timing)
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -79,10 +80,10 @@ def worker(spec: dict) -> dict:
     import torch
 
     import headscope
-    from headscope.analysis.timing import best_time
     from headscope.engines.extract import score_probe
     from headscope.metrics import REGISTRY
     from headscope.probes.long import long_text_probe
+    from lib.timing import best_time
 
     torch.set_grad_enabled(False)
     name = spec["model"]
@@ -314,7 +315,7 @@ def main() -> None:
         if m == "smollm2-135m" and meth == "scan" and b == 1
     )
     if len(scans) >= 2:
-        from headscope.analysis.timing import fit_quadratic
+        from lib.timing import fit_quadratic
 
         n, t = [s for s, _ in scans], [w for _, w in scans]
         fit = fit_quadratic(n, t)

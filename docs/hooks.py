@@ -92,8 +92,7 @@ def metric_reference() -> str:
 
 def support_table() -> str:
     """The support table (family x engine) as the conformance run wrote it, with how it was made."""
-    from headscope.apps.conformance import support_markdown
-    from headscope.engines.support import load_support, support_meta
+    from headscope.engines.support import load_support, support_markdown, support_meta
 
     meta = support_meta()
     made = (

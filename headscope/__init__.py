@@ -34,7 +34,6 @@ docstring lists its modules::
     rundir/        the run directory: atomic, --force rules, signals, load
     scanner/       a scan's settings, example patterns, the whole scan as one function
     apps/          show, compare, kvplan, sweep, patch, circuit: the other commands as functions
-    analysis/      the report notebooks' helpers
     cli/           the headscope command: one file per subcommand, wiring only
 
 Heavy imports (torch, transformers) happen only when these are first used.

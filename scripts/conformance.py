@@ -1,4 +1,4 @@
-"""Run the conformance suite (:mod:`headscope.apps.conformance`) under the installed transformers,
+"""Run the conformance suite (:mod:`tests.oracles.conformance`) under the installed transformers,
 print the table and what changed against the shipped one (``headscope/data/support.json``), and with
 ``--write`` write what it found there (the site's support table, docs/models.md, is generated from
 it when the site is built).
@@ -22,13 +22,13 @@ from importlib.metadata import version
 
 import torch
 
-from headscope.apps.conformance import FAMILIES, TOL, run
 from headscope.engines.support import (
     SUPPORT_JSON,
     changes_text,
     load_support,
     support_changes,
 )
+from tests.oracles.conformance import FAMILIES, TOL, run
 
 COMMAND = "python -m scripts.conformance --write"
 

@@ -1,5 +1,5 @@
 """Independent cross-check of a census run directory: every row of its scores.csv recomputed from
-its files alone with plain Hugging Face modules (:mod:`headscope.analysis.recompute_census`, which
+its files alone with plain Hugging Face modules (:mod:`tests.oracles.recompute_census`, which
 shares no code with the census), and Clark's table checked against the same accuracies.
 
     python scripts/recompute_census.py RUN_DIR [--model-dir DIR] [--effect-tol 0.02]
@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -29,7 +31,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from headscope.analysis.recompute_census import compare, recompute
+    if str(ROOT) not in sys.path:  # run as a file: the oracle is tests/oracles/, beside scripts/
+        sys.path.insert(0, str(ROOT))
+    from tests.oracles.recompute_census import compare, recompute
 
     torch.set_num_threads(args.threads)
     run = Path(args.run_dir)

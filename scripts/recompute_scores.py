@@ -1,5 +1,5 @@
 """Independent cross-check of a headscope run directory: every score, chance and n recomputed from
-``tokens.jsonl`` with plain Hugging Face eager attention (:mod:`headscope.analysis.recompute`, which
+``tokens.jsonl`` with plain Hugging Face eager attention (:mod:`tests.oracles.recompute`, which
 shares no code with the metrics or engines), compared with ``scores.csv``.
 
     python scripts/recompute_scores.py RUN_DIR [--model-dir DIR] [--tol 1e-3]
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from headscope.analysis.recompute import compare, recompute
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv=None) -> int:
@@ -30,6 +30,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch's default)")
     ap.add_argument("--save", default=None, help="also write the recomputed table to this CSV")
     args = ap.parse_args(argv)
+    if str(ROOT) not in sys.path:  # run as a file: the oracle is tests/oracles/, beside scripts/
+        sys.path.insert(0, str(ROOT))
+    from tests.oracles.recompute import compare, recompute
 
     run_dir = Path(args.run_dir)
     theirs = pd.read_csv(run_dir / "scores.csv")

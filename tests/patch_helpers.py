@@ -10,26 +10,10 @@ import torch
 
 def tiny_gqa_llama_model():
     """A random Llama with grouped-query attention: 4 query heads share 2 KV heads, 3 layers."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     import headscope
-    from tests.tiny_models import _bpe_tokenizer
+    from tests.tiny_models import tiny_llama
 
-    tok = _bpe_tokenizer()
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.eos_token_id,
-    )
-    torch.manual_seed(0)
-    hf = LlamaForCausalLM(cfg).eval()
+    hf, tok = tiny_llama(n_layer=3, n_ctx=64)
     with torch.no_grad():  # sharper attention than random init gives, so patterns and keys matter
         for layer in hf.model.layers:
             layer.self_attn.q_proj.weight.mul_(6.0)

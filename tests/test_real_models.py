@@ -90,7 +90,7 @@ def test_gemma3_induction_heads_in_global_layers_and_the_loss_drop(gemma3):
     """Measured: induction L5H1 0.87, L11H2 0.63, L5H2 0.53 (16 x 50 tokens), all in global layers;
     loss ~16 nats on the first copy of R, ~1 on the second. L5H1 is also the strongest sink on
     text."""
-    from headscope.analysis.induction import repeat_loss_summary, token_losses
+    from lib.induction import repeat_loss_summary, token_losses
 
     probes = headscope.default_probes(gemma3, n_prompts=16, repeat_len=50, seed=0)
     result = headscope.scan(gemma3, probes, null=False, examples=False, bootstrap=0)

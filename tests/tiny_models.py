@@ -1,4 +1,6 @@
-"""Build tiny random Hugging Face checkpoints (and a hub-cache layout) for tests."""
+"""The tests' tiny random Hugging Face models, in memory or saved as checkpoints (and a hub-cache
+layout): the one place tests get them from. The tokenizers are trained on the conformance oracle's
+corpus (``tests/oracles/conformance.py``); the oracle keeps its own family configs."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from headscope.apps.conformance import CORPUS  # one training text for every tiny tokenizer
+from tests.oracles.conformance import CORPUS  # one training text for every tiny tokenizer
 
 
 def _bpe_tokenizer(vocab_size: int = 300):
@@ -40,7 +42,7 @@ def make_tiny_gpt2(path: Path, n_layer: int = 2, n_head: int = 4, n_ctx: int = 1
 def make_tiny_bert(path: Path, n_layer: int = 2, n_head: int = 4) -> Path:
     from transformers import BertConfig, BertForMaskedLM
 
-    from headscope.apps.conformance import encoder_tokenizer
+    from tests.oracles.conformance import encoder_tokenizer
 
     fast = encoder_tokenizer()
     cfg = BertConfig(
@@ -75,6 +77,60 @@ def tiny_gpt2_in_memory(n_layer: int = 2, n_head: int = 4, n_ctx: int = 128):
     )
     torch.manual_seed(0)
     return GPT2LMHeadModel(cfg).eval(), tok
+
+
+def tiny_llama(
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_kv_head: int = 2,
+    hidden: int = 32,
+    intermediate: int = 64,
+    n_ctx: int = 128,
+    head_dim: int | None = None,
+    pad: bool = True,
+    seed: int = 0,
+):
+    """A random Llama (RMSNorm, no biases) with grouped-query attention, ``n_head`` query heads on
+    ``n_kv_head`` KV heads, and the tiny BPE tokenizer, in memory: (model in eval mode, tokenizer).
+    ``head_dim`` None: ``hidden // n_head``. ``pad``: the config names the end-of-text token as
+    padding (which also sets that token's embedding row at init). Seeded with ``seed`` just before
+    the weights are drawn, so a caller that draws more after it gets the same numbers each time."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = _bpe_tokenizer()
+    extra = {} if head_dim is None else {"head_dim": head_dim}
+    if pad:
+        extra["pad_token_id"] = tok.eos_token_id
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=n_layer,
+        num_attention_heads=n_head,
+        num_key_value_heads=n_kv_head,
+        max_position_embeddings=n_ctx,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        **extra,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(cfg).eval(), tok
+
+
+def tiny_attention_only_neox(
+    n_layer: int = 2,
+    n_head: int = 4,
+    d_model: int = 32,
+    vocab: int = 32,
+    n_ctx: int = 32,
+    seed: int = 0,
+):
+    """Notebook 07's attention-only GPT-NeoX (rotary; ``analyses/lib/phase_change.py``, the model it
+    trains), random, with its word-level tokenizer: (model in eval mode, tokenizer)."""
+    from lib.phase_change import _model, make_tokenizer
+
+    hf = _model(vocab, n_ctx, n_layer, n_head, d_model, seed=seed).eval()
+    return hf, make_tokenizer(vocab)
 
 
 def install_in_hub_cache(

@@ -8,7 +8,6 @@ plan_settings    a KV plan's settings (light: the kvplan command's options are i
 kvplan           a KV-cache plan from a scan, checked by running the model
 sweep            many scans (models, checkpoints, settings, seeds) into one atlas
 sweep_figures    a sweep's figures, from its atlas alone
-conformance      does every engine score each transformers family exactly? (the support table)
 census_settings  a head census's settings (light: the census command's options are its fields)
 census_parts     the census's parts: syntax, no-op, successor, copy suppression, rare word, as rows
 census           the head census of one model as a run directory (design.md section 12)

@@ -16,7 +16,8 @@ writes::
       noop_sequences.csv      per metric (no-op effect, its weight, the mean ablation), text
                               sequence and head: the total and count each row of scores.csv is
                               pooled from (score = sum total / sum count), to resample any
-                              statistic of the heads by sequence (analysis.controls.joint_interval)
+                              statistic of the heads by sequence (joint_interval in
+                              analyses/lib/controls.py)
       tokens.jsonl            the text and repeat probes' token ids
       summary.md              the tables a reader sees first (the SILVER note by the syntax table)
       *.png, report.html      heatmaps and the page (a figure or page that fails costs only itself)

@@ -11,7 +11,7 @@ flex       the flex engine: compiled on CUDA, chosen by auto there (on the CPU o
 triton_stats  a Triton kernel mirroring csrc/head_stats.cpp (a prototype, not registered)
 hooks      transformer-lens ``hook_pattern`` (eager attention), the reference
 extract    streaming per-head sums over a probe's batches, on any engine
-support    which model families each engine scores exactly (the conformance table)
+support    which families each engine scores exactly (the conformance table), as text or Markdown
 =========  =========================================================================================
 
 Nothing is imported here: ``headscope.engines.registry`` lists the engines without loading torch.

@@ -1,11 +1,12 @@
 """Which model families each engine scores exactly: the conformance table, as the tests found it.
 
-``headscope/data/support.json`` is written by ``python -m scripts.conformance --write``, which scans
-a tiny random model of every family with every engine and compares each score, chance and n with
-the same metrics computed from Hugging Face's own eager attention weights.
+``headscope/data/support.json`` is written by ``python -m scripts.conformance --write`` (from a
+clone: the conformance suite, ``tests/oracles/conformance.py``, is not part of the package), which
+scans a tiny random model of every family with every engine and compares each score, chance and n
+with the same metrics computed from Hugging Face's own eager attention weights.
 ``tests/apps/test_conformance.py`` reruns those checks and fails when this file (or the site's table
-made from it) says anything else, so a family is claimed for an engine only where the test run
-showed it exact.
+made from it, :func:`support_markdown`) says anything else, so a family is claimed for an engine
+only where the test run showed it exact.
 
 >>> table = load_support()
 >>> table["Llama"]["engines"]["blocked"]["status"]
@@ -107,6 +108,34 @@ def support_text(table: dict | None = None) -> str:
     if reasons:
         lines += ["", "Refused (engine: reason -> families):"]
         lines += [f"  {why} -> {', '.join(fams)}" for why, fams in reasons.items()]
+    return "\n".join(lines)
+
+
+def support_markdown(table: dict) -> str:
+    """The support table (Markdown, for the site): one row per family, a column per engine."""
+    engines = sorted(
+        {e for row in table.values() for e in row["engines"]},
+        key=lambda e: list(next(iter(table.values()))["engines"]).index(e),
+    )
+    mark = {
+        "exact": "exact",
+        "refused": "refused",
+        "wrong": "NOT SUPPORTED (wrong)",
+        "error": "NOT SUPPORTED (error)",
+    }
+    lines = [
+        "| family | `model_type` | kind | what the tiny model exercises | "
+        + " | ".join(engines)
+        + " |",
+        "| --- | --- | --- | --- | " + " | ".join("---" for _ in engines) + " |",
+    ]
+    for name, row in table.items():
+        cells = [mark[row["engines"][e]["status"]] for e in engines]
+        lines.append(
+            f"| {name} | `{row['model_type']}` | {row['kind']} | {row['note'] or '-'} | "
+            + " | ".join(cells)
+            + " |"
+        )
     return "\n".join(lines)
 
 

@@ -438,7 +438,7 @@ def attention_reach(cfg, n_layers: int) -> tuple[int | None, ...]:
     config.
 
     The rules transformers' masks follow (checked against each family's eager attention by the
-    conformance suite, ``scripts/conformance.py``):
+    conformance suite, ``tests/oracles/conformance.py``):
 
     * ``layer_types`` naming ``sliding_attention`` layers: causal models see ``q - w < k <= q``
       (``w = sliding_window``), so the reach is ``w - 1``; ModernBERT's bidirectional local layers

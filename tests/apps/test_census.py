@@ -150,8 +150,8 @@ def test_every_part_writes_its_rows_tables_and_records(gpt2_run, tiny_gpt2):
 def test_the_per_sequence_sums_rebuild_every_noop_row_and_its_interval(gpt2_run, tiny_gpt2):
     """noop_sequences.csv holds what each no-op, weight and ablation row is pooled from: summing
     it gives scores.csv's score, and resampling it (same seed and draws) its interval."""
-    from headscope.analysis.controls import joint_interval, sequence_sums
     from headscope.apps.census import load_census
+    from lib.controls import joint_interval, sequence_sums
 
     run = load_census(gpt2_run)
     table, scores = run["noop_sequences"], run["scores"]
@@ -187,8 +187,8 @@ def test_the_page_is_self_contained(gpt2_run):
 
 
 def test_the_run_recomputes_from_its_files_alone(gpt2_run, tiny_gpt2_dir):
-    """Plain HF modules and loops (headscope.analysis.recompute_census), sharing no census code."""
-    from headscope.analysis.recompute_census import compare, recompute
+    """Plain HF modules and loops (tests.oracles.recompute_census), sharing no census code."""
+    from tests.oracles.recompute_census import compare, recompute
 
     theirs = pd.read_csv(gpt2_run / "scores.csv")
     ours = recompute(gpt2_run, tiny_gpt2_dir)
@@ -199,7 +199,7 @@ def test_the_run_recomputes_from_its_files_alone(gpt2_run, tiny_gpt2_dir):
 def test_an_encoder_census_with_the_embeddings_readout(
     tiny_bert, tmp_path, no_spacy_parser, tiny_bert_dir
 ):
-    from headscope.analysis.recompute_census import compare, recompute
+    from tests.oracles.recompute_census import compare, recompute
 
     out = census(tiny_bert, tmp_path / "run", CensusSettings(**SMALL, readout="embeddings"))
     scores = pd.read_csv(out / "scores.csv")

@@ -1,10 +1,10 @@
 """The conformance suite: every family's tiny random model, every engine, against HF eager
 attention.
 
-Each family runs :func:`scripts.conformance.check` (scan with every engine; compare every score,
-chance and n with the 8 metrics computed from ``output_attentions=True``). A family passes when no
-engine gives a wrong score or crashes, and when what the run found is what the shipped table
-(``headscope/data/support.json``, the site's table, ``headscope models --support``) says.
+Each family runs :func:`tests.oracles.conformance.check` (scan with every engine; compare every
+score, chance and n with the 8 metrics computed from ``output_attentions=True``). A family passes
+when no engine gives a wrong score or crashes, and when what the run found is what the shipped
+table (``headscope/data/support.json``, the site's table, ``headscope models --support``) says.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 import torch
 import transformers
 
-from headscope.apps import conformance as conf
-from headscope.engines.support import load_support, support_meta, support_text
+from headscope.engines.support import load_support, support_markdown, support_meta, support_text
+from tests.oracles import conformance as conf
 
 SHIPPED = load_support()
 MADE_WITH = support_meta()["transformers"]
@@ -80,7 +80,7 @@ def test_the_site_table_is_generated_from_the_shipped_table():
     hand copy that could go stale (the test reads the files as text: it never imports ``docs/``)."""
     root = Path(__file__).resolve().parents[2]
     assert "<!-- headscope:support -->" in (root / "docs" / "models.md").read_text()
-    assert conf.support_markdown(SHIPPED).splitlines()[0] not in (root / "README.md").read_text()
+    assert support_markdown(SHIPPED).splitlines()[0] not in (root / "README.md").read_text()
 
 
 def test_support_text_names_every_family_and_reason():

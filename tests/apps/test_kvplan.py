@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import headscope
-from headscope.apps import conformance as conf
 from headscope.apps import kvplan
 from headscope.errors import HeadscopeError
 from headscope.probes.long import long_text_probe, needle_probe
+from tests.oracles import conformance as conf
 
 LONG = ["sink", "streaming", "retrieval", "retrieval_soft"]
 

@@ -7,25 +7,9 @@ import torch
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tests.tiny_models import tiny_llama
 
-    from tests.tiny_models import _bpe_tokenizer
-
-    tok = _bpe_tokenizer()
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.eos_token_id,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg)
+    model, tok = tiny_llama()
     with torch.no_grad():  # norms away from 1, so that a forgotten gain shows
         for name, p in model.named_parameters():
             if "norm" in name:

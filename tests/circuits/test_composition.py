@@ -165,11 +165,11 @@ def test_gpt2_matches_oracle(gpt2_norms):
 def test_gpt_neox_matches_oracle(tmp_path):
     """Notebook 07's attention-only GPT-NeoX (rotary, q/k/v fused head by head), 3 layers, its
     LayerNorm gains away from 1."""
-    from headscope.analysis.phase_change import _model, make_tokenizer
+    from tests.tiny_models import tiny_attention_only_neox
 
-    hf = _model(32, 32, 3, 4, 32, seed=0).eval()
+    hf, tok = tiny_attention_only_neox(n_layer=3)
     _randomise_norms(hf, 0.1, 2.1)
-    model = headscope.load_model(hf, make_tokenizer(32), name="tiny-neox")
+    model = headscope.load_model(hf, tok, name="tiny-neox")
     _, got = _check_against_oracle(model, "neox")
     bare = _oracle_matrices(model.hf, "neox", fold=False)
     assert abs(_oracle_score(bare, "k", 2, 1, 0, 3) - float(got[1, 2, 1, 0, 3])) > 1e-3
@@ -209,26 +209,9 @@ def _hand_llama(sender_writes: str, rank_one: bool = False):
     reads b, W_Q reads a, W_V reads a, so W_QK = E_a E_b^T. K-composition is
     ``||E_a E_b^T E_w E_a^T|| / (||E_a E_b^T|| ||E_w E_a^T||)``: 4^0.5 / 4 = 1/2 when w = b,
     0 when w = a. With ``rank_one`` every projection keeps only its first row: 1 and 0."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tests.tiny_models import tiny_llama
 
-    from tests.tiny_models import _bpe_tokenizer
-
-    tok = _bpe_tokenizer()
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=8,
-        intermediate_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=4,
-        max_position_embeddings=32,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.eos_token_id,
-    )
-    torch.manual_seed(0)
-    hf = LlamaForCausalLM(cfg).eval()
+    hf, tok = tiny_llama(n_head=2, n_kv_head=1, hidden=8, intermediate=16, n_ctx=32, head_dim=4)
     eye = torch.eye(8)
     Ea, Eb = eye[:, :4], eye[:, 4:]  # [d_model, 4]
     keep = torch.diag(torch.tensor([1.0, 0, 0, 0])) if rank_one else torch.eye(4)
@@ -339,25 +322,10 @@ def test_null_is_calibrated_on_a_random_model(capsys):
     scores come from the null's own distribution and |z| > 2 should be rare (~5%; with 32 draws z
     is t-like, P(|t_31| > 2) = 5.4%). A null that is too narrow (e.g. the wrong folds, a shape
     mix-up) pushes the share far up; one that is too wide pushes it to 0."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tests.tiny_models import tiny_llama
 
-    from tests.tiny_models import _bpe_tokenizer
-
-    tok = _bpe_tokenizer()
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=6,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        max_position_embeddings=32,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.eos_token_id,
-    )
-    torch.manual_seed(0)
-    model = headscope.load_model(LlamaForCausalLM(cfg).eval(), tok, name="random-llama")
+    hf, tok = tiny_llama(n_layer=6, n_head=8, n_kv_head=4, hidden=64, intermediate=128, n_ctx=32)
+    model = headscope.load_model(hf, tok, name="random-llama")
     df = composition(model)
     share = (df.z.abs() > 2).groupby(df.kind).mean()
     with capsys.disabled():

@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 import headscope
-from headscope.apps import conformance as conf
 from headscope.cli.main import main
+from tests.oracles import conformance as conf
 
 LONG = ["sink", "streaming", "retrieval", "retrieval_soft"]
 

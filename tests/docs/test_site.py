@@ -67,8 +67,7 @@ def test_the_metric_reference_lists_exactly_the_registered_metrics(hooks):
 
 
 def test_the_support_table_is_generated_from_support_json(hooks):
-    from headscope.apps.conformance import support_markdown
-    from headscope.engines.support import load_support
+    from headscope.engines.support import load_support, support_markdown
 
     table = hooks.support_table()
     assert support_markdown(load_support()) in table

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 import headscope
-from headscope.apps import conformance as conf
 from headscope.engines import flex
 from headscope.engines import flex_stats as fs
 from headscope.engines.blocked import BlockHandler
@@ -28,6 +27,7 @@ from headscope.models.attention import AttentionCall, RestrictKeys
 from headscope.probes.long import long_text_probe, needle_probe
 from headscope.probes.pairs import packed_text_probe
 from headscope.result import Probe
+from tests.oracles import conformance as conf
 
 TOL = 1e-5
 FUSED_EXACT = [

@@ -93,7 +93,7 @@ def test_the_triton_route_scans_a_tiny_model_like_the_blocked_engine():
     """The engine with the Triton statistics plugged in, on a tiny Llama (grouped-query attention,
     padded batches): every text and repeat metric equal to the blocked engine."""
     import headscope
-    from headscope.apps import conformance as conf
+    from tests.oracles import conformance as conf
 
     family = next(f for f in conf.FAMILIES if f.model_type == "llama")
     hf, tok = conf.tiny_model(family)

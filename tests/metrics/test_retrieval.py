@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import headscope
-from headscope.apps import conformance as conf
 from headscope.probes.long import needle_probe
+from tests.oracles import conformance as conf
 
 LONG = ["sink", "streaming", "retrieval", "retrieval_soft"]
 

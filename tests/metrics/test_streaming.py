@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import headscope
-from headscope.apps import conformance as conf
 from headscope.metrics import REGISTRY, PatternBatch, uniform_pattern
 from headscope.probes.long import long_text_probe, needle_probe
+from tests.oracles import conformance as conf
 
 LONG = ["sink", "streaming", "retrieval", "retrieval_soft"]
 

@@ -45,25 +45,11 @@ def test_zero_and_mean_ablation_equal_a_plain_hook_on_the_output_projection(tiny
 @pytest.fixture(scope="module")
 def tiny_gqa_llama():
     """A random Llama with grouped-query attention: 4 query heads share 2 KV heads."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     import headscope
-    from tests.tiny_models import _bpe_tokenizer
+    from tests.tiny_models import tiny_llama
 
-    tok = _bpe_tokenizer()
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    torch.manual_seed(0)
-    return headscope.load_model(LlamaForCausalLM(cfg).eval(), tok, name="tiny-gqa-llama")
+    hf, tok = tiny_llama(n_ctx=64, pad=False)
+    return headscope.load_model(hf, tok, name="tiny-gqa-llama")
 
 
 def test_grouped_query_attention_ablates_a_query_head_never_its_kv_head(tiny_gqa_llama):

@@ -11,12 +11,12 @@ import pytest
 from click.testing import CliRunner
 
 import headscope
-from headscope.apps import conformance as conf
 from headscope.cli.main import main
 from headscope.errors import HeadscopeError
 from headscope.probes.corpus import long_text
 from headscope.probes.long import long_text_probe, needle_probe
 from headscope.probes.pairs import packed_text_probe
+from tests.oracles import conformance as conf
 
 LONG = ["sink", "streaming", "retrieval", "retrieval_soft"]
 
@@ -128,9 +128,9 @@ def test_recompute_script_agrees_on_a_long_context_run(tmp_path, tiny_gpt2_dir):
     """scripts/recompute_scores.py (no headscope metric code) recomputes streaming and retrieval
     from
     tokens.jsonl and HF eager attention, and agrees with the run."""
-    from headscope.analysis import recompute as rc
     from headscope.scanner.config import ScanConfig
     from headscope.scanner.runner import scan_to_dir
+    from tests.oracles import recompute as rc
 
     cfg = ScanConfig(
         long_context=True,

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
-from headscope.analysis.attention_math import softmax_slope
+from lib.attention_math import softmax_slope
 
 
 def dot_product_stats(
@@ -75,7 +75,7 @@ def peak_stats(
     softmax of the ``n_keys`` dot products, unscaled and divided by ``sqrt(d_k)``. One row per
     variant: ``frac_peaked`` (share of trials whose top weight exceeds ``threshold``), its binomial
     standard error, ``mean_top`` (the average top weight) and the mean
-    :func:`~headscope.analysis.attention_math.softmax_slope`. The article (d_k = 128, 8 keys,
+    :func:`~lib.attention_math.softmax_slope`. The article (d_k = 128, 8 keys,
     20,000 trials) reports 51% peaked unscaled, 0% scaled, and a top weight of 36% on average when
     scaled.
 

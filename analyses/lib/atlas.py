@@ -233,7 +233,7 @@ def atlas_figure(
     ``frac_labelled``) against relative depth, the model's chance value dashed in the same colour
     (score stats only); light lines split the depth bins (thirds). ``intervals`` (with
     ``mean_score``): per (model, metric, layer) ``ci_low`` / ``ci_high`` of the layer mean, as
-    :func:`headscope.analysis.controls.layer_intervals` gives them, shaded around each curve and
+    :func:`lib.controls.layer_intervals` gives them, shaded around each curve and
     keyed; a model or metric it has no rows for is drawn without a band."""
     if stat not in ("mean_score", "max_score", "frac_labelled"):
         raise HeadscopeError(

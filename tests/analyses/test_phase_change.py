@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import headscope
-from headscope.analysis.phase_change import (
+from lib.phase_change import (
     attention_by_offset,
     icl_score,
     repeated_spans,

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import headscope
-from headscope.analysis import controls
-from headscope.analysis import weight_importance as wi
 from headscope.effects.ablation import head_means
 from headscope.errors import HeadscopeError
 from headscope.models.attention import ReplaceHeadOutput
+from lib import controls
+from lib import weight_importance as wi
 from tests.circuits.path_oracle import _eager, out_proj
 
 

@@ -1,4 +1,4 @@
-"""The cross-model atlas (headscope.analysis.atlas): relative depth, depth bins, summaries,
+"""The cross-model atlas (lib.atlas): relative depth, depth bins, summaries,
 figure."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import pytest
 from matplotlib.colors import to_rgb
 
 import headscope
-from headscope.analysis.atlas import (
+from headscope.errors import HeadscopeError
+from lib.atlas import (
     ATLAS_COLUMNS,
     atlas,
     atlas_figure,
@@ -17,7 +18,6 @@ from headscope.analysis.atlas import (
     depth_summary,
     layer_profile,
 )
-from headscope.errors import HeadscopeError
 
 
 def _table(

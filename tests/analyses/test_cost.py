@@ -1,4 +1,4 @@
-"""The cost of attention (headscope.analysis.cost): the article's arithmetic, the fit shown,
+"""The cost of attention (lib.cost): the article's arithmetic, the fit shown,
 measured time."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headscope.analysis.cost import (
+from lib.cost import (
     cost_table,
     fit_spread,
     format_bytes,
@@ -17,7 +17,7 @@ from headscope.analysis.cost import (
     timing_figure,
     with_fit,
 )
-from headscope.analysis.timing import fit_quadratic
+from lib.timing import fit_quadratic
 
 # ------------------------------------------------------------------------ counted
 

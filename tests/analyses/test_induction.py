@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import headscope
-from headscope.analysis.induction import (
+from headscope.errors import HeadscopeError
+from lib.induction import (
     loss_figure,
     offset_weights,
     repeat_length_sweep,
@@ -18,7 +19,6 @@ from headscope.analysis.induction import (
     sweep_figure,
     token_losses,
 )
-from headscope.errors import HeadscopeError
 
 
 def _perfect_induction_pattern(L: int) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The sqrt(d_k) simulations (headscope.analysis.score_scale) against theory and the article's
+"""The sqrt(d_k) simulations (lib.score_scale) against theory and the article's
 numbers."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from headscope.analysis.score_scale import dot_product_stats, peak_stats
+from lib.score_scale import dot_product_stats, peak_stats
 
 
 def test_dot_product_variance_grows_like_d_k():

@@ -12,7 +12,7 @@ compared digit for digit with what the article prints. This module is those line
   from (:func:`softmax_slope`);
 * :func:`weights_figure`, a weights grid with its numbers written in.
 
-:mod:`headscope.analysis.model_checks` runs the same :func:`attention` against a real model's own
+:mod:`lib.model_checks` runs the same :func:`attention` against a real model's own
 pattern. Figures are ``matplotlib.figure.Figure`` objects, never pyplot state.
 """
 

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from headscope.analysis.patching import (
+from headscope.apps.patch import patch
+from lib.patching import (
     WANG_GPT2_SMALL,
     agreement,
     attention_from_end,
     name_copying,
     wang_table,
 )
-from headscope.apps.patch import patch
 from tests.patch_helpers import random_task
 
 

@@ -2,7 +2,7 @@
 
 Every score headscope reports is read from a model's post-softmax attention pattern. These checks
 say that pattern is the textbook formula and nothing more: the model's own queries, keys and values
-fed to :func:`~headscope.analysis.attention_math.attention` give back its pattern and head outputs
+fed to :func:`~lib.attention_math.attention` give back its pattern and head outputs
 (:func:`recompute_check`), earlier rows are untouched when a token is appended, which is what a KV
 cache relies on (:func:`prefix_check`), and positions, not the formula, are what make attention
 depend on word order (:func:`permutation_table`).
@@ -11,7 +11,7 @@ Everything a model gives comes through :class:`headscope.models.model.Model`
 (:meth:`~headscope.models.model.Model.attention_activations`,
 :meth:`~headscope.models.model.Model.run_patterns`), so nothing here knows a hook name.
 Grouped-query models: query head ``h`` reads KV head ``h // (n_heads // n_kv_heads)``
-(:func:`~headscope.analysis.attention_math.repeat_kv`).
+(:func:`~lib.attention_math.repeat_kv`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headscope.analysis.attention_math import attention, permutation_gap, repeat_kv
+from lib.attention_math import attention, permutation_gap, repeat_kv
 
 
 def recompute_layer(
@@ -34,7 +34,7 @@ def recompute_layer(
 
     ``acts`` is one layer of :meth:`~headscope.models.model.Model.attention_activations`. Uses the
     post-rotary ``rot_q``/``rot_k`` when the model has them, shares KV heads across query heads
-    (:func:`~headscope.analysis.attention_math.repeat_kv`) and scales by ``1 / sqrt(d_head)``.
+    (:func:`~lib.attention_math.repeat_kv`) and scales by ``1 / sqrt(d_head)``.
 
     >>> gen = torch.Generator().manual_seed(0)
     >>> q = torch.randn(4, 5, 8, generator=gen)         # 4 query heads, 5 positions, d_head 8
@@ -116,7 +116,7 @@ def permutation_table(
 
     ``perm`` reorders ``ids`` (``ids[perm[i]]`` goes to position ``i``); keep position 0 (BOS)
     fixed. Rows, each with the output and weight gaps of
-    :func:`~headscope.analysis.attention_math.permutation_gap` (max over heads):
+    :func:`~lib.attention_math.permutation_gap` (max over heads):
 
     * ``queries, before positions``: the model's own pre-rotary ``q`` (output gap only);
     * ``from scratch, no positions, no mask``: attention on the model's pre-rotary q, k, v;

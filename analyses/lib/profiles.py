@@ -69,7 +69,7 @@ def layer_curves(
 
     One panel per value of ``panels``, one line per value of ``lines``; each line's chance value is
     drawn dashed in the same colour and written in the panel's title. With ``ci_low`` /
-    ``ci_high`` columns (e.g. merged from :func:`headscope.analysis.controls.layer_intervals`)
+    ``ci_high`` columns (e.g. merged from :func:`lib.controls.layer_intervals`)
     each line gets its interval as a shaded band. y runs 0-1; x is the layer. The key sits below
     the panels, never over a curve.
     """

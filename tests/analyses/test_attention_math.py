@@ -1,4 +1,4 @@
-"""Attention by hand (headscope.analysis.attention_math) against closed forms and the article's
+"""Attention by hand (lib.attention_math) against closed forms and the article's
 numbers."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from headscope.analysis.attention_math import (
+from headscope.errors import HeadscopeError
+from lib.attention_math import (
     ARTICLE_TOKENS,
     article_example,
     attention,
@@ -19,7 +20,6 @@ from headscope.analysis.attention_math import (
     softmax_slope,
     weights_figure,
 )
-from headscope.errors import HeadscopeError
 
 
 def _qkv(*, seed: int = 0, n: int = 6, d_k: int = 5, d_v: int = 3, lead: tuple[int, ...] = ()):

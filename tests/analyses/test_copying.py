@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import headscope
-from headscope.analysis import copying
-from headscope.analysis.copying import (
+from headscope.errors import HeadscopeError
+from lib import copying
+from lib.copying import (
     HeadWeights,
     eigen_copying_scores,
     expand_kv_heads,
@@ -17,7 +18,6 @@ from headscope.analysis.copying import (
     ov_copying_score,
     own_token_ranks,
 )
-from headscope.errors import HeadscopeError
 
 
 def _orthonormal(n: int, d: int, seed: int = 0) -> torch.Tensor:

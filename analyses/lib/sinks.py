@@ -98,7 +98,7 @@ def attention_to_position_sums(model, probe, position: int, batch_size: int = 8)
     """Per sequence: each head's summed attention to key ``position`` over the queries after it,
     and the count of those queries: ``(total [sequence, layer, head], count [sequence])``, float64,
     what a bootstrap over sequences resamples
-    (:func:`headscope.analysis.controls.pooled_interval`)."""
+    (:func:`lib.controls.pooled_interval`)."""
     from headscope.engines.extract import pad_batch
 
     if position < 0 or any(len(s) <= position + 1 for s in probe.sequences):

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headscope.analysis.profiles import labelled_heads, layer_curves, layer_means, side_by_side
 from headscope.errors import HeadscopeError
+from lib.profiles import labelled_heads, layer_curves, layer_means, side_by_side
 
 
 def _scores(model="m", n_layers=3, n_heads=2):

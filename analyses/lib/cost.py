@@ -5,8 +5,8 @@ contexts, while at short ones the weights (``2 n_params`` FLOPs per token) domin
 argues this with a table for Llama 3.1 8B; this module recomputes that table for any shape
 (:func:`cost_table`, :func:`format_bytes`) and measures the real thing on a loaded model
 (:func:`time_scan`, :func:`time_one_layer`), so a notebook can say how large the quadratic part is
-in practice. Times come from :func:`headscope.analysis.timing.best_time` and are split into
-``a + b n + c n^2`` by :func:`headscope.analysis.timing.fit_quadratic`, the same timer and fit the
+in practice. Times come from :func:`lib.timing.best_time` and are split into
+``a + b n + c n^2`` by :func:`lib.timing.fit_quadratic`, the same timer and fit the
 benchmarks use; :func:`with_fit` and :func:`timing_figure` show the fit next to the measurements.
 Figures are ``matplotlib.figure.Figure`` objects, never pyplot state.
 """
@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 from matplotlib.figure import Figure
 
-from headscope.analysis.timing import best_time, fit_quadratic
+from lib.timing import best_time, fit_quadratic
 
 # ---------------------------------------------------------------------------- counted
 
@@ -88,7 +88,7 @@ def time_scan(
     """Wall time of ``headscope.scan`` with one repeat-probe sequence of each length.
 
     Each sequence is ``BOS + R + R`` (``n = 2L + 1`` tokens for a decoder); the time is the
-    :func:`~headscope.analysis.timing.best_time` of up to ``repeats`` runs (fewer once a length has
+    :func:`~lib.timing.best_time` of up to ``repeats`` runs (fewer once a length has
     used ``budget_s`` seconds: short lengths get every repeat, long ones may get one), after one
     untimed warm-up scan at the shortest length. ``engine`` is what the scan reported using (when it
     reports one).
@@ -127,7 +127,7 @@ def time_one_layer(
     length.
 
     Tokens are seeded random ordinary ids; the time is the
-    :func:`~headscope.analysis.timing.best_time` of ``repeats`` runs after one warm-up.
+    :func:`~lib.timing.best_time` of ``repeats`` runs after one warm-up.
     """
     gen = torch.Generator().manual_seed(seed)
     vocab = model.ordinary_vocab()  # [vocab]
@@ -151,7 +151,7 @@ def with_fit(table: pd.DataFrame, fit: dict[str, float]) -> pd.DataFrame:
     """``table`` (columns ``n``, ``seconds``) plus the fit's prediction and the quadratic term's
     share.
 
-    ``fit`` is :func:`headscope.analysis.timing.fit_quadratic`'s ``{a, b, c}``.
+    ``fit`` is :func:`lib.timing.fit_quadratic`'s ``{a, b, c}``.
 
     >>> t = with_fit(
     ...     pd.DataFrame({"n": [10, 100], "seconds": [1.1, 2.0]}), {"a": 1.0, "b": 0.0, "c": 1e-4}
@@ -187,7 +187,7 @@ def growth(table: pd.DataFrame) -> pd.DataFrame:
 def fit_spread(n: Sequence[float], seconds: Sequence[float]) -> dict[str, float]:
     """How far to trust the ``a + b n + c n^2`` split of measured times.
 
-    Fits all points (:func:`~headscope.analysis.timing.fit_quadratic`), then again leaving each
+    Fits all points (:func:`~lib.timing.fit_quadratic`), then again leaving each
     point out in turn, and reports at the largest ``n``: the quadratic term's share of the fitted
     time (``share``) and its range over the leave-one-out fits (``share_min``, ``share_max``), plus
     the full fit's largest relative residual ``max_residual = max |fit / measured - 1|``. Needs 4

@@ -10,7 +10,7 @@ mean ablation, and every definition written out as loops (design.md section 12).
     python scripts/recompute_census.py RUN_DIR [--model-dir DIR]      # exit 0: every row agrees
 
 On purpose this imports nothing from the census's modules (``headscope.apps``, ``metrics``,
-``probes`` but the corpus text, ``effects``, ``circuits``, ``engines``); ``tests/analysis/
+``probes`` but the corpus text, ``effects``, ``circuits``, ``engines``); ``tests/oracles/
 test_recompute_census.py`` checks its imports. Syntax accuracies must agree to 1e-6, counts and
 hits exactly; effects (float32 forwards, sdpa against eager) to ``effect_tol`` (relative).
 Families: Llama-style (Llama, SmolLM2, Gemma 2/3 with their ``1 + w`` norms), GPT-2 and BERT.
@@ -486,7 +486,7 @@ def rare_word_rows(hf, tok, causal: bool, seqs: list[list[int]]) -> dict:
 def recompute(run_dir, model_dir=None, progress=None) -> pd.DataFrame:
     """Every census row of ``run_dir`` recomputed: ``metric, layer, head, score, chance, n,
     null``."""
-    from headscope.analysis.recompute import model_folder
+    from tests.oracles.recompute import model_folder
 
     say = progress or (lambda _m: None)
     run = Path(run_dir)

@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 
 import headscope
-from headscope.analysis import controls
 from headscope.effects.ablation import head_means
 from headscope.errors import HeadscopeError
 from headscope.models.attention import ReplaceHeadOutput
+from lib import controls
 
 
 def test_proportion_interval_is_wilsons():

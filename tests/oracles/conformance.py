@@ -21,8 +21,8 @@ headscope's reading of its config.
 
 ``tests/apps/test_conformance.py`` runs the same :func:`check` per family and engine, and checks
 that the shipped ``support.json`` (:mod:`headscope.engines.support`) and the site's table (generated
-from it) say what the run found. The tiny models and tokenizers here are also what the tests
-build theirs from.
+from it) say what the run found. The tokenizers here are also what the tests' tiny models use
+(``tests/tiny_models.py``). An oracle, so not part of the package: it lives beside the tests.
 """
 
 from __future__ import annotations
@@ -558,31 +558,3 @@ def run(families: list[Family] | None = None, engines: list[str] | None = None, 
         }
         say(f"{fam.name:<20} " + "  ".join(f"{o.engine}={o.status}" for o in outs))
     return table
-
-
-def support_markdown(table: dict) -> str:
-    """The support table (Markdown, for the site): one row per family, a column per engine."""
-    engines = sorted(
-        {e for row in table.values() for e in row["engines"]},
-        key=lambda e: list(next(iter(table.values()))["engines"]).index(e),
-    )
-    mark = {
-        "exact": "exact",
-        "refused": "refused",
-        "wrong": "NOT SUPPORTED (wrong)",
-        "error": "NOT SUPPORTED (error)",
-    }
-    lines = [
-        "| family | `model_type` | kind | what the tiny model exercises | "
-        + " | ".join(engines)
-        + " |",
-        "| --- | --- | --- | --- | " + " | ".join("---" for _ in engines) + " |",
-    ]
-    for name, row in table.items():
-        cells = [mark[row["engines"][e]["status"]] for e in engines]
-        lines.append(
-            f"| {name} | `{row['model_type']}` | {row['kind']} | {row['note'] or '-'} | "
-            + " | ".join(cells)
-            + " |"
-        )
-    return "\n".join(lines)

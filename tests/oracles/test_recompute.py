@@ -16,8 +16,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from headscope.analysis.recompute import compare, recompute
 from headscope.cli.main import main
+from tests.oracles.recompute import compare, recompute
 
 TOL = 1e-3
 
@@ -153,7 +153,7 @@ def test_recompute_chance_is_uniform_over_each_layers_window():
     chance, in a sliding-window layer and a global one alike (and the two chances differ)."""
     from types import SimpleNamespace
 
-    from headscope.analysis.recompute import (
+    from tests.oracles.recompute import (
         METRICS,
         Acc,
         layer_windows,
@@ -204,7 +204,7 @@ def test_the_recomputation_shares_no_code_with_what_it_checks():
     """The oracle is independent: it imports from headscope only where weights are found."""
     import ast
 
-    import headscope.analysis.recompute as oracle
+    import tests.oracles.recompute as oracle
 
     tree = ast.parse(Path(oracle.__file__).read_text())
     used = {

@@ -6,7 +6,7 @@ only where the run saved them, i.e. a scan with ``--token-types``), from
 the metric definitions (``headscope/catalog.py``), and compares with ``scores.csv``.
 
     python scripts/recompute_scores.py RUN_DIR [--model-dir DIR] [--tol 1e-3]      # the command
-    from headscope.analysis.recompute import recompute, compare                   # the functions
+    from tests.oracles.recompute import recompute, compare                       # the functions
 
 Exit status: 0 when every score, chance and n agrees (score/chance within ``--tol``, NaN only where
 NaN), 1 otherwise.
@@ -18,7 +18,7 @@ own layer: with causality ``k <= q``, and in a sliding-window layer (``config.la
 depends on the window. So chance may differ between layers of one metric.
 
 On purpose this imports nothing from ``headscope.metrics``, ``headscope.engines`` or
-``headscope.scanner``: it is a second implementation (``tests/analysis/test_recompute.py`` checks
+``headscope.scanner``: it is a second implementation (``tests/oracles/test_recompute.py`` checks
 its imports). The only headscope code used is ``headscope.models.sources`` (to find the cached
 weights of the offline models).
 """

@@ -7,15 +7,15 @@ import pytest
 import torch
 
 import headscope
-from headscope.analysis import sinks
-from headscope.analysis.sinks import (
+from headscope.errors import HeadscopeError
+from lib import sinks
+from lib.sinks import (
     attention_to_position,
     first_word_attention,
     sink_comparison,
     sink_rate,
     without_first_token,
 )
-from headscope.errors import HeadscopeError
 
 
 def _sink(scores):
@@ -165,7 +165,7 @@ def test_gu_recipe_refusals(tiny_gpt2, tiny_bert):
 
 
 def test_attention_to_position_sums_add_up_to_the_pooled_score(tiny_gpt2):
-    from headscope.analysis.sinks import attention_to_position, attention_to_position_sums
+    from lib.sinks import attention_to_position, attention_to_position_sums
 
     probe = headscope.text_probe(tiny_gpt2, n_prompts=3)
     total, count = attention_to_position_sums(tiny_gpt2, probe, 1, batch_size=2)

@@ -1,4 +1,4 @@
-"""The one timer and the one quadratic fit (headscope.analysis.timing), on calls and curves with
+"""The one timer and the one quadratic fit (lib.timing), on calls and curves with
 known answers."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from headscope.analysis import timing
-from headscope.analysis.timing import best_time, fit_quadratic
 from headscope.errors import HeadscopeError
+from lib import timing
+from lib.timing import best_time, fit_quadratic
 
 
 def test_docstring_examples():

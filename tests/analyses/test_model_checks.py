@@ -1,4 +1,4 @@
-"""From-scratch attention against real models (headscope.analysis.model_checks): tiny GPT-2, then
+"""From-scratch attention against real models (lib.model_checks): tiny GPT-2, then
 the offline models."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from headscope.analysis.attention_math import attention, repeat_kv
-from headscope.analysis.model_checks import (
+from lib.attention_math import attention, repeat_kv
+from lib.model_checks import (
     all_patterns,
     permutation_table,
     prefix_check,
