@@ -15,12 +15,12 @@ To score a pattern you extracted yourself, call a metric on it::
 
 How the package is layered. The folders are the layers: each line below imports only from lines
 above it (no cycles, counting imports inside functions; ``tests/test_layers.py`` reads this table
-and checks every import, and ``../shared/tools/import_cycles.py`` finds cycles). Each subpackage's
-docstring lists its modules::
+and checks every import, the functions' bodies included). Each subpackage's docstring lists its
+modules::
 
-    errors, version   one exception type, did-you-mean, how messages name settings; the version
-    result, files, uncertainty   the result schema; writing files safely (atomic, never a user's);
-                   bootstrap intervals
+    errors         one exception type, did-you-mean, how messages name settings
+    result, files, uncertainty   the result schema and the version; writing files safely (atomic,
+                   never a user's); bootstrap intervals
     settings       the one settings base every command's settings derive from; shared field groups
     catalog        what every score name means (data: figures and pages read it, not the code)
     models/        where weights come from, the attention seam, the Model, load_model
@@ -44,7 +44,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-from headscope.version import __version__
+from headscope.result import __version__
 
 _EXPORTS = {
     "HeadscopeError": "headscope.errors",

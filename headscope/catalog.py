@@ -137,7 +137,7 @@ PATTERN: dict[str, ScoreInfo] = {
             default=False,
             impl="headscope.metrics.retrieval:SOFT",
         ),
-        # the head census (design.md section 12): scanned when named, never by default
+        # the head census (docs/census.md): scanned when named, never by default
         ScoreInfo(
             "rare_word",
             "text",
@@ -248,7 +248,7 @@ _ENCODER_NAN = (
     "encoders have no trained unembedding (the *_embeddings rows read the input embeddings instead)"
 )
 
-#: The head census (``headscope census``; design.md section 12): every score its ``scores.csv``
+#: The head census (``headscope census``; docs/census.md): every score its ``scores.csv``
 #: holds. Syntax rows are named per relation (:func:`census_info`); ``rare_word`` is a pattern
 #: metric (:data:`PATTERN`). Chance is said in words here; each row holds its value.
 CENSUS: dict[str, ScoreInfo] = {

@@ -1,4 +1,5 @@
-"""The result schema: what a scan returns and a run directory holds. A leaf: no headscope imports.
+"""The result schema: what a scan returns and a run directory holds, and the version that writes
+it. A leaf: no headscope imports.
 
 Every module that reads or writes results (report, plots, rundir, compare, runner, cli) depends on
 this one, and this one depends on nothing above it (only :mod:`headscope.errors`), so the layers
@@ -54,6 +55,9 @@ METRIC_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 NULL_PROBE = "repeat_null"
 #: ``metadata.json`` key that marks a folder as a headscope run (see :mod:`headscope.rundir.store`).
 RUN_FORMAT = "headscope-run/1"
+#: headscope's version, in this one place (the build reads it; every run records it), here so that
+#: any layer can read it without climbing to the package's facade.
+__version__ = "0.1.0"
 
 
 @dataclass(frozen=True)

@@ -311,31 +311,6 @@ def against(value: float, random: Sequence[float]) -> dict:
 # ------------------------------------------------------------------------------ group ablation
 
 
-class _Replace:
-    """Replace heads ``heads`` of one layer's output by ``values[head]`` (a ``[dim]`` vector, a
-    ``[batch, query, dim]`` tensor, or 0.0)."""
-
-    def __init__(self, layer: int, values: Mapping[int, Tensor | float]):
-        self.layer, self.values = layer, dict(values)
-
-    def before(self, call):
-        return call
-
-    def after(self, call, out):
-        if call.layer != self.layer:
-            return out
-        out = out.clone()  # [batch, query, head, dim]
-        for h, v in self.values.items():
-            out[:, :, h] = torch.as_tensor(v, dtype=out.dtype, device=out.device)
-        return out
-
-
-def resample_values(outputs: Mapping[int, Tensor], heads: Sequence[Head]) -> dict[Head, Tensor]:
-    """Resample ablation: each head's output on the *next* sequence of the batch (cyclically),
-    ``[batch, query, dim]``, from ``outputs`` (layer -> the clean ``[batch, query, head, dim]``)."""
-    return {(la, h): outputs[la][:, :, h].roll(1, dims=0) for la, h in heads}
-
-
 def group_effects(
     model,
     probe,
@@ -353,8 +328,9 @@ def group_effects(
     output on another sequence of the same batch: needs sequences of one length). Each batch runs
     clean once, keeping every block's output; an ablated forward resumes at the group's first layer.
     """
-    from headscope.effects.ablation import batches
+    from headscope.effects.loop import batches, forwards
     from headscope.effects.targets import TARGETS, logits_from, measure
+    from headscope.models.attention import SetHeads
 
     if ablation not in ("mean", "zero", "resample"):
         raise HeadscopeError(f"ablation must be 'mean', 'zero' or 'resample', got '{ablation}'.")
@@ -398,25 +374,24 @@ def group_effects(
             heads = sorted(set(heads))
             if not heads:
                 continue
-            if ablation == "mean":
-                vals = {hd: means[hd[0], hd[1]] for hd in heads}
-            elif ablation == "zero":
-                vals = {hd: 0.0 for hd in heads}
-            else:
-                vals = resample_values(outputs, heads)
-            by_layer: dict[int, dict[int, object]] = {}
-            for (la, h), v in vals.items():
-                by_layer.setdefault(la, {})[h] = v
-            start = heads[0][0]
-            resume = (start, kept[start - 1]) if start > 0 else None
-            abl = model.run(
-                tokens,
-                mask,
-                interventions=[_Replace(la, v) for la, v in by_layer.items()],
-                output="logits",
-                resume=resume,
-                logits_from=first,
-            )
+            layers = sorted({la for la, _ in heads})
+            ablate = []
+            for la in layers:
+                hs = [h for layer, h in heads if layer == la]
+                # resample: each head's output on the next sequence of the batch (cyclically)
+                value = {"mean": means[la] if means is not None else None, "zero": 0.0}.get(
+                    ablation
+                )
+                value = outputs[la].roll(1, dims=0) if ablation == "resample" else value
+                ablate.append(SetHeads(la, hs, value))
+
+            def setup(_chunk, ablate=ablate):
+                return {"interventions": ablate}
+
+            ((_, abl),) = forwards(
+                model, tokens, mask, [name], 1, setup,
+                layer=layers[0], kept=kept, output="logits", logits_from=first,
+            )  # fmt: skip
             s1, _ = measure(tgt, abl, tokens, lengths, probe.repeat_len)
             sums[name][0][index] += (s1 - s0).double().cpu()
             sums[name][1][index] += c0.double().cpu()

@@ -1,18 +1,16 @@
 """What the commands beyond ``scan`` do, as functions (the CLI only wires them).
 
 ===============  ================================================================================
+settings         every command's settings but scan's (light: the commands' options are their fields)
 show             one head's (or one layer's) pattern on a text, as a figure or a page
 redraw           ``plot`` and ``report``: a saved run's figures and page drawn again from its files
 compare          runs side by side: summary and per-head differences
-plan_settings    a KV plan's settings (light: the kvplan command's options are its fields)
 kvplan           a KV-cache plan from a scan, checked by running the model
 sweep            many scans (models, checkpoints, settings, seeds) into one atlas
 sweep_figures    a sweep's figures, from its atlas alone
-census_settings  a head census's settings (light: the census command's options are its fields)
 census_parts     the census's parts: syntax, no-op, successor, copy suppression, rare word, as rows
-census           the head census of one model as a run directory (design.md section 12)
+census           the head census of one model as a run directory (docs/census.md)
 patch            counterfactual patching of every head on a task's prompt pairs, as a run directory
-circuit_settings a circuit run's settings (light: the circuit command's options are its fields)
 circuit          which head feeds which on a task: path patching, composition, IOI head classes
 circuit_run      a circuit run's directory: written whole, read back, the command's whole job
 ===============  ================================================================================

@@ -1,5 +1,5 @@
 """``headscope.circuit(model, task, ...)``: which head feeds which on a task, by path patching and
-by the weights, held against each other (design.md section 11).
+by the weights, held against each other (docs/circuits.md).
 
     result = headscope.circuit(model, "ioi")       # or a Task, a TokenizedTask, a .jsonl/.tsv file
     result.path          # a row per (sender, receiver, estimator): effect, interval, delta

@@ -1,5 +1,5 @@
 """``headscope.patch(model, task, ...)`` and ``headscope patch``: counterfactual patching of every
-head on a task's prompt pairs (design.md section 10), its settings, its result, its run directory.
+head on a task's prompt pairs (docs/patching.md), its settings, its result, its run directory.
 
     task   = headscope.Task.from_pairs([(clean, corrupt, " Mary", " John"), ...])  # or a kit: "ioi"
     result = headscope.patch(model, task, activations=("z", "v"), positions=("all", "named"))

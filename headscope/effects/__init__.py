@@ -4,6 +4,7 @@ counterfactual patching on the user's own prompt pairs.
 ============  ======================================================================================
 settings      how effects are estimated: mode and ablation (light: checked before anything loads)
 targets       what an effect is measured on: a probe's loss, an encoder's embedding
+loop          the one intervention loop: clean once, then jobs sharing forwards from its prefix
 ablation      exact ablation: one forward per head, the clean prefix reused, a layer's heads batched
 attribution   attribution patching: a first-order estimate for every head from one backward
 heads         :func:`~headscope.effects.heads.head_effects`: both estimators; which heads get exact

@@ -1,4 +1,4 @@
-"""Direct logit attribution (DLA) of every head at the last position (design.md section 10).
+"""Direct logit attribution (DLA) of every head at the last position (docs/patching.md).
 
 Head h of layer l writes ``c = z_h W_O^h`` into the residual stream (its output through its slice of
 the output projection; the projection's bias belongs to no head). Its direct logit attribution is

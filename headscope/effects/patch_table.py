@@ -1,4 +1,4 @@
-"""Effects, their bootstrap intervals, and the tidy tables of a patching run (design.md section 10).
+"""Effects, their bootstrap intervals, and the tidy tables of a patching run (docs/patching.md).
 
 Per row (one patch: activation, position, direction, layer, head, estimator) the pooled effect is a
 ratio of means over the task's pairs:

@@ -1,4 +1,4 @@
-"""Exact activation patching of every head, both directions (design.md section 10).
+"""Exact activation patching of every head, both directions (docs/patching.md).
 
 A *patch* writes one head's activation from the *source* run into the *base* run and reads the
 metric at the last position: denoising = base corrupt, source clean; noising = base clean, source

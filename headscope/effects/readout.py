@@ -1,4 +1,4 @@
-"""The metric of a task, read at each prompt's last position (design.md section 10).
+"""The metric of a task, read at each prompt's last position (docs/patching.md).
 
 * ``logit_diff`` (default): ``logit[answer] - logit[wrong]``;
 * ``prob``: ``softmax(logits)[answer]``;

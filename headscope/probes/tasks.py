@@ -1,5 +1,5 @@
 """A patching task: prompt pairs (clean, corrupt), an answer and a wrong token, the metric
-(design.md section 10).
+(docs/patching.md).
 
 A :class:`Task` holds text; :meth:`Task.tokenize` turns it into a :class:`TokenizedTask` for one
 model's tokenizer and refuses, in one line each, what patching cannot use:

@@ -13,7 +13,7 @@ import platform
 import time
 from importlib.metadata import PackageNotFoundError, version
 
-from headscope.version import __version__
+from headscope.result import __version__
 
 #: The libraries whose versions each record names (beside headscope and Python).
 LIBRARIES = ("torch", "transformers", "transformer-lens", "spacy")

@@ -1,6 +1,6 @@
 """headscope's path patching against the independent oracle (tests/circuits/path_oracle.py, which
 imports nothing from headscope): every (sender, receiver) of a task, batched with padding in
-headscope, one unpadded prompt at a time in the oracle, to 1e-4 (design.md section 11)."""
+headscope, one unpadded prompt at a time in the oracle, to 1e-4 (docs/circuits.md)."""
 
 from __future__ import annotations
 

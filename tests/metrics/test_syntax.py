@@ -1,4 +1,4 @@
-"""Clark et al.'s syntax protocol is exact on hand-built heads (design.md section 12)."""
+"""Clark et al.'s syntax protocol is exact on hand-built heads (docs/census.md)."""
 
 import numpy as np
 import pytest

@@ -5,7 +5,7 @@ Every row of ``scores.csv`` (score, chance, n, and the null where one exists) is
 eager attention weights (``output_attentions=True``) one sequence at a time, the model's own
 modules read by name (value and output projections, norms, the LM head), its eager attention
 function patched by hand for the no-op test, a forward pre-hook on the output projection for the
-mean ablation, and every definition written out as loops (design.md section 12).
+mean ablation, and every definition written out as loops (docs/census.md).
 
     python scripts/recompute_census.py RUN_DIR [--model-dir DIR]      # exit 0: every row agrees
 
