@@ -9,6 +9,7 @@ A page holds a marker line and the build puts the generated Markdown in its plac
 ``<!-- headscope:support -->``     the support table, from headscope/data/support.json
 ``<!-- headscope:cli -->``         every subcommand's ``--help``, from the click commands
 ``<!-- headscope:layers -->``      the package's layer table (headscope/__init__.py)
+``<!-- headscope:kits -->``        the task kits (headscope.probes.kits.KITS)
 =================================  ===================================================
 
 It also puts the report notebooks of ``analyses/`` into the site under ``notebooks/`` (rendered
@@ -129,7 +130,23 @@ def cli_reference() -> str:
     return "\n".join(parts)
 
 
+def kit_table() -> str:
+    """The built-in task kits, one row each, from the registry."""
+    from headscope.probes.kits import KITS
+
+    lines = [
+        "| kit | clean prompt -> answer | corrupt prompt, wrong token | named positions |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, kit in KITS.items():
+        clean, corrupt, positions = (_cell(x) for x in kit.summary)
+        named = ", ".join(f"`{p.strip()}`" for p in positions.split(","))
+        lines.append(f"| `{name}` | {clean} | {corrupt} | {named} |")
+    return "\n".join(lines)
+
+
 GENERATORS = {
+    "kits": kit_table,
     "metrics": metric_reference,
     "support": support_table,
     "cli": cli_reference,

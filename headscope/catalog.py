@@ -428,3 +428,52 @@ def check_score_name(name: str):
             f"Unknown metric '{name}'.{did_you_mean(name, names())} Known: {', '.join(names())}."
         )
     return info
+
+
+# ------------------------------------------------------------------------------ IOI head classes
+
+#: The IOI head classes (``headscope circuit``, :mod:`headscope.circuits.classes`), in the order of
+#: the diagram's rows, top to bottom.
+CIRCUIT_CLASSES = (
+    "name_mover",
+    "negative_name_mover",
+    "s_inhibition",
+    "induction",
+    "duplicate_token",
+    "previous_token",
+)
+#: The evidence columns of ``classes.csv``, in the order a reader meets them (each ``path_*`` and
+#: ``direct``/``end_to_io`` with its interval, :func:`interval_columns`).
+CLASS_EVIDENCE = (
+    "direct_effect",
+    "direct_ci_low",
+    "direct_ci_high",
+    "end_to_io",
+    "end_to_io_ci_low",
+    "end_to_io_ci_high",
+    "copying",
+    "copy_suppression",
+    "path_to_name_movers_q",
+    "path_to_name_movers_q_ci_low",
+    "path_to_name_movers_q_ci_high",
+    "induction",
+    "duplicate_token",
+    "path_to_s_inhibition_v",
+    "path_to_s_inhibition_v_ci_low",
+    "path_to_s_inhibition_v_ci_high",
+    "previous_token",
+    "path_to_induction_k",
+    "path_to_induction_k_ci_low",
+    "path_to_induction_k_ci_high",
+)
+
+
+def interval_columns(column: str) -> tuple[str, str]:
+    """The names of the interval beside an evidence column of ``classes.csv`` (``direct_effect``
+    keeps its shorter ``direct_ci_low`` / ``direct_ci_high``).
+
+    >>> interval_columns("end_to_io")
+    ('end_to_io_ci_low', 'end_to_io_ci_high')
+    """
+    stem = "direct" if column == "direct_effect" else column
+    return f"{stem}_ci_low", f"{stem}_ci_high"

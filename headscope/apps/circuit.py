@@ -118,7 +118,7 @@ def circuit(
     every head (``layer``, ``head``, ``induction``, ... :data:`~headscope.circuits.evidence.
     SCAN_EVIDENCE`), measured now when an IOI run needs them and none is given."""
 
-    from headscope.apps.patch import check_model
+    from headscope.apps.runs import check_model
     from headscope.circuits.receivers import Receiver, parse_head
     from headscope.effects.patch_table import baseline_table
     from headscope.effects.patching import make_batches

@@ -21,14 +21,13 @@ succeeds).
 
 from __future__ import annotations
 
-import contextlib
-import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from headscope.apps.circuit import CircuitResult
 from headscope.apps.settings import CircuitSettings
-from headscope.errors import HeadscopeError, listening, setting
+from headscope.errors import HeadscopeError
 
 REPORT = "report.html"
 
@@ -129,107 +128,84 @@ def load_circuit(path: str | Path) -> CircuitResult:
     )
 
 
-def circuit_to_dir(
-    model_name,
-    task,
-    out: str | Path,
-    config: CircuitSettings | None = None,
-    *,
-    scan: str | Path | None = None,
-    tokenizer=None,
-    force: bool = False,
-    figures: bool = True,
-    say: Callable[[str], None] | None = None,
-    figure_formats: Sequence[str] | None = None,
-    **settings,
-) -> CircuitResult:
-    """``headscope circuit``: check everything, load ``model_name``, run, save the run to ``out``.
+def circuit_to_dir(model_name, task, out: str | Path, config=None, **options) -> CircuitResult:
+    """``headscope circuit``: check everything, load ``model_name``, run, save the run to ``out``
+    (:func:`headscope.apps.runs.task_run_to_dir`, whose keywords ``options`` are: ``scan``,
+    ``tokenizer``, ``force``, ``figures``, ``say``, ``figure_formats`` and any setting).
 
     Refused with one line before the model loads: a setting, the task file or kit, ``--scan``, an
-    ``out`` that may not be written, the model name. Refused before any forward pass: an encoder,
-    a task whose pairs fail their own checks (an answer that is not one token, pairs of different
-    lengths), a receiver or sender outside the model or a sender not below its receiver, a scan of
-    another model. Nothing is written unless the run succeeds.
+    ``out`` that may not be written, the model name, and (when the model's shape is on disk: a
+    packaged model, a folder, a cached snapshot) a receiver or sender outside the model or a
+    sender not below its receiver. Refused before any forward pass: an encoder, a task whose pairs
+    fail their own checks (an answer that is not one token, pairs of different lengths), a
+    receiver's position the task lacks, a scan of another model. Nothing is written unless the
+    run succeeds.
     """
-    import os
+    from headscope.apps.runs import task_run_to_dir
+    from headscope.rundir.kinds import CIRCUIT
 
+    return task_run_to_dir(
+        CIRCUIT, CircuitSettings, _circuit_work, save_circuit, model_name, task, out, config,
+        before_loading=_before_loading, **options,
+    )  # fmt: skip
+
+
+def _before_loading(config: CircuitSettings, model_name) -> None:
+    from headscope.models.sources import model_shape
+
+    shape = model_shape(str(model_name)) if isinstance(model_name, (str, Path)) else None
+    if shape is not None:  # layers and heads from the config on disk: no weights loaded
+        check_receivers(Shape(str(model_name), *shape), config)
+
+
+def _circuit_work(model, task, config, pattern, say) -> CircuitResult:
     from headscope.apps.circuit import circuit, tokenized
-    from headscope.apps.patch import check_model, check_same_model, scan_scores
     from headscope.circuits.evidence import scores_evidence
+
+    tt = tokenized(model, task, config)  # the task's own checks, before any forward
+    check_receivers(model, config, tt)
+    evidence = scores_evidence(pattern) if pattern is not None else None
+    return circuit(model, tt, config, evidence=evidence, say=say)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the checks of senders and receivers read of a model: its name and shape."""
+
+    name: str
+    n_layers: int
+    n_heads: int
+
+
+def check_receivers(model, config: CircuitSettings, tt=None) -> None:
+    """Every named receiver and sender inside ``model`` (a loaded model or a :class:`Shape`),
+    each sender below its receiver, and (with the tokenized task ``tt``) each receiver's position
+    in the task: one line for the first that is not."""
     from headscope.circuits.path_patching import check_paths
     from headscope.circuits.receivers import Receiver, parse_head
-    from headscope.models.loading import load_model
-    from headscope.models.placement import threads
-    from headscope.models.sources import resolve
-    from headscope.probes.kits import check_task
-    from headscope.rundir.kinds import CIRCUIT
-    from headscope.rundir.store import check_out_dir
 
-    t_start = time.perf_counter()
-    config = CircuitSettings.configure(config, settings)
-    say = say or (lambda _m: None)
-    out = Path(out)
-    with listening(say):
-        check_out_dir(out, force, CIRCUIT)
-        checked = check_task(task)
-        if not isinstance(checked, str) and config.templates:
-            raise HeadscopeError(
-                f"{setting('templates')} choose a kit's templates; '{task}' is a file of pairs."
-            )
-        pattern, scan_meta = scan_scores(scan) if scan is not None else (None, None)
-        if isinstance(model_name, (str, os.PathLike)):
-            resolve(str(model_name))  # a typo is answered before any loading
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(threads(config.threads))
-            t0 = time.perf_counter()
-            model = load_model(
-                model_name, tokenizer, device=config.device, dtype=config.dtype, progress=say
-            )
-            t_load = time.perf_counter() - t0
-            check_model(model)
-            if scan_meta is not None:
-                check_same_model(model, scan_meta, scan)
-            tt = tokenized(model, checked, config)  # the task's own checks, before any forward
-            receivers = [Receiver.parse(r) for r in config.receivers]
-            senders = [parse_head(s) for s in config.senders]
-            if receivers:  # heads, kinds, sender order and positions, before any forward
-                from headscope.effects.patching import make_batches, position_masks
+    receivers = [Receiver.parse(r) for r in config.receivers]
+    senders = [parse_head(s) for s in config.senders]
+    if not receivers:
+        if senders:
+            check_paths(model, senders, [Receiver("logits")])
+        return
+    batch = None
+    if tt is not None:
+        from headscope.effects.patching import make_batches
 
-                batch = make_batches(tt, len(tt), model.pad_id)[0]
-                for r in receivers:
-                    if senders:
-                        check_paths(model, senders, [r])
-                    elif r.kind != "logits" and r.layer == 0:
-                        _no_sender(r)
-                    else:
-                        check_paths(model, [(0, 0)], [r])
-                    if r.kind != "logits":
-                        position_masks(batch, r.position)
-            elif senders:
-                check_paths(model, senders, [Receiver("logits")])
-            say(
-                f"circuit: {model.n_layers} layers x {model.n_heads} heads of {model.name} on "
-                f"{model.device}"
-            )
-            evidence = scores_evidence(pattern) if pattern is not None else None
-            result = circuit(model, tt, config, evidence=evidence, say=say)
-            result.metadata["timings"] = {"load_s": round(t_load, 3), **result.metadata["timings"]}
-            if scan_meta is not None:
-                result.metadata["scan"] = {
-                    "run_dir": str(Path(scan).resolve()),
-                    "model": scan_meta.get("model"),
-                    "metrics": sorted(pattern["metric"].unique()),
-                }
-            save_circuit(
-                result,
-                out,
-                force=force,
-                figures=figures,
-                say=say,
-                started=t_start,
-                figure_formats=figure_formats,
-            )
-    return result
+        batch = make_batches(tt, len(tt), model.pad_id)[0]
+    for r in receivers:
+        if senders:
+            check_paths(model, senders, [r])
+        elif r.kind != "logits" and r.layer == 0:
+            _no_sender(r)
+        else:
+            check_paths(model, [(0, 0)], [r])
+        if r.kind != "logits" and batch is not None:
+            from headscope.effects.patching import position_masks
+
+            position_masks(batch, r.position)
 
 
 def _no_sender(r) -> None:

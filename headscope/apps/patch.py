@@ -39,7 +39,6 @@ Importing this module loads no torch (``headscope patch --help`` is instant); th
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -47,10 +46,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from headscope.apps.runs import check_model, task_run_to_dir
 from headscope.apps.settings import PatchSettings
 from headscope.effects.settings import PATCH_KV_MODES
-from headscope.errors import HeadscopeError, did_you_mean, listening, setting
+from headscope.errors import HeadscopeError, did_you_mean, setting
 from headscope.probes.tasks import END
+from headscope.rundir.kinds import PATCH
 
 if TYPE_CHECKING:  # pragma: no cover - pandas is imported where a table is made or read
     import pandas as pd
@@ -121,15 +122,6 @@ def _positions(positions: Sequence[str], tt) -> list[str]:
             f"{min(tt.lengths)}..{max(tt.lengths)} (use one template: {setting('templates')} 0)."
         )
     return list(dict.fromkeys(out))
-
-
-def check_model(model) -> None:
-    """One line for a model patching cannot read (an encoder, no LM head, rescaled logits)."""
-    from headscope.effects.readout import check_logits
-    from headscope.probes.tasks import check_model as check_decoder
-
-    check_decoder(model)
-    check_logits(model)
 
 
 def patch(
@@ -295,59 +287,6 @@ def patch(
     )
 
 
-# ------------------------------------------------------------------------------ beside a scan
-
-
-def scan_scores(run_dir: str | Path) -> tuple[pd.DataFrame, dict]:
-    """The pattern scores of a scan's run directory (one row per metric and head, the metrics of
-    :data:`PATTERN_SCORES` it has) and its metadata; one line when it is not a scan run."""
-    from headscope.rundir.store import is_run_dir, load_run
-
-    path = Path(run_dir)
-    if not is_run_dir(path):
-        raise HeadscopeError(
-            f"--scan '{run_dir}' is not a headscope scan run directory (no scores.csv with its "
-            "metadata.json); give a folder written by `headscope scan`."
-        )
-    run = load_run(path)
-    s = run.scores
-    s = s[s["metric"].isin(PATTERN_SCORES)]
-    cols = [
-        c
-        for c in ("metric", "layer", "head", "head_name", "score", "ci_low", "ci_high", "label")
-        if c in s.columns
-    ]
-    return s[cols].reset_index(drop=True), run.metadata
-
-
-def check_same_model(model, scan_meta: dict, run_dir) -> None:
-    """Refuse a scan of another model (its weights' sha256, else its name, and its shape)."""
-    from headscope.rundir.record import source_record
-
-    src = scan_meta.get("source") or {}
-    mine = source_record(model)
-    shape = (scan_meta.get("n_layers"), scan_meta.get("n_heads"))
-    if shape != (model.n_layers, model.n_heads):
-        raise HeadscopeError(
-            f"--scan '{run_dir}' is a run of {scan_meta.get('model')} ({shape[0]} layers x "
-            f"{shape[1]} heads), not of {model.name} ({model.n_layers} x {model.n_heads}); give a "
-            "scan of the same model."
-        )
-    for key in ("weights_sha256", "state_dict_sha256"):
-        if src.get(key) and mine.get(key):
-            if src[key] != mine[key]:
-                raise HeadscopeError(
-                    f"--scan '{run_dir}' is a run of other weights ({key} {src[key][:12]}..., "
-                    f"{model.name}'s is {mine[key][:12]}...); give a scan of the same model."
-                )
-            return
-    if scan_meta.get("model") != model.name:
-        raise HeadscopeError(
-            f"--scan '{run_dir}' is a run of {scan_meta.get('model')}, not of {model.name}; "
-            "give a scan of the same model."
-        )
-
-
 # ------------------------------------------------------------------------------ the run directory
 
 
@@ -436,82 +375,18 @@ def load_patching(path: str | Path) -> PatchResult:
     )
 
 
-def patch_to_dir(
-    model_name,
-    task,
-    out: str | Path,
-    config: PatchSettings | None = None,
-    *,
-    scan: str | Path | None = None,
-    tokenizer=None,
-    force: bool = False,
-    figures: bool = True,
-    say: Callable[[str], None] | None = None,
-    figure_formats: Sequence[str] | None = None,
-    **settings,
-) -> PatchResult:
-    """``headscope patch``: check everything, load ``model_name``, patch, save the run to ``out``.
+def patch_to_dir(model_name, task, out: str | Path, config=None, **options) -> PatchResult:
+    """``headscope patch``: check everything, load ``model_name``, patch, save the run to ``out``
+    (:func:`headscope.apps.runs.task_run_to_dir`, whose keywords ``options`` are: ``scan``,
+    ``tokenizer``, ``force``, ``figures``, ``say``, ``figure_formats`` and any setting). Every
+    mistake a user can make is refused with one line before the model loads, what needs the model
+    before any forward pass, and nothing is written unless the run succeeds."""
+    return task_run_to_dir(
+        PATCH, PatchSettings, _patch_work, save_patching, model_name, task, out, config, **options
+    )
 
-    Every mistake a user can make (settings, the task file or kit, ``--scan``, an ``out`` that may
-    not be written, the model name) is refused with one line before the model loads; what needs
-    the model (an encoder, an answer that is not one token, pairs of different lengths, a scan of
-    another model) is refused before any forward pass. Nothing is written unless the run succeeds.
-    """
-    import os
 
-    from headscope.models.loading import load_model
-    from headscope.models.placement import threads
-    from headscope.models.sources import resolve
-    from headscope.probes.kits import check_task
-    from headscope.rundir.kinds import PATCH
-    from headscope.rundir.store import check_out_dir
-
-    t_start = time.perf_counter()
-    config = PatchSettings.configure(config, settings)
-    say = say or (lambda _m: None)
-    out = Path(out)
-    with listening(say):
-        check_out_dir(out, force, PATCH)
-        checked = check_task(task)
-        if not isinstance(checked, str) and config.templates:
-            raise HeadscopeError(
-                f"{setting('templates')} choose a kit's templates; '{task}' is a file of pairs."
-            )
-        pattern, scan_meta = scan_scores(scan) if scan is not None else (None, None)
-        in_memory = not isinstance(model_name, (str, os.PathLike))
-        if not in_memory:
-            resolve(str(model_name))  # a typo is answered before any loading
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(threads(config.threads))
-            t0 = time.perf_counter()
-            model = load_model(
-                model_name, tokenizer, device=config.device, dtype=config.dtype, progress=say
-            )
-            t_load = time.perf_counter() - t0
-            check_model(model)
-            if scan_meta is not None:
-                check_same_model(model, scan_meta, scan)
-            say(
-                f"patching {model.n_layers} layers x {model.n_heads} heads of {model.name} on "
-                f"{model.device}"
-            )
-            result = patch(model, checked, config, say=say)
-            result.metadata["timings"] = {"load_s": round(t_load, 3), **result.metadata["timings"]}
-            if pattern is not None:
-                result.pattern_scores = pattern
-                result.metadata["scan"] = {
-                    "run_dir": str(Path(scan).resolve()),
-                    "model": scan_meta.get("model"),
-                    "source": scan_meta.get("source"),
-                    "metrics": sorted(pattern["metric"].unique()),
-                }
-            save_patching(
-                result,
-                out,
-                force=force,
-                figures=figures,
-                say=say,
-                started=t_start,
-                figure_formats=figure_formats,
-            )
+def _patch_work(model, task, config, pattern, say) -> PatchResult:
+    result = patch(model, task, config, say=say)
+    result.pattern_scores = pattern
     return result

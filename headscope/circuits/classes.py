@@ -42,51 +42,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
+from headscope.catalog import CIRCUIT_CLASSES, CLASS_EVIDENCE, interval_columns  # noqa: F401
 from headscope.errors import HeadscopeError
 
-CLASSES = (
-    "name_mover",
-    "negative_name_mover",
-    "s_inhibition",
-    "induction",
-    "duplicate_token",
-    "previous_token",
-)
-EVIDENCE = [
-    "direct_effect",
-    "direct_ci_low",
-    "direct_ci_high",
-    "end_to_io",
-    "end_to_io_ci_low",
-    "end_to_io_ci_high",
-    "copying",
-    "copy_suppression",
-    "path_to_name_movers_q",
-    "path_to_name_movers_q_ci_low",
-    "path_to_name_movers_q_ci_high",
-    "induction",
-    "duplicate_token",
-    "path_to_s_inhibition_v",
-    "path_to_s_inhibition_v_ci_low",
-    "path_to_s_inhibition_v_ci_high",
-    "previous_token",
-    "path_to_induction_k",
-    "path_to_induction_k_ci_low",
-    "path_to_induction_k_ci_high",
-]
-
-
-def interval_columns(column: str) -> tuple[str, str]:
-    """The names of the interval beside an evidence column (``direct_effect`` keeps its shorter
-    ``direct_ci_low`` / ``direct_ci_high``).
-
-    >>> interval_columns("end_to_io")
-    ('end_to_io_ci_low', 'end_to_io_ci_high')
-    """
-    stem = "direct" if column == "direct_effect" else column
-    return f"{stem}_ci_low", f"{stem}_ci_high"
-
-
+CLASSES, EVIDENCE = CIRCUIT_CLASSES, list(CLASS_EVIDENCE)
 COLUMNS = ["head_name", "layer", "head", "class", "rule", *EVIDENCE]
 
 

@@ -7,7 +7,13 @@ from __future__ import annotations
 import click
 
 from headscope.apps.settings import CensusSettings
-from headscope.cli.options import config_from, config_options, figure_format_option
+from headscope.cli.options import (
+    config_from,
+    config_options,
+    out_option,
+    run_options,
+    say_to_stderr,
+)
 
 
 @click.command(
@@ -16,19 +22,9 @@ from headscope.cli.options import config_from, config_options, figure_format_opt
     "pip install 'headscope[syntax]'."
 )
 @click.argument("model_name", metavar="MODEL")
-@click.option(
-    "--out",
-    default=None,
-    type=click.Path(),
-    help="Run directory to write. [default: runs/<model>-census]",
-)
+@out_option("Run directory to write. [default: runs/<model>-census]")
 @config_options(CensusSettings)
-@click.option(
-    "--force", is_flag=True, help="Replace an existing run directory (never any other folder)."
-)
-@click.option("--no-figures", is_flag=True, help="Skip the heatmaps.")
-@figure_format_option
-@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
+@run_options("run directory")
 def census(model_name, out, force, no_figures, figure_format, quiet, **settings) -> None:
     """Score MODEL's heads for the literature's head types: syntax heads (Clark et al. 2019, on
     silver parses), the [SEP] / BOS no-op test, successor heads (Gould et al. 2023), copy
@@ -39,10 +35,6 @@ def census(model_name, out, force, no_figures, figure_format, quiet, **settings)
     """
     from headscope.apps.census import census_to_dir, default_out
 
-    def say(msg: str) -> None:
-        if not quiet:
-            click.echo(f"headscope: {msg}", err=True)
-
     config = config_from(CensusSettings, settings)
     target = census_to_dir(
         model_name,
@@ -51,7 +43,7 @@ def census(model_name, out, force, no_figures, figure_format, quiet, **settings)
         force=force,
         figures=not no_figures,
         figure_formats=figure_format or ("png",),
-        say=say,
+        say=say_to_stderr(quiet),
     )
     click.echo((target / "summary.md").read_text())
     click.echo(f"wrote {target}/")

@@ -8,7 +8,14 @@ from __future__ import annotations
 import click
 
 from headscope.apps.settings import CircuitSettings
-from headscope.cli.options import config_from, config_options, figure_format_option
+from headscope.cli.options import (
+    config_from,
+    config_options,
+    out_option,
+    run_options,
+    say_to_stderr,
+    task_options,
+)
 
 
 @click.command(
@@ -19,38 +26,13 @@ from headscope.cli.options import config_from, config_options, figure_format_opt
     "32 pairs about 150 s; the whole IOI run about 40 min."
 )
 @click.argument("model_name", metavar="MODEL")
-@click.option(
-    "--task",
-    "task",
-    required=True,
-    metavar="KIT|FILE",
-    help="A built-in kit (ioi, capital, pronoun, copy_name) or a .jsonl / .tsv file of prompt "
-    "pairs.",
+@task_options(
+    "A `headscope scan` run of the same model: the classes read its induction, duplicate-token, "
+    "previous-token and (with --effects) copying scores instead of measuring them."
 )
-@click.option(
-    "--out",
-    "out",
-    required=True,
-    type=click.Path(file_okay=True, dir_okay=True),
-    help="Run directory to write.",
-)
+@out_option(required=True)
 @config_options(CircuitSettings)
-@click.option(
-    "--scan",
-    "scan",
-    type=click.Path(),
-    default=None,
-    metavar="RUN_DIR",
-    help="A `headscope scan` run of the same model: the classes read its induction, "
-    "duplicate-token, previous-token and (with --effects) copying scores instead of measuring "
-    "them.",
-)
-@click.option(
-    "--force", is_flag=True, help="Replace an existing circuit run (never any other folder)."
-)
-@click.option("--no-figures", is_flag=True, help="Skip the diagram and agreement figures.")
-@figure_format_option
-@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
+@run_options("circuit run", figures="the diagram and agreement figures")
 def circuit(model_name, task, out, scan, force, no_figures, figure_format, quiet, **settings):
     """Which attention head of MODEL feeds which on a task: path patching, composition, classes.
 
@@ -61,49 +43,11 @@ def circuit(model_name, task, out, scan, force, no_figures, figure_format, quiet
     random senders) and how well the two rankings agree.
     """
     from headscope.apps.circuit_run import circuit_to_dir
+    from headscope.report.tables import task_summary
 
     config = config_from(CircuitSettings, settings)
-
-    def say(msg: str) -> None:
-        if not quiet:
-            click.echo(f"headscope: {msg}", err=True)
-
     result = circuit_to_dir(
-        model_name,
-        task,
-        out,
-        config,
-        scan=scan,
-        force=force,
-        figures=not no_figures,
-        say=say,
-        figure_formats=figure_format,
-    )
-    click.echo(summary(result, out))
-
-
-def summary(result, out) -> str:
-    """What ``headscope circuit`` prints: the baseline, each receiver's top senders, the classes."""
-    b = result.baseline.set_index("prompt")
-    lines = [
-        f"{result.model} on {result.task}: {int(b['n_pairs'].iloc[0])} pairs, "
-        f"metric {result.metric}"
-    ]
-    for p in b.index:
-        lines.append(
-            f"  {p:<16} {b.loc[p, 'mean']:+.3f} "
-            f"[{b.loc[p, 'ci_low']:+.3f}, {b.loc[p, 'ci_high']:+.3f}]"
-        )
-    t = result.path[result.path["estimator"] == "exact"]
-    for receiver, sub in t.groupby("receiver", sort=False):
-        top = sub.reindex(sub["effect"].abs().sort_values(ascending=False).index).head(3)
-        heads = ", ".join(
-            f"{r.sender} {r.effect:+.2f} [{r.ci_low:+.2f}, {r.ci_high:+.2f}]"
-            for r in top.itertuples()
-        )
-        lines.append(f"  into {receiver}: {heads}")
-    if result.classes is not None:
-        for cls, sub in result.classes[result.classes["class"] != ""].groupby("class", sort=False):
-            lines.append(f"  {cls}: {', '.join(sub['head_name'])}")
-    lines.append(f"wrote {out}/ (path.csv, composition.csv, report.html)")
-    return "\n".join(lines)
+        model_name, task, out, config, scan=scan, force=force, figures=not no_figures,
+        say=say_to_stderr(quiet), figure_formats=figure_format,
+    )  # fmt: skip
+    click.echo(task_summary(result, out))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import click
 
 from headscope.apps.settings import PlanSettings
-from headscope.cli.options import config_from, config_options, figure_format_option
+from headscope.cli.options import config_from, config_options, figure_format_option, say_to_stderr
 
 
 @click.command(
@@ -45,10 +45,7 @@ def kvplan(source, out, force, figure_format, quiet, **settings) -> None:
     """
     from headscope.apps import kvplan as kv
 
-    def say(msg: str) -> None:
-        if not quiet:
-            click.echo(f"headscope: {msg}", err=True)
-
+    say = say_to_stderr(quiet)
     config = config_from(PlanSettings, settings)
     df, target = kv.plan_to_dir(
         source, out, config, force=force, say=say, figure_formats=figure_format or ("png",)

@@ -189,3 +189,61 @@ def figure_format_option(command):
         help="Write each figure as png, svg and/or pdf (repeatable, or comma-separated: "
         "png,svg,pdf). SVG and PDF keep their text as text, for papers. [default: png]",
     )(command)
+
+
+# ------------------------------------------------------------------------------ a run's command
+
+
+def out_option(help: str = "Run directory to write.", required: bool = False):
+    """``--out PATH``: where the command's run directory goes."""
+    return click.option("--out", "out", required=required, default=None, type=click.Path(),
+                        help=help)  # fmt: skip
+
+
+def run_options(what: str, figures: str | None = "the heatmaps"):
+    """What every command that writes a run directory takes: ``--force`` (replaces only a
+    ``what``), ``--no-figures`` (skips ``figures``; None: no such option), ``--figure-format``
+    and ``--quiet``."""
+
+    def decorate(command):
+        command = click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")(
+            command
+        )
+        command = figure_format_option(command)
+        if figures is not None:
+            command = click.option("--no-figures", is_flag=True, help=f"Skip {figures}.")(command)
+        return click.option(
+            "--force", is_flag=True, help=f"Replace an existing {what} (never any other folder)."
+        )(command)
+
+    return decorate
+
+
+def task_options(scan_help: str):
+    """``--task KIT|FILE`` (the kits as the registry names them) and ``--scan RUN_DIR``."""
+
+    def decorate(command):
+        from headscope.probes.kits import KITS
+
+        command = click.option(
+            "--scan", "scan", type=click.Path(), default=None, metavar="RUN_DIR", help=scan_help
+        )(command)
+        return click.option(
+            "--task",
+            "task",
+            required=True,
+            metavar="KIT|FILE",
+            help=f"A built-in kit ({', '.join(KITS)}) or a .jsonl / .tsv file of prompt pairs.",
+        )(command)
+
+    return decorate
+
+
+def say_to_stderr(quiet: bool):
+    """Progress lines to stderr as ``headscope: ...``, unless ``quiet``."""
+
+    def say(msg: str) -> None:
+        if not quiet:
+            click.echo(f"headscope: {msg}", err=True)
+
+    return say

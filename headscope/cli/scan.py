@@ -8,26 +8,21 @@ import sys
 
 import click
 
-from headscope.cli.options import config_from, config_options, figure_format_option
+from headscope.cli.options import (
+    config_from,
+    config_options,
+    out_option,
+    run_options,
+    say_to_stderr,
+)
 from headscope.scanner.config import ScanSettings
 
 
 @click.command()
 @click.argument("model_name", metavar="MODEL")
-@click.option(
-    "--out",
-    "out",
-    type=click.Path(file_okay=True, dir_okay=True),
-    default=None,
-    help="Run directory to write. [default: runs/<model>]",
-)
+@out_option("Run directory to write. [default: runs/<model>]")
 @config_options(ScanSettings)
-@click.option(
-    "--force", is_flag=True, help="Replace an existing run directory (never any other folder)."
-)
-@click.option("--no-figures", is_flag=True, help="Skip the heatmaps.")
-@figure_format_option
-@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
+@run_options("run directory")
 def scan(model_name, out, force, no_figures, figure_format, quiet, **settings) -> None:
     """Score every head of MODEL and write a run directory.
 
@@ -43,10 +38,6 @@ def scan(model_name, out, force, no_figures, figure_format, quiet, **settings) -
     from headscope.scanner.runner import default_out, scan_to_dir
 
     out = out or default_out(model_name)
-
-    def say(msg: str) -> None:
-        if not quiet:
-            click.echo(f"headscope: {msg}", err=True)
 
     progress = None
     if not quiet:
@@ -67,7 +58,7 @@ def scan(model_name, out, force, no_figures, figure_format, quiet, **settings) -
         config,
         force=force,
         figures=not no_figures,
-        say=say,
+        say=say_to_stderr(quiet),
         progress=progress,
         figure_formats=figure_format or ("png",),
     )

@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from headscope.cli.options import figure_format_option
+from headscope.cli.options import figure_format_option, say_to_stderr
 
 
 @click.command()
@@ -60,10 +60,7 @@ def sweep(spec, out, ray_address, workers, retries, figure_format, quiet) -> Non
     """
     from headscope.apps.sweep import run_sweep
 
-    def say(msg: str) -> None:
-        if not quiet:
-            click.echo(f"headscope: {msg}", err=True)
-
+    say = say_to_stderr(quiet)
     done = run_sweep(
         spec, out, ray_address, workers, retries, say, figure_formats=figure_format or ("png",)
     )

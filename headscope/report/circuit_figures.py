@@ -1,5 +1,5 @@
-"""Figures of a circuit run, from its tables alone (never the model): matplotlib Figures, no pyplot,
-and the diagram as hand-written inline SVG for the page.
+"""Figures of a circuit run, from its tables alone (never the model): matplotlib Figures, no pyplot
+(the page's diagram is the same Figure as SVG).
 
 The tables are the run directory's (``headscope circuit``): ``path.csv`` (path patching of a
 sender head into a receiver: the logits, or one head's q, k or v input at one position),
@@ -19,10 +19,9 @@ receiver, the senders ranked both ways: Spearman rho and the top-k overlap again
   effect's interval includes 0, the receiver's input (q/k/v/logits) as the line style and a
   letter on the edge; a group receiver is a dashed box around its heads, its edges end on the
   box;
-* :func:`svg_diagram`: the same diagram as SVG text, with ``<title>`` tooltips (each edge's effect
-  and interval, each node's class, rule and evidence); every edge is one ``<path class="edge">``
-  (the legend's samples are ``<line>``; the arrowheads ``<polygon>``; a group's box a
-  ``<rect class="group">``);
+* :func:`diagram_svg`: the same figure as SVG text for the page (matplotlib's own SVG: one
+  renderer), with ``<title>`` tooltips on each edge (its effect and interval) and each node (its
+  class, rule and evidence);
 * :func:`agreement_figure`: per receiver, each sender's composition z against its path-patching
   effect into that receiver, with the Spearman rho and the top-k overlap in the panel's title (the
   axes padded so that every point and interval bar lies clear of the border);
@@ -44,17 +43,11 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 
+from headscope.catalog import CIRCUIT_CLASSES as CLASSES
+from headscope.catalog import CLASS_EVIDENCE as EVIDENCE
 from headscope.files import figure_files, save_figure
 
 #: The classes in the order of the diagram's rows (top to bottom) and their colours.
-CLASSES = (
-    "name_mover",
-    "negative_name_mover",
-    "s_inhibition",
-    "induction",
-    "duplicate_token",
-    "previous_token",
-)
 CLASS_COLOURS = {
     "name_mover": "#1b9e77",
     "negative_name_mover": "#d95f02",
@@ -80,17 +73,16 @@ def _pale(colour: str, share: float = 0.55) -> str:
 PALE = {POSITIVE: _pale(POSITIVE), NEGATIVE: _pale(NEGATIVE)}
 UNSURE = "pale: its interval includes 0"
 #: A group receiver's box: an outline in grey, dashed, around its heads.
-GROUP_COLOUR, GROUP_DASH = "#777777", "4 3"
+GROUP_COLOUR = "#777777"
 GROUP_WHAT = (  # the legend's lines
     "dashed box: a group receiver",
     "(its heads' inputs patched at once);",
     "an edge into the box is one path",
     "into the whole group",
 )
-#: The receiver's input as a line style: matplotlib's, and SVG's ``stroke-dasharray``.
+#: The receiver's input as a line style.
 KINDS = ("logits", "q", "k", "v")
 KIND_STYLE = {"logits": "solid", "q": (0, (6, 3)), "k": (0, (1.5, 2)), "v": (0, (6, 2, 1.5, 2))}
-KIND_DASH = {"logits": "", "q": "8 4", "k": "2 3", "v": "8 3 2 3"}
 KIND_WHAT = {
     "logits": "direct to the logits",
     "q": "into the query",
@@ -102,36 +94,6 @@ LOGITS = "logits"
 LOGITS_GAP = 2.0  # layers from the last layer to the logits column: never on a head
 #: A head receiver's name (``L9H1.q@END``) at the start of a name or after a ``+``.
 _MEMBER = re.compile(r"(?:^|\+)L(\d+)H(\d+)\.[qkv](?=@|\+|$)")
-#: Evidence columns of classes.csv, in the order a reader meets them.
-EVIDENCE = (
-    "direct_effect",
-    "direct_ci_low",
-    "direct_ci_high",
-    "end_to_io",
-    "end_to_io_ci_low",
-    "end_to_io_ci_high",
-    "copying",
-    "path_to_name_movers_q",
-    "path_to_name_movers_q_ci_low",
-    "path_to_name_movers_q_ci_high",
-    "induction",
-    "duplicate_token",
-    "path_to_s_inhibition_v",
-    "path_to_s_inhibition_v_ci_low",
-    "path_to_s_inhibition_v_ci_high",
-    "previous_token",
-    "path_to_induction_k",
-    "path_to_induction_k_ci_low",
-    "path_to_induction_k_ci_high",
-)
-
-
-def interval_of(column: str) -> tuple[str, str]:
-    """The interval columns beside an evidence column of classes.csv: the names
-    ``headscope.circuits.classes.interval_columns`` writes (kept here too, so that drawing a run
-    imports no compute module; a test holds the two equal)."""
-    stem = "direct" if column == "direct_effect" else column
-    return f"{stem}_ci_low", f"{stem}_ci_high"
 
 
 def _head(layer, head) -> str:
@@ -569,10 +531,6 @@ def _unclassed_note(classes: pd.DataFrame, threshold: float) -> str:
     )
 
 
-def _attr(x) -> str:
-    return html.escape(str(x), quote=True)
-
-
 def _num(x, digits: int = 3) -> str:
     x = float(x)
     return "NaN" if x != x else f"{x:.{digits}f}"
@@ -589,7 +547,22 @@ def _node_title(r, cls: str) -> str:
     return "\n".join(lines)
 
 
-def svg_diagram(
+def _edge_title(r, pale: bool) -> str:
+    kind = str(r.receiver_kind)
+    into = KIND_WHAT.get(kind, kind)
+    group = r.target not in (LOGITS, r.members)  # an edge into a group receiver's box
+    into += f" of the group {', '.join(r.members.split())} at once" if group else ""
+    return (
+        f"{r.sender} -> {r.receiver} ({into}), {r.direction}\n"
+        f"effect {_num(r.effect)} [{_num(r.ci_low)}, {_num(r.ci_high)}]"
+        + (" (the interval includes 0)" if pale else "")
+        + f"\nmetric change {_num(r.delta)} [{_num(r.delta_ci_low)}, {_num(r.delta_ci_high)}]"
+        f"\nMLPs {'frozen' if str(r.freeze_mlps).lower() == 'true' else 'not frozen'}, "
+        f"n = {r.n_pairs} pairs"
+    )
+
+
+def diagram_svg(
     classes: pd.DataFrame,
     path: pd.DataFrame,
     n_layers: int,
@@ -598,196 +571,40 @@ def svg_diagram(
     task: str | None = None,
     direction: str | None = None,
 ) -> str:
-    """The diagram of :func:`circuit_diagram` as one ``<svg>`` element (no script, nothing
-    fetched): every edge one ``<path class="edge">`` with a ``<title>`` (sender, receiver, effect
-    and its interval, the raw metric change; class ``unsure`` and pale where the interval includes
-    0, class ``group`` where it ends on a group's box), every node a ``<circle class="node">`` with
-    a ``<title>`` (class, rule, evidence), every group receiver's box a ``<rect class="group">``
-    around its heads."""
-    nodes = classed(classes)
-    names = list(dict.fromkeys(nodes["class"]))
-    direction = _direction(path, direction) if len(path) else (direction or "noising")
-    edges = circuit_edges(classes, path, threshold, direction) if len(path) else path
-    pos, bands, n_rows = _layout(nodes, n_layers)
-    left, top_m, dx, dy = 150.0, 56.0, max(26.0, min(60.0, 700.0 / max(n_layers, 1))), 44.0
-    plot_w = dx * (pos[LOGITS][0] + 1)
-    legend_x = left + plot_w + 30
-    width = legend_x + 270
-    plot_h = dy * n_rows
+    """:func:`circuit_diagram` as one ``<svg>`` element for the page (matplotlib's own SVG, text as
+    text, nothing fetched), with a ``<title>`` tooltip on every edge (sender, receiver, effect and
+    its interval, the raw metric change) and every node (class, rule, evidence): each is the SVG
+    group of the artist whose gid names it."""
+    import io
 
-    def px(x: float, y: float) -> tuple[float, float]:  # data units -> pixels
-        return left + dx * (x + 0.5), top_m + dy * (y + 0.5)
+    import matplotlib
 
-    def xy(name: str) -> tuple[float, float]:
-        return px(*pos[name])
+    from headscope.files import VECTOR_TEXT
 
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="hs-circuit" width="{width:.0f}" '
-        f'height="HEIGHT" viewBox="0 0 {width:.0f} HEIGHT" '
-        'font-family="system-ui, sans-serif" font-size="11">',
-        f"<title>{_attr(_context(path, model, task, direction))}: circuit diagram</title>",
-        "<defs>",
-    ]
-    markers = (("pos", POSITIVE), ("neg", NEGATIVE))
-    markers += (("pos-unsure", PALE[POSITIVE]), ("neg-unsure", PALE[NEGATIVE]))
-    for name, colour in markers:
-        out.append(
-            f'<marker id="hs-arrow-{name}" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="9" '
-            'markerHeight="9" markerUnits="userSpaceOnUse" orient="auto-start-reverse">'
-            f'<polygon points="0,0 10,5 0,10" fill="{colour}"/></marker>'
-        )
-    out.append("</defs>")
-    out.append(
-        f'<text x="{left}" y="18" font-size="13" font-weight="bold">'
-        f"{_attr(_context(path, model, task, direction))}</text>"
-        f'<text x="{left}" y="36" fill="#555">circuit: exact path patching, {len(edges)} edges '
-        f"with |effect| &gt;= {threshold:g} (share of the clean-corrupt gap); hover for values"
-        "</text>"
-    )
-    # axes: a layer tick every few layers, the class bands' names at the left
-    step = max(1, math.ceil(n_layers / 15))
-    base = top_m + plot_h + 14
-    for la in range(0, n_layers, step):
-        out.append(
-            f'<text x="{left + dx * (la + 0.5):.1f}" y="{base:.1f}" text-anchor="middle" '
-            f'fill="#555">{la}</text>'
-        )
-    out.append(
-        f'<text x="{left + plot_w / 2:.1f}" y="{base + 18:.1f}" text-anchor="middle" '
-        'fill="#555">layer (sender -&gt; receiver; the logits at the right)</text>'
-    )
-    for cls, y in bands:
-        out.append(
-            f'<text x="{left - 10}" y="{top_m + dy * (y + 0.5) + 4:.1f}" '
-            f'text-anchor="end">{_attr(cls.replace("_", " "))}</text>'
-        )
-    widths, top = _widths(edges) if len(edges) else (np.array([]), 1.0)
-    boxes = _group_boxes(edges, pos)
-    out.append('<g class="groups" fill="none">')  # under the edges and nodes
-    for members, (groups, (bx0, by0, bx1, by1)) in boxes.items():
-        (gx0, gy0), (gx1, gy1) = px(bx0, by0), px(bx1, by1)
-        tip = f"group receiver {', '.join(groups)}: the inputs of {', '.join(members.split())} "
-        tip += "patched at once (an edge into the box is one path into the whole group)"
-        out.append(
-            f'<rect class="group" data-group="{_attr(" ".join(groups))}" '
-            f'data-members="{_attr(members)}" x="{gx0:.1f}" y="{gy0:.1f}" '
-            f'width="{gx1 - gx0:.1f}" height="{gy1 - gy0:.1f}" rx="6" stroke="{GROUP_COLOUR}" '
-            f'stroke-dasharray="{GROUP_DASH}"><title>{_attr(tip)}</title></rect>'
-            f'<text x="{gx0 + 3:.1f}" y="{gy1 + 11:.1f}" font-size="10" fill="{GROUP_COLOUR}">'
-            f"{_attr(', '.join(groups))}</text>"
-        )
-    out.append("</g>")
-    unsure = _unsure(edges)
-    out.append('<g class="edges" fill="none">')
-    for r, w, pale in zip(edges.itertuples(), widths, unsure, strict=True):
-        group = r.target not in pos  # a group: the edge ends on its box
-        (x0, y0) = xy(r.source)
-        if group:
-            (x1, y1) = px(*_box_end(pos[r.source], boxes[r.members][1]))
-        else:
-            (x1, y1) = xy(r.target)
-        length = math.hypot(x1 - x0, y1 - y0) or 1.0
-        ux, uy = (x1 - x0) / length, (y1 - y0) / length
-        end = 1 if group else 11  # the arrow's tip on the box, or short of the node
-        x0, y0, x1, y1 = x0 + 9 * ux, y0 + 9 * uy, x1 - end * ux, y1 - end * uy
-        mx, my = (x0 + x1) / 2 - 0.08 * (y1 - y0), (y0 + y1) / 2 + 0.08 * (x1 - x0)
-        kind = str(r.receiver_kind)
-        sign = "pos" if r.effect > 0 else "neg"
-        colour = POSITIVE if r.effect > 0 else NEGATIVE
-        colour, marker = (PALE[colour], f"{sign}-unsure") if pale else (colour, sign)
-        dash = KIND_DASH.get(kind, "")
-        into = KIND_WHAT.get(kind, kind)
-        into += f" of the group {', '.join(r.members.split())} at once" if group else ""
-        tip = (
-            f"{r.sender} -> {r.receiver} ({into}), {r.direction}\n"
-            f"effect {_num(r.effect)} [{_num(r.ci_low)}, {_num(r.ci_high)}]"
-            + (" (the interval includes 0)" if pale else "")
-            + f"\nmetric change {_num(r.delta)} [{_num(r.delta_ci_low)}, "
-            f"{_num(r.delta_ci_high)}]"
-            f"\nMLPs {'frozen' if str(r.freeze_mlps).lower() == 'true' else 'not frozen'}, "
-            f"n = {r.n_pairs} pairs"
-        )
-        classes_ = f"edge {sign} kind-{_attr(kind)}" + (" unsure" if pale else "")
-        classes_ += " group" if group else ""
-        out.append(
-            f'<path class="{classes_}" data-source="{_attr(r.source)}" '
-            f'data-target="{_attr(r.target)}" d="M{x0:.1f},{y0:.1f} Q{mx:.1f},{my:.1f} '
-            f'{x1:.1f},{y1:.1f}" stroke="{colour}" stroke-width="{max(w, 0.3):.2f}" '
-            f'stroke-opacity="0.8"'
-            + (f' stroke-dasharray="{dash}"' if dash else "")
-            + f' marker-end="url(#hs-arrow-{marker})"><title>{_attr(tip)}</title></path>'
-        )
-        if kind != LOGITS:
-            cx, cy = (x0 + 2 * mx + x1) / 4, (y0 + 2 * my + y1) / 4  # the curve's midpoint
-            out.append(
-                f'<text x="{cx:.1f}" y="{cy + 4:.1f}" text-anchor="middle" font-size="10" '
-                f'fill="{colour}">{_attr(kind)}</text>'
-            )
-    out.append("</g>")
-    out.append('<g class="nodes">')
-    for r in nodes.to_dict("records"):
-        name = _head(r["layer"], r["head"])
-        x, y = xy(name)
-        out.append(
-            f'<circle class="node" data-head="{_attr(name)}" cx="{x:.1f}" cy="{y:.1f}" r="8" '
-            f'fill="{class_colour(r["class"], names)}" stroke="#000" stroke-width="0.7">'
-            f"<title>{_attr(_node_title(r, r['class']))}</title></circle>"
-            f'<text x="{x:.1f}" y="{y - 11:.1f}" text-anchor="middle" font-size="10">'
-            f"{_attr(name)}</text>"
-        )
-    x, y = xy(LOGITS)
-    out.append(
-        f'<rect class="node logits" x="{x - 10:.1f}" y="{y - 10:.1f}" width="20" height="20" '
-        'fill="#ddd" stroke="#000" stroke-width="0.7"><title>the logits: the residual stream at '
-        "the last position read by the unembedding</title></rect>"
-        f'<text x="{x:.1f}" y="{y - 14:.1f}" text-anchor="middle">logits</text>'
-    )
-    if nodes.empty:
-        out.append(
-            f'<text x="{left + plot_w / 2:.1f}" y="{top_m + 20}" text-anchor="middle" '
-            'fill="#666">no head passed a class rule</text>'
-        )
-    out.append("</g>")
-    # the legend: every mark on the diagram
-    out.append('<g class="legend">')
-    ly = top_m
-    out.append(f'<text x="{legend_x}" y="{ly}" font-weight="bold">nodes (head class)</text>')
-    for cls in names:
-        ly += 18
-        out.append(
-            f'<circle cx="{legend_x + 6}" cy="{ly - 4}" r="6" '
-            f'fill="{class_colour(cls, names)}" stroke="#000" stroke-width="0.7"/>'
-            f'<text x="{legend_x + 18}" y="{ly}">{_attr(cls.replace("_", " "))}</text>'
-        )
-    ly += 26
-    out.append(f'<text x="{legend_x}" y="{ly}" font-weight="bold">edges (width ~ |effect|)</text>')
-    samples = [
-        (POSITIVE, "", 2.5, "effect &gt; 0 (carries the gap)"),
-        (NEGATIVE, "", 2.5, "effect &lt; 0 (works against it)"),
-    ]
-    if unsure.any():
-        samples.append((PALE[POSITIVE], "", 2.5, _attr(UNSURE)))
-    kinds = [k for k in KINDS if len(edges) and k in set(edges["receiver_kind"].astype(str))]
-    samples += [("#444", KIND_DASH[k], 1.5, _attr(KIND_WHAT[k])) for k in kinds]
-    if boxes:  # a dashed grey sample, then the sentence's other lines (no sample)
-        samples.append((GROUP_COLOUR, GROUP_DASH, 1.0, _attr(GROUP_WHAT[0])))
-        samples += [(None, "", 0.0, _attr(line)) for line in GROUP_WHAT[1:]]
-    if len(edges):
-        samples += [("#444", "", MAX_WIDTH * f, f"|effect| = {f * top:.2f}") for f in (1.0, 0.5)]
-    for colour, dash, w, label in samples:
-        ly += 18 if colour is not None else 14
-        if colour is not None:
-            out.append(
-                f'<line x1="{legend_x}" y1="{ly - 4}" x2="{legend_x + 30}" y2="{ly - 4}" '
-                f'stroke="{colour}" stroke-width="{w:.2f}"'
-                + (f' stroke-dasharray="{dash}"' if dash else "")
-                + "/>"
-            )
-        out.append(f'<text x="{legend_x + 38}" y="{ly}">{label}</text>')
-    out.append("</g></svg>")
-    height = max(top_m + plot_h + 60, ly + 20)  # the plot or the legend, whichever is taller
-    out[0] = out[0].replace("HEIGHT", f"{height:.0f}")
-    return "\n".join(out)
+    fig = circuit_diagram(classes, path, n_layers, threshold, model, task, direction)
+    buf = io.StringIO()
+    with matplotlib.rc_context(VECTOR_TEXT):
+        fig.savefig(buf, format="svg")
+    svg = buf.getvalue()
+    svg = svg[svg.index("<svg") :]  # the element alone: no XML prolog or doctype in a page
+    svg = re.sub(r"\s*<metadata>.*?</metadata>", "", svg, count=1, flags=re.S)  # date, RDF
+    tips = []  # (gid, tooltip) in drawing order: two edges may share a gid (q and k paths)
+    if len(path):
+        direction = _direction(path, direction)
+        edges = circuit_edges(classes, path, threshold, direction)
+        for r, pale in zip(edges.itertuples(), _unsure(edges), strict=True):
+            tips.append((f"edge:{r.source}->{r.target}", _edge_title(r, pale)))
+    for r in classed(classes).to_dict("records"):
+        tips.append((f"node:{_head(r['layer'], r['head'])}", _node_title(r, r["class"])))
+    after: dict[str, int] = {}
+    for gid, tip in tips:
+        tag = f'<g id="{html.escape(gid, quote=True)}">'
+        at = svg.find(tag, after.get(gid, 0))
+        if at >= 0:
+            title = f"<title>{html.escape(tip, quote=False)}</title>"
+            svg = svg[: at + len(tag)] + title + svg[at + len(tag) :]
+            after[gid] = at + len(tag) + len(title)
+    return svg
 
 
 def _padded(values, share: float, at_least: float) -> tuple[float, float]:

@@ -3,7 +3,7 @@ the diagram as inline SVG, figures as ``data:`` PNGs, no script, nothing fetched
 run directory's files alone, never the model, like :mod:`headscope.report.patch_page`.
 
 Top to bottom: the model, the task and its pairs, the baseline and the settings
-(``metadata.json``); the circuit diagram (:func:`headscope.report.circuit_figures.svg_diagram`:
+(``metadata.json``); the circuit diagram (:func:`headscope.report.circuit_figures.diagram_svg`:
 hover an edge for its effect and interval, a node for its class, rule and evidence); the head
 classes with every classed head's evidence and the rule it passed (``classes.csv``); the agreement
 of composition and path patching per receiver (``agreement.csv``, with the per-receiver panels:
@@ -22,16 +22,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from headscope.catalog import CIRCUIT_CLASSES as CLASSES
+from headscope.catalog import CLASS_EVIDENCE as EVIDENCE
+from headscope.catalog import interval_columns as interval_of
 from headscope.files import HTML_GENERATOR, write_atomic
-from headscope.report.circuit_figures import (
-    CLASSES,
-    EVIDENCE,
-    LOGITS,
-    agreement_figure,
-    classed,
-    interval_of,
-    svg_diagram,
-)
+from headscope.report.circuit_figures import LOGITS, agreement_figure, classed, diagram_svg
 from headscope.report.html import _STYLE, _kv, _readable, _table, figure_uri
 from headscope.result import fmt
 
@@ -329,7 +324,7 @@ def circuit_page_html(got: dict, figures: bool = True, pngs: dict[str, str] | No
             "includes 0. Hover an edge for its effect and interval, a node for its class, rule "
             "and evidence.</p>"
         )
-        svg = svg_diagram(classes, path, n_layers, threshold, model=model, task=task)
+        svg = diagram_svg(classes, path, n_layers, threshold, model=model, task=task)
         body.append(f'<div class="hs-diagram">{svg}</div>')
     body.append(f'<h2 id="classes">{sections[1][1]}</h2>')
     body.append(_missing("classes.csv") if classes is None else _classes(classes))

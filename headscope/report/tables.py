@@ -387,3 +387,53 @@ def console_summary(result, out=None, figures: bool = True) -> str:
     if out is not None:
         lines.append(f"wrote {out}/ ({', '.join(written_names(out))})")
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ a task's run
+
+
+def _top(sub: pd.DataFrame, name: str, k: int = 3) -> str:
+    """The ``k`` rows of ``sub`` with the largest |effect|, as ``NAME +0.12 [+0.05, +0.20]``."""
+    top = sub.reindex(sub["effect"].abs().sort_values(ascending=False).index).head(k)
+    return ", ".join(
+        f"{getattr(r, name)} {r.effect:+.2f} [{r.ci_low:+.2f}, {r.ci_high:+.2f}]"
+        for r in top.itertuples()
+    )
+
+
+def task_summary(result, out) -> str:
+    """What ``headscope patch`` and ``headscope circuit`` print: the model, task and metric, each
+    prompt's baseline with its interval, then the top heads of each slice of the table (patching:
+    each activation, kv mode, direction and named position; circuit: each receiver's top senders,
+    and the classes)."""
+    b = result.baseline.set_index("prompt")
+    lines = [
+        f"{result.model} on {result.task}: {int(b['n_pairs'].iloc[0])} pairs, "
+        f"metric {result.metric}"
+    ]
+    for p in b.index:
+        lines.append(
+            f"  {p:<16} {b.loc[p, 'mean']:+.3f} "
+            f"[{b.loc[p, 'ci_low']:+.3f}, {b.loc[p, 'ci_high']:+.3f}]"
+        )
+    if hasattr(result, "path"):  # a circuit run
+        t = result.path[result.path["estimator"] == "exact"]
+        for receiver, sub in t.groupby("receiver", sort=False):
+            lines.append(f"  into {receiver}: {_top(sub, 'sender')}")
+        if result.classes is not None:
+            named = result.classes[result.classes["class"] != ""]
+            for cls, sub in named.groupby("class", sort=False):
+                lines.append(f"  {cls}: {', '.join(sub['head_name'])}")
+        lines.append(f"wrote {out}/ (path.csv, composition.csv, report.html)")
+        return "\n".join(lines)
+    t = result.table
+    named = t[~t["position"].astype(str).str.isdigit()]
+    for (act, mode, direction, position), sub in named.groupby(
+        ["activation", "kv_mode", "direction", "position"], sort=False
+    ):
+        est = "exact" if (sub["estimator"] == "exact").any() else "attribution"
+        kv = f" ({mode})" if act in ("k", "v") else ""
+        top = _top(sub[sub["estimator"] == est], "head_name")
+        lines.append(f"  {act}{kv} {direction} at {position} ({est}): {top}")
+    lines.append(f"wrote {out}/ (patching.csv, report.html)")
+    return "\n".join(lines)

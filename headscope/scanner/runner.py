@@ -121,6 +121,11 @@ def _scan(model, probes, config: ScanSettings, progress, say, interventions, sco
                 "effects, not both at once."
             )
     eng = resolve_engine(model, config.engine, chosen, interventions=bool(interventions))
+    if say is not None:
+        say(
+            f"scanning {model.n_layers} layers x {model.n_heads} heads on {model.device} "
+            f"({eng.name} engine)"
+        )
     results: dict[str, MetricScores] = {}
     timings: dict[str, float] = {}
 
@@ -378,12 +383,7 @@ def scan_to_dir(
             )
             t_load = time.perf_counter() - t0
             probes = build_probes(model, config, say=say)
-            engine = resolve_engine(model, config.engine, config.metric_objects())
-            say(
-                f"scanning {model.n_layers} layers x {model.n_heads} heads on {model.device} "
-                f"({engine.name} engine)"
-            )
-            result = scan(model, probes, config, progress=progress, say=say, scorer=scorer)
+            result = _scan(model, probes, config, progress, say, (), scorer or score_probe)
             result.metadata["timings"] = {"load_s": round(t_load, 3), **result.metadata["timings"]}
             if config.ray is not None:
                 result.metadata["ray"] = {"address": config.ray, "workers": config.workers or 1}

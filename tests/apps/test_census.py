@@ -296,7 +296,7 @@ def test_force_follows_a_scans_rules(gpt2_run, tiny_gpt2, tmp_path):
     other = tmp_path / "thesis"
     other.mkdir()
     (other / "chapter.tex").write_text("x")
-    with pytest.raises(HeadscopeError, match="not a headscope run"):
+    with pytest.raises(HeadscopeError, match="not a headscope census run"):
         census_to_dir(tiny_gpt2, other, st, force=True)
     assert (other / "chapter.tex").read_text() == "x" and (run / "notes.txt").is_file()
 

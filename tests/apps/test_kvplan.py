@@ -12,6 +12,7 @@ import torch
 
 import headscope
 from headscope.apps import kvplan
+from headscope.engines import fused
 from headscope.errors import HeadscopeError
 from headscope.probes.long import long_text_probe, needle_probe
 from tests.oracles import conformance as conf
@@ -63,7 +64,7 @@ def test_restricted_kernel_run_equals_the_masked_run(llama, monkeypatch):
     heads = frozenset({(0, 1), (1, 0), (1, 3)})
     handler = kvplan.Restricted(heads, llama.n_heads, 2, 16)
     fast = llama.run(x, handler=handler, output="logits")
-    monkeypatch.setattr(kvplan.kernel, "supports", lambda *a: False)  # force the mask path
+    monkeypatch.setattr(fused.kernel, "supports", lambda *a: False)  # force the mask path
     masked = llama.run(x, handler=handler, output="logits")
     full = llama.run(x, output="logits")
     torch.testing.assert_close(fast, masked, atol=2e-5, rtol=1e-5)
@@ -90,7 +91,7 @@ def test_restricted_greedy_decoding_matches_restricted_full_forwards(llama, monk
     restriction must hold there exactly as in a full forward (same band, counted from the query's
     own position), on the kernel and on the mask path."""
     if path == "mask":
-        monkeypatch.setattr(kvplan.kernel, "supports", lambda *a: False)
+        monkeypatch.setattr(fused.kernel, "supports", lambda *a: False)
     prompt = long_text_probe(llama, 120, 1).sequences[0]
     every = frozenset((la, h) for la in range(llama.n_layers) for h in range(llama.n_heads))
     handler = kvplan.Restricted(every, llama.n_heads, 1, 4)
@@ -257,20 +258,21 @@ def test_a_figure_that_fails_keeps_the_plan_tables(tmp_path, monkeypatch):
     heard = []
     kvplan.save(
         _plan_table(),
-        tmp_path,
+        tmp_path / "plan",
         kvplan.PlanSettings(),
         "tiny",
         {"0.25": ["L0H0"]},
         {},
         say=heard.append,
     )
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["kvplan.csv", "kvplan.json", "kvplan.md"]
-    record = json.loads((tmp_path / "kvplan.json").read_text())
+    plan = tmp_path / "plan"
+    assert sorted(p.name for p in plan.iterdir()) == ["kvplan.csv", "kvplan.json", "kvplan.md"]
+    record = json.loads((plan / "kvplan.json").read_text())
     assert record["figures_skipped"].startswith(
-        "kvplan.png: ValueError: 'yerr' must not contain negative values"
+        "the figures: ValueError: 'yerr' must not contain negative values"
     )
     assert len(heard) == 1 and "everything else was kept" in heard[0]
-    assert len(pd.read_csv(tmp_path / "kvplan.csv")) == len(_plan_table())
+    assert len(pd.read_csv(plan / "kvplan.csv")) == len(_plan_table())
 
 
 # ------------------------------------------------------------------------------ issue 24: intervals

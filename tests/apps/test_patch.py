@@ -319,6 +319,8 @@ def test_a_figure_or_page_that_fails_costs_only_itself(result, tmp_path, monkeyp
 
 
 def test_pattern_scores_of_the_same_model_only(tiny_gpt2, tiny_gqa_llama, runs, tmp_path):
+    from headscope.apps import runs as api
+
     scores, meta = api.scan_scores(runs["gpt2"])
     assert {"induction", "previous_token", "sink"} <= set(scores["metric"])
     api.check_same_model(tiny_gpt2, meta, runs["gpt2"])  # the scan's own model

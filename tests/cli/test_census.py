@@ -34,7 +34,10 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, tiny_gpt2_
             ["census", "x", "--parts", "syntax,nope", "--out", str(out)],
             "Unknown census part 'nope'",
         ),
-        (["census", "x", "--tokenize", "chars", "--out", str(out)], "Unknown tokenize 'chars'"),
+        (
+            ["census", "x", "--tokenize", "chars", "--out", str(out)],
+            "Unknown tokenize (--tokenize) 'chars'",
+        ),
         (["census", "x", "--bootstrap", "0", "--out", str(out)], "bootstrap"),
         (
             [
@@ -76,7 +79,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, tiny_gpt2_
             "--force",
         ],
     )
-    assert r.exit_code == 2 and "not a headscope run directory" in r.output
+    assert r.exit_code == 2 and "not a headscope census run" in r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
 
 

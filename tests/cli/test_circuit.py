@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from headscope.apps.settings import CircuitConfig
+from headscope.apps.settings import CircuitSettings
 from headscope.cli.main import main
 from tests.conftest import write_task
 
@@ -53,7 +53,7 @@ def test_writes_a_circuit_run_and_prints_its_summary(tmp_path, tiny_gpt2_dir, go
 def test_help_lists_every_setting_of_the_config():
     res = run("circuit", "--help")
     assert res.exit_code == 0
-    for f in dataclasses.fields(CircuitConfig):
+    for f in dataclasses.fields(CircuitSettings):
         flag = "--" + f.name.replace("_", "-")
         assert flag in res.output, flag
 

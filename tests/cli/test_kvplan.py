@@ -53,14 +53,14 @@ def test_kvplan_cli_refuses_bad_input_and_writes_nothing(tmp_path, llama):
 
 def test_kvplan_cli_writes_the_plan_into_the_run(tmp_path, tiny_gpt2_dir):
     from headscope.rundir.store import foreign_entries
-    from headscope.scanner.config import ScanConfig
+    from headscope.scanner.config import ScanSettings
     from headscope.scanner.runner import scan_to_dir
 
     run = tmp_path / "run"
     scan_to_dir(
         str(tiny_gpt2_dir),
         run,
-        ScanConfig(
+        ScanSettings(
             long_context=True, seq_len=128, n_prompts=2, window=16, needle_tokens=4, bootstrap=0
         ),
         figures=False,

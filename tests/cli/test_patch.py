@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from headscope.apps.patch import PatchConfig
+from headscope.apps.settings import PatchSettings
 from headscope.cli.main import main
 from tests.conftest import write_task
 
@@ -81,7 +81,7 @@ def test_writes_a_patching_run_and_prints_its_summary(tmp_path, tiny_gpt2_dir, g
 def test_help_lists_every_setting_of_the_config():
     res = run("patch", "--help")
     assert res.exit_code == 0
-    for f in dataclasses.fields(PatchConfig):
+    for f in dataclasses.fields(PatchSettings):
         flag = "--" + f.name.replace("_", "-")
         assert flag in res.output, flag
     assert "--no-dla" in res.output and "--scan" in res.output and "--task" in res.output

@@ -103,10 +103,10 @@ def test_long_context_on_an_encoder_is_refused_before_any_corpus_is_read(tmp_pat
 
 def test_long_context_run_saves_needles_and_reloads(tmp_path, tiny_gpt2):
     from headscope.rundir.store import load_run
-    from headscope.scanner.config import ScanConfig
+    from headscope.scanner.config import ScanSettings
     from headscope.scanner.runner import scan_to_dir
 
-    cfg = ScanConfig(
+    cfg = ScanSettings(
         long_context=True, seq_len=128, n_prompts=2, window=16, needle_tokens=4, bootstrap=20
     )
     res = scan_to_dir(tiny_gpt2, tmp_path / "run", cfg, figures=False)
@@ -128,11 +128,11 @@ def test_recompute_script_agrees_on_a_long_context_run(tmp_path, tiny_gpt2_dir):
     """scripts/recompute_scores.py (no headscope metric code) recomputes streaming and retrieval
     from
     tokens.jsonl and HF eager attention, and agrees with the run."""
-    from headscope.scanner.config import ScanConfig
+    from headscope.scanner.config import ScanSettings
     from headscope.scanner.runner import scan_to_dir
     from tests.oracles import recompute as rc
 
-    cfg = ScanConfig(
+    cfg = ScanSettings(
         long_context=True,
         seq_len=128,
         n_prompts=2,

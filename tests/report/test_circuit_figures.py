@@ -15,7 +15,6 @@ from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from headscope.files import png_is_ours
 from headscope.report.circuit_figures import (
-    KIND_DASH,
     MAX_WIDTH,
     NEGATIVE,
     PALE,
@@ -23,9 +22,9 @@ from headscope.report.circuit_figures import (
     agreement_figure,
     circuit_diagram,
     circuit_edges,
+    diagram_svg,
     group_members,
     save_circuit_figures,
-    svg_diagram,
 )
 from tests.report import circuit_tables as T
 
@@ -49,9 +48,14 @@ def _arrows(fig) -> list[FancyArrowPatch]:
     return [p for p in fig.axes[0].patches if (p.get_gid() or "").startswith("edge:")]
 
 
-def _svg_edges(svg: str) -> list[ET.Element]:
+def _svg_groups(svg: str, kind: str) -> dict[str, ET.Element]:
+    """The page's diagram: each ``<g>`` matplotlib wrote for an artist with gid ``kind:...``."""
     root = ET.fromstring(svg)
-    return list(root.iter(f"{SVG}path"))
+    return {g.get("id"): g for g in root.iter(f"{SVG}g") if (g.get("id") or "").startswith(kind)}
+
+
+def _tip(g: ET.Element) -> str:
+    return g.find(f"{SVG}title").text
 
 
 def test_the_hand_counted_edges(tables):
@@ -72,8 +76,8 @@ def test_threshold_in_figure_and_svg(tables, threshold, n):
     classes, path = tables
     fig = circuit_diagram(classes, path, T.N_LAYERS, threshold)
     assert len(_arrows(fig)) == n
-    svg = svg_diagram(classes, path, T.N_LAYERS, threshold)
-    assert len(_svg_edges(svg)) == n
+    svg = diagram_svg(classes, path, T.N_LAYERS, threshold)  # the same figure, as the page's SVG
+    assert svg.count('<g id="edge:') == n
     kept = circuit_edges(classes, path, threshold)
     assert (kept["effect"].abs() >= threshold).all()
 
@@ -123,34 +127,26 @@ def test_figure_nodes_only_classed_heads_and_legend(tables):
     assert ax.get_xlabel() and ax.get_ylabel()
 
 
-def test_svg_one_path_per_edge_with_tooltips(tables):
+def test_the_pages_svg_is_the_figure_with_tooltips(tables):
+    """One renderer: the page's SVG is matplotlib's own SVG of circuit_diagram, each edge and node
+    the group of its artist (by gid), with a tooltip; nothing scripted or fetched."""
     classes, path = tables
-    svg = svg_diagram(classes, path, T.N_LAYERS, model="tiny-gpt2")
-    root = ET.fromstring(svg)
-    assert "<script" not in svg and "http://" not in svg.replace("http://www.w3.org/2000/svg", "")
-    edges = _svg_edges(svg)
-    assert len(edges) == 7 and all("edge" in e.get("class") for e in edges)
-    assert {(e.get("data-source"), e.get("data-target")) for e in edges} == EXPECTED
-    by = {(e.get("data-source"), e.get("data-target")): e for e in edges}
-    for s, r, kind, effect, _ in T.EDGES:
-        e = by[s, _target(r)]
-        assert e.get("stroke") == (POSITIVE if effect > 0 else NEGATIVE)
-        assert float(e.get("stroke-width")) == pytest.approx(
-            MAX_WIDTH * abs(effect) / 0.62, abs=0.01
-        )
-        assert (e.get("stroke-dasharray") or "") == KIND_DASH[kind]
-        tip = e.find(f"{SVG}title").text
+    svg = diagram_svg(classes, path, T.N_LAYERS, model="tiny-gpt2")
+    assert svg.startswith("<svg") and "<script" not in svg
+    assert "<image" not in svg and 'href="http' not in svg  # nothing fetched
+    edges = _svg_groups(svg, "edge:")
+    assert set(edges) == {f"edge:{s}->{t}" for s, t in EXPECTED}
+    for s_, r, _kind, effect, _ in T.EDGES:
         lo, hi = effect - 0.03, effect + 0.04
+        tip = _tip(edges[f"edge:{s_}->{_target(r)}"])
         assert f"effect {effect:.3f} [{lo:.3f}, {hi:.3f}]" in tip and r in tip
-    circles = [c for c in root.iter(f"{SVG}circle") if c.get("class") == "node"]
-    assert {c.get("data-head") for c in circles} == CLASSED
-    nm = next(c for c in circles if c.get("data-head") == "L3H0").find(f"{SVG}title").text
+    nodes = _svg_groups(svg, "node:")
+    assert set(nodes) == {f"node:{h}" for h in CLASSED}
+    nm = _tip(nodes["node:L3H0"])
     assert "name_mover" in nm and "rule: direct_effect >= 0.1" in nm and "copying = 0.800" in nm
     assert "induction = " not in nm  # NaN evidence is left out
-    legend = next(g for g in root.iter(f"{SVG}g") if g.get("class") == "legend")
-    texts = " ".join(t.text or "" for t in legend.iter(f"{SVG}text"))
-    for word in ("name mover", "previous token", "effect > 0", "effect < 0", "into the key"):
-        assert word in texts
+    for word in ("name mover", "previous token", "effect &gt; 0", "into the key"):
+        assert word in svg  # the legend, as text
 
 
 def test_svg_escapes_hostile_names(tables):
@@ -158,7 +154,7 @@ def test_svg_escapes_hostile_names(tables):
     path = path.assign(task="<script>alert('x')</script> & co")
     classes = classes.copy()
     classes.loc[classes["head_name"] == "L3H0", "rule"] = 'a < b & "c"'
-    svg = svg_diagram(classes, path, T.N_LAYERS, model="m<1>")
+    svg = diagram_svg(classes, path, T.N_LAYERS, model="m<1>")
     ET.fromstring(svg)  # still XML
     assert "<script" not in svg and "&lt;script&gt;" in svg and "m&lt;1&gt;" in svg
 
@@ -178,9 +174,8 @@ def test_no_classed_head_draws_only_the_logits(tables):
     none = classes.assign(**{"class": ""})
     fig = circuit_diagram(none, path, T.N_LAYERS)
     assert _arrows(fig) == []
-    root = ET.fromstring(svg_diagram(none, path, T.N_LAYERS))
-    assert list(root.iter(f"{SVG}path")) == []
-    assert [c for c in root.iter(f"{SVG}circle") if c.get("class") == "node"] == []
+    svg = diagram_svg(none, path, T.N_LAYERS)
+    assert _svg_groups(svg, "edge:") == {} and _svg_groups(svg, "node:") == {}
 
 
 def test_agreement_panels(tables):
@@ -346,30 +341,9 @@ def test_figure_group_edge_ends_on_a_box_around_both_heads(grouped):
     assert "group receiver" not in " ".join(t.get_text() for t in plain.get_legend().get_texts())
 
 
-def test_svg_group_edge_ends_on_a_box_around_both_heads(grouped):
-    classes, path = grouped
-    root = ET.fromstring(svg_diagram(classes, path, T.N_LAYERS))
-    rect = next(r for r in root.iter(f"{SVG}rect") if r.get("class") == "group")
-    assert rect.get("data-members") == "L3H0 L3H2" and rect.get("data-group") == "name_mover.q@END"
-    x0, y0 = float(rect.get("x")), float(rect.get("y"))
-    x1, y1 = x0 + float(rect.get("width")), y0 + float(rect.get("height"))
-    circles = {c.get("data-head"): c for c in root.iter(f"{SVG}circle") if c.get("class")}
-    inside = {
-        h
-        for h, c in circles.items()
-        if x0 < float(c.get("cx")) < x1 and y0 < float(c.get("cy")) < y1
-    }
-    assert inside == {"L3H0", "L3H2"}
-    edge = next(e for e in root.iter(f"{SVG}path") if "group" in e.get("class"))
-    assert edge.get("data-source") == "L2H0" and edge.get("data-target") == "name_mover.q@END"
-    ex, ey = map(float, edge.get("d").split()[-1].split(","))
-    assert abs(ex - x0) <= 2 and y0 < ey < y1  # the tip on the box's left side
-    assert "L3H0, L3H2 at once" in edge.find(f"{SVG}title").text
-    legend = next(g for g in root.iter(f"{SVG}g") if g.get("class") == "legend")
-    texts = " ".join(t.text or "" for t in legend.iter(f"{SVG}text"))
-    assert "group receiver" in texts and "whole group" in texts
-    plain = svg_diagram(T.classes_table(), T.path_table(), T.N_LAYERS)
-    assert 'class="group"' not in plain and "group receiver" not in plain
+def test_svg_group_edge_says_it_enters_the_whole_group(grouped):
+    edges = _svg_groups(diagram_svg(*grouped, T.N_LAYERS), "edge:")
+    assert "L3H0, L3H2 at once" in _tip(edges["edge:L2H0->name_mover.q@END"])
 
 
 # --- the logits box: never on a head, whatever the last layer holds -----------------------------
@@ -458,21 +432,6 @@ def test_figure_logits_box_never_on_a_head(heads, n_layers):
     assert last and all(any(a.get_gid() == f"edge:{n}->logits" for a in _arrows(fig)) for n in last)
 
 
-@pytest.mark.parametrize("heads, n_layers", [(GEMMA, 18), (STACKED, 4)], ids=["gemma3", "stacked"])
-def test_svg_logits_box_never_on_a_head(heads, n_layers):
-    classes, path = _tables(heads, n_layers)
-    root = ET.fromstring(svg_diagram(classes, path, n_layers))
-    rect = next(r for r in root.iter(f"{SVG}rect") if "logits" in (r.get("class") or ""))
-    lx0, ly0 = float(rect.get("x")), float(rect.get("y"))
-    ly1 = ly0 + float(rect.get("height"))
-    circles = [c for c in root.iter(f"{SVG}circle") if c.get("class") == "node"]
-    assert len(circles) == len(heads)
-    for c in circles:
-        x, y, r = float(c.get("cx")), float(c.get("cy")), float(c.get("r"))
-        assert y + r < ly0 or y - r > ly1, c.get("data-head")  # not in the logits' row
-        assert x + r < lx0, c.get("data-head")  # left of the logits column
-
-
 # --- an edge whose interval includes 0: pale, and said so in the legend -------------------------
 
 
@@ -509,21 +468,10 @@ def test_figure_edge_whose_interval_includes_0_is_pale(tables, unsure):
     assert not any("interval includes 0" in t.get_text() for t in plain)
 
 
-def test_svg_edge_whose_interval_includes_0_is_pale(tables, unsure):
-    root = ET.fromstring(svg_diagram(*unsure, T.N_LAYERS))
-    edges = {(e.get("data-source"), e.get("data-target")): e for e in root.iter(f"{SVG}path")}
-    pale = edges.pop(("L2H2", "L3H0"))
-    assert "unsure" in pale.get("class") and pale.get("stroke") == PALE[POSITIVE]
-    assert pale.get("marker-end") == "url(#hs-arrow-pos-unsure)"
-    assert pale.get("stroke-dasharray") == KIND_DASH["q"]
-    assert "interval includes 0" in pale.find(f"{SVG}title").text
-    assert all(
-        "unsure" not in e.get("class") and e.get("stroke") in (POSITIVE, NEGATIVE)
-        for e in edges.values()
-    )
-    legend = next(g for g in root.iter(f"{SVG}g") if g.get("class") == "legend")
-    assert "interval includes 0" in " ".join(t.text or "" for t in legend.iter(f"{SVG}text"))
-    assert "interval includes 0" not in svg_diagram(*tables, T.N_LAYERS)
+def test_svg_edge_whose_interval_includes_0_says_so(tables, unsure):
+    edges = _svg_groups(diagram_svg(*unsure, T.N_LAYERS), "edge:")
+    assert "interval includes 0" in _tip(edges.pop("edge:L2H2->L3H0"))
+    assert not any("interval includes 0" in _tip(g) for g in edges.values())
 
 
 def test_agreement_labels_of_nearby_points_do_not_overlap(tables):
@@ -564,16 +512,19 @@ def test_diagram_node_labels_sit_on_white_above_the_edges(tables):
         assert t.get_zorder() > edge_z
 
 
-def test_the_interval_names_are_those_the_classes_write():
-    from headscope.circuits.classes import EVIDENCE as WRITTEN
-    from headscope.circuits.classes import interval_columns
-    from headscope.report.circuit_figures import EVIDENCE, interval_of
+def test_the_classes_and_their_evidence_are_one_table():
+    """The class table lives in the catalog: what circuits.classes writes is what the figures and
+    the page read (an earlier copy in the report had drifted: no copy_suppression)."""
+    from headscope import catalog
+    from headscope.circuits import classes
+    from headscope.report import circuit_figures, circuit_page
 
-    for column in WRITTEN:
-        assert interval_of(column) == interval_columns(column)
-    bounds = {b for c in WRITTEN for b in interval_columns(c)}
-    assert set(EVIDENCE) == set(WRITTEN) - {"copy_suppression"}
-    assert {b for b in bounds if b in WRITTEN} <= set(EVIDENCE)
+    assert list(classes.EVIDENCE) == list(catalog.CLASS_EVIDENCE) == list(circuit_page.EVIDENCE)
+    assert (
+        circuit_figures.EVIDENCE is catalog.CLASS_EVIDENCE
+        and "copy_suppression" in classes.EVIDENCE
+    )
+    assert classes.CLASSES == circuit_figures.CLASSES == catalog.CIRCUIT_CLASSES
 
 
 def test_a_group_of_one_head_is_drawn_once():

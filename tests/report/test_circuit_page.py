@@ -49,7 +49,11 @@ def test_offline_and_escaped(run):
     assert html_escaped(HOSTILE) in page
     for url in re.findall(r'(?:src|href)="([^"]*)"', page):
         assert url.startswith(("data:image/png;base64,", "#", "url(#")), url
-    assert "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    namespaces = (
+        'xmlns="http://www.w3.org/2000/svg"',
+        'xmlns:xlink="http://www.w3.org/1999/xlink"',
+    )
+    assert "http" not in page.replace(namespaces[0], "").replace(namespaces[1], "")
     assert "<link" not in page and "@import" not in page
 
 
@@ -70,9 +74,9 @@ def test_header_has_model_task_pairs_and_baseline(run):
 def test_the_svg_diagram_parses_and_has_the_edges(run):
     _, page = run
     svg = re.search(r"<svg .*?</svg>", page, re.S).group(0)
-    root = ET.fromstring(svg)
-    assert len(list(root.iter(f"{SVG}path"))) == len(T.EDGES)
-    nodes = {c.get("data-head") for c in root.iter(f"{SVG}circle") if c.get("class") == "node"}
+    ids = [g.get("id") or "" for g in ET.fromstring(svg).iter(f"{SVG}g")]
+    assert len([i for i in ids if i.startswith("edge:")]) == len(T.EDGES)
+    nodes = {i.removeprefix("node:") for i in ids if i.startswith("node:")}
     assert nodes == {"L3H0", "L3H1", "L2H0", "L2H2", "L1H1", "L0H2"}
 
 
@@ -134,7 +138,8 @@ def test_threshold_from_metadata_and_figures_off(tmp_path):
     (d / "metadata.json").write_text(json.dumps(meta))
     page = write_circuit_page(d, figures=False, out=tmp_path / "page.html").read_text()
     svg = re.search(r"<svg .*?</svg>", page, re.S).group(0)
-    assert len(list(ET.fromstring(svg).iter(f"{SVG}path"))) == 3  # 0.62, -0.21, 0.18
+    ids = [g.get("id") or "" for g in ET.fromstring(svg).iter(f"{SVG}g")]
+    assert len([i for i in ids if i.startswith("edge:")]) == 3  # 0.62, -0.21, 0.18
     assert "<img" not in page and "without figures" in page
     assert not (d / "report.html").exists()
 

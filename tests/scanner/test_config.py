@@ -1,6 +1,5 @@
-"""ScanConfig: the one home of a scan's defaults and of every check that needs neither the model nor
-a
-file, run once, when the object is made; the CLI's options are its fields."""
+"""ScanSettings: the one home of a scan's defaults and of every check that needs neither the model
+nor a file, run once, when the object is made; the CLI's options are its fields."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ import pytest
 
 from headscope.errors import HeadscopeError
 from headscope.metrics import REGISTRY
-from headscope.scanner.config import ScanConfig, parse_thresholds
+from headscope.scanner.config import ScanSettings, parse_thresholds
 
 
 @pytest.mark.parametrize(
@@ -44,7 +43,7 @@ from headscope.scanner.config import ScanConfig, parse_thresholds
 )
 def test_every_check_is_one_line(kwargs, message):
     with pytest.raises(HeadscopeError, match=message) as exc:
-        ScanConfig(**kwargs)
+        ScanSettings(**kwargs)
     assert "\n" not in str(exc.value)
 
 
@@ -54,31 +53,30 @@ def test_the_file_checks_run_where_the_probes_are_built(tmp_path):
     any model loads) when the probes' size is worked out."""
     from headscope.probes.defaults import n_prompts
 
-    assert ScanConfig(prompts="/nonexistent/pairs.tsv").prompts == "/nonexistent/pairs.tsv"
+    assert ScanSettings(prompts="/nonexistent/pairs.tsv").prompts == "/nonexistent/pairs.tsv"
     with pytest.raises(HeadscopeError, match=r"does not exist"):
-        n_prompts(ScanConfig(prompts="/nonexistent/pairs.tsv"))
+        n_prompts(ScanSettings(prompts="/nonexistent/pairs.tsv"))
     with pytest.raises(
         HeadscopeError,
         match=r"^n_prompts \(--n-prompts\) 1000 asks for more pairs "
         r"than the built-in "
         r"corpus holds \(68\); use at most 68\.$",
     ):
-        n_prompts(ScanConfig(n_prompts=1000))
+        n_prompts(ScanSettings(n_prompts=1000))
     two = tmp_path / "two.tsv"
     two.write_text("# a comment\nA one.\tB one.\n\nA two.\tB two.\n")
     heard = []
     # the default: at most 64, the file's 2
-    assert n_prompts(ScanConfig(prompts=str(two)), heard.append) == 2
+    assert n_prompts(ScanSettings(prompts=str(two)), heard.append) == 2
     assert heard and "holds 2 pairs: scanning 2" in heard[0]
-    assert (
-        n_prompts(ScanConfig()) == 64 and n_prompts(ScanConfig(n_prompts=1000, seq_len=64)) == 1000
-    )
+    assert n_prompts(ScanSettings()) == 64
+    assert n_prompts(ScanSettings(n_prompts=1000, seq_len=64)) == 1000
     # no text probe, no pair limit
-    assert n_prompts(ScanConfig(n_prompts=1000, metrics=("induction",))) == 1000
+    assert n_prompts(ScanSettings(n_prompts=1000, metrics=("induction",))) == 1000
 
 
 def test_names_match_without_case():
-    config = ScanConfig(
+    config = ScanSettings(
         metrics=("Induction", "SINK"), thresholds={"Induction": 0.3}, engine="Blocked"
     )
     assert config.metrics == ("induction", "sink") and config.thresholds == {"induction": 0.3}
@@ -89,20 +87,20 @@ def test_a_config_that_exists_is_valid_and_replace_checks_again():
     from dataclasses import replace
 
     with pytest.raises(HeadscopeError, match="must be at least 1"):
-        replace(ScanConfig(), repeat_len=0)
+        replace(ScanSettings(), repeat_len=0)
 
 
 def test_what_passes_and_what_it_means():
-    assert [m.name for m in ScanConfig().metric_objects()] == [
+    assert [m.name for m in ScanSettings().metric_objects()] == [
         m.name for m in REGISTRY.values() if m.default
     ]
-    assert [m.name for m in ScanConfig(metrics=(" sink", "induction ")).metric_objects()] == [
+    assert [m.name for m in ScanSettings(metrics=(" sink", "induction ")).metric_objects()] == [
         "sink",
         "induction",
     ]
-    assert ScanConfig(metrics=("induction",)).probe_names() == ["repeat"]
-    assert ScanConfig(metrics=("induction", "sink")).probe_names() == ["text", "repeat"]
-    record = ScanConfig(metrics=("sink",), thresholds={"sink": 0.2}).record()
+    assert ScanSettings(metrics=("induction",)).probe_names() == ["repeat"]
+    assert ScanSettings(metrics=("induction", "sink")).probe_names() == ["text", "repeat"]
+    record = ScanSettings(metrics=("sink",), thresholds={"sink": 0.2}).record()
     assert record == {
         "n_prompts": None,
         "repeat_len": 50,
@@ -150,7 +148,7 @@ def test_every_setting_is_an_option_of_scan_and_back():
     params = {p.name: p for p in scan.params}
     from dataclasses import fields
 
-    for f in fields(ScanConfig):
+    for f in fields(ScanSettings):
         assert f.name in params, f"no --option for {f.name}"
         assert f.metadata["help"].split(" [")[0][:40] in (params[f.name].help or "")
         assert option_name(f) in params[f.name].opts or any(
@@ -164,7 +162,7 @@ def test_every_setting_is_an_option_of_scan_and_back():
         "n_prompts": 3,
         "null": False,
     }
-    assert config_from(ScanConfig, typed) == ScanConfig(
+    assert config_from(ScanSettings, typed) == ScanSettings(
         metrics=("sink", "induction"),
         thresholds={"sink": 0.2},
         effects="exact",

@@ -10,11 +10,11 @@ import pytest
 
 import headscope
 from headscope.errors import HeadscopeError
-from headscope.scanner.config import ScanConfig
+from headscope.scanner.config import ScanSettings
 from headscope.scanner.runner import default_probes, scan, scan_to_dir
 from tests.tiny_models import tiny_gpt2_in_memory
 
-SMALL = ScanConfig(n_prompts=3, repeat_len=5, batch_size=2)
+SMALL = ScanSettings(n_prompts=3, repeat_len=5, batch_size=2)
 
 
 def test_default_probes_builds_only_what_is_asked(tiny_gpt2):
@@ -27,7 +27,7 @@ def test_default_probes_builds_only_what_is_asked(tiny_gpt2):
         5,
     )
     only = default_probes(tiny_gpt2, n_prompts=2, probes=("repeat",))
-    assert [p.name for p in only] == ["repeat"] and only[0].repeat_len == ScanConfig().repeat_len
+    assert [p.name for p in only] == ["repeat"] and only[0].repeat_len == ScanSettings().repeat_len
     packed = default_probes(tiny_gpt2, n_prompts=2, seq_len=21)
     assert [len(s) for p in packed for s in p.sequences] == [21, 21, 21, 21]
 
@@ -99,11 +99,12 @@ def test_scan_to_dir_writes_a_complete_run(tmp_path, tiny_gpt2_dir):
         meta["settings"] == SMALL.record() and meta["engine"] == "fused" and meta["batch_size"] == 2
     )
     assert meta["source"]["kind"] == "local" and len(meta["source"]["weights_sha256"]) == 64
-    assert set(meta["versions"]) == {
+    assert set(meta["versions"]) == {  # the one run record's (headscope.rundir.record)
         "headscope",
         "torch",
         "transformers",
         "transformer-lens",
+        "spacy",
         "python",
     }
     assert meta["files"] == sorted(p.name for p in (tmp_path / "run").iterdir())

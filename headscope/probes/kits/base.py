@@ -1,24 +1,11 @@
-"""Built-in task kits: templates and word lists in ``headscope/data/tasks/<kit>.json`` (each file
-records where its contents came from), filled in for one model's tokenizer, seeded.
+"""What every task kit shares: the kit type and its registry, drawing a kit's pairs, filling its
+templates for one tokenizer, and reading a task a user names.
 
 Every word a slot takes is kept only if it is a single token *with its leading space* for that
 tokenizer (slots never start a prompt), so a clean prompt and its corrupt twin always tokenize to
 the same length, and every pair of one template has the same length too (``positions="each"``
 needs that: pass ``templates=[i]``). Pairs are drawn with ``random.Random(seed)``: a template,
 then the words.
-
-* ``ioi`` (Wang et al. 2022): their 15 BABA templates and the 15 ABBA templates derived from them,
-  alternating (pair 0 BABA, pair 1 ABBA, ...), each pair's template drawn from its order; the
-  prompt stops before the final indirect object.
-  Answer: the indirect object IO ([A]); wrong: the subject S ([B]). Corrupt: the ABC prompt, IO,
-  S1 and S2 replaced by three other names. Named positions IO, S1, S2 (and END).
-* ``capital``: "The capital of France is the city of" -> " Paris"; corrupt: another country.
-  Answer: the clean country's capital; wrong: the corrupt country's. Named position COUNTRY.
-* ``pronoun``: "Yesterday John went to the store because" -> " he"; corrupt: a name of the other
-  gender. Answer: the clean name's pronoun; wrong: the other. Named position NAME.
-* ``copy_name``: "I met John Smith at the station. Later that day, I saw John" -> " Smith";
-  corrupt: the same first name with another surname (the wrong token). Named positions FIRST,
-  LAST, FIRST2.
 """
 
 from __future__ import annotations
@@ -26,15 +13,49 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 from headscope.errors import HeadscopeError, did_you_mean
-from headscope.probes.tasks import Pair, Task, TokenizedTask, check_metric
+from headscope.probes.tasks import Task, TokenizedTask, check_metric
 
-DATA = Path(__file__).resolve().parent.parent / "data" / "tasks"
-KITS = ("ioi", "capital", "pronoun", "copy_name")
+DATA = Path(__file__).resolve().parents[2] / "data" / "tasks"
 N_PAIRS = 64
+
+
+@dataclass(frozen=True)
+class Kit:
+    """One task kit: its data file ``headscope/data/tasks/<name>.json`` and how a pair is built.
+
+    ``build(words, data, rng, i, template, t) -> Pair`` makes pair ``i`` from template ``t``
+    (``words``: the data's word lists filtered to single tokens); ``slots``: ``(word list key,
+    distinct words one pair needs)``; ``summary``: clean prompt -> answer, the corruption, the
+    named positions (the docs' table and the ``--task`` help read it). ``templates(data)``,
+    ``order(data, chosen, i)`` (the templates pair ``i`` may use) and ``words(data, model)`` (word
+    lists beyond ``slots``) default to a plain list of templates, any of them, none."""
+
+    name: str
+    build: Callable
+    slots: tuple[tuple[str, int], ...]
+    summary: tuple[str, str, str]  # clean prompt -> answer; corrupt prompt, wrong; positions
+    templates: Callable[[dict], list[str]] = lambda data: data["templates"]
+    order: Callable[[dict, list[int], int], list[int]] = lambda data, chosen, i: chosen
+    words: Callable | None = None
+
+
+#: The kits by name, in the order they are listed (:func:`register`; the built-ins are
+#: registered in :mod:`headscope.probes.kits`, one line each).
+KITS: dict[str, Kit] = {}
+
+
+def register(kit: Kit) -> Kit:
+    """Add ``kit`` to :data:`KITS`; a name already taken is refused."""
+    if kit.name in KITS:
+        raise HeadscopeError(f"Task kit '{kit.name}' is already registered.")
+    KITS[kit.name] = kit
+    return kit
 
 
 @cache
@@ -65,19 +86,19 @@ def load_kit(
     if n_pairs < 1:
         raise HeadscopeError(f"n_pairs (--n-pairs) must be at least 1, got {n_pairs}.")
     data = kit_data(name)
-    all_templates = _templates(name, data)
+    all_templates = KITS[name].templates(data)
     chosen = list(range(len(all_templates))) if templates is None else list(templates)
     if not chosen or any(not 0 <= t < len(all_templates) for t in chosen):
         raise HeadscopeError(
             f"Kit '{name}' has templates 0..{len(all_templates) - 1}; got {templates}."
         )
     rng = random.Random(seed)
-    words = _usable_words(name, data, model)
-    build = {"ioi": _ioi, "capital": _capital, "pronoun": _pronoun, "copy_name": _copy_name}[name]
+    kit = KITS[name]
+    words = _usable_words(kit, data, model)
     pairs = []
     for i in range(n_pairs):
-        t = rng.choice(_order_of(name, data, chosen, i))
-        pairs.append(build(words, data, rng, i, all_templates[t], t))
+        t = rng.choice(kit.order(data, chosen, i))
+        pairs.append(kit.build(words, data, rng, i, all_templates[t], t))
     provenance = {
         "source": "kit",
         "kit": name,
@@ -186,7 +207,8 @@ def fill(template: str, values: dict[str, str]) -> tuple[str, list[tuple[str, in
     return text + template[last:], spans
 
 
-def _need(words: list[str], k: int, what: str, kit: str, model) -> list[str]:
+def need(words: list[str], k: int, what: str, kit: str, model) -> list[str]:
+    """``words`` when there are at least ``k``, else one line: the kit cannot be built."""
     if len(words) < k:
         raise HeadscopeError(
             f"Kit '{kit}': only {len(words)} {what} are single tokens for {model.name}'s "
@@ -196,121 +218,12 @@ def _need(words: list[str], k: int, what: str, kit: str, model) -> list[str]:
     return words
 
 
-#: per kit: (word list key, how many distinct words a pair needs)
-_SLOTS = {
-    "ioi": [("names", 5), ("places", 1), ("objects", 1)],
-    "capital": [],
-    "pronoun": [("male", 1), ("female", 1)],
-    "copy_name": [("first", 1), ("last", 2)],
-}
-
-
-def _usable_words(kit: str, data: dict, model) -> dict[str, list[str]]:
+def _usable_words(kit: Kit, data: dict, model) -> dict[str, list[str]]:
     """The kit's word lists, each filtered to single tokens for ``model``."""
     words = {
-        key: _need(single_token_words(model, data[key]), k, key, kit, model)
-        for key, k in _SLOTS[kit]
+        key: need(single_token_words(model, data[key]), k, key, kit.name, model)
+        for key, k in kit.slots
     }
-    if kit == "capital":
-        caps = data["capitals"]
-        single = set(single_token_words(model, caps.values()))
-        words["countries"] = _need(
-            [c for c in single_token_words(model, caps) if caps[c] in single],
-            2,
-            "country/capital pairs",
-            kit,
-            model,
-        )
+    if kit.words is not None:
+        words.update(kit.words(data, model))
     return words
-
-
-def _order_of(name: str, data: dict, chosen: list[int], i: int) -> list[int]:
-    """The templates pair ``i`` may use: IOI alternates BABA (even pairs) and ABBA (odd pairs)
-    where the chosen templates have both; other kits any chosen template."""
-    if name != "ioi":
-        return chosen
-    n_baba = len(data["templates"]["BABA"])
-    same = [t for t in chosen if (t < n_baba) == (i % 2 == 0)]
-    return same or chosen
-
-
-def _templates(name: str, data: dict) -> list[str]:
-    t = data["templates"]
-    return t["BABA"] + t["ABBA"] if name == "ioi" else t
-
-
-# ------------------------------------------------------------------------------ the kits
-
-
-def _ioi(words, data, rng, i, template, t) -> Pair:
-    names, places, objects = words["names"], words["places"], words["objects"]
-    assert template.endswith(" [A]")
-    template = template[: -len(" [A]")]  # the prompt stops before the indirect object
-    a, b, c, d, e = rng.sample(names, 5)  # IO, S; the ABC corruption's three other names
-    nouns = {"PLACE": rng.choice(places), "OBJECT": rng.choice(objects)}
-    clean, spans = fill(template, {"A": a, "B": b, **nouns})
-    # ABC: the IO, first S and second S become c, d, e (one name per occurrence, in order)
-    order = iter([c, d, e])
-    corrupt_template = re.sub(r"\[(A|B)\]", lambda m: next(order), template)
-    corrupt, _ = fill(corrupt_template, nouns)
-    s_chars = [ch for slot, ch in spans if slot == "B"]
-    io_char = next(ch for slot, ch in spans if slot == "A")
-    order = "BABA" if t < len(data["templates"]["BABA"]) else "ABBA"
-    return Pair(
-        clean,
-        corrupt,
-        " " + a,
-        " " + b,
-        {"IO": {"char": io_char}, "S1": {"char": s_chars[0]}, "S2": {"char": s_chars[1]}},
-        {"template": str(t), "order": order, "IO": a, "S": b, "corrupt_names": f"{c},{d},{e}"},
-    )
-
-
-def _capital(words, data, rng, i, template, t) -> Pair:
-    caps = data["capitals"]
-    a, b = rng.sample(words["countries"], 2)
-    clean, spans = fill(template, {"COUNTRY": a})
-    corrupt, _ = fill(template, {"COUNTRY": b})
-    return Pair(
-        clean,
-        corrupt,
-        " " + caps[a],
-        " " + caps[b],
-        {"COUNTRY": {"char": spans[0][1]}},
-        {"template": str(t), "country": a, "corrupt_country": b},
-    )
-
-
-def _pronoun(words, data, rng, i, template, t) -> Pair:
-    male, female = words["male"], words["female"]
-    he, she = data["pronouns"]["male"], data["pronouns"]["female"]
-    if i % 2 == 0:  # half the pairs have a man in the clean prompt, half a woman
-        name, other, answer, wrong = rng.choice(male), rng.choice(female), he, she
-    else:
-        name, other, answer, wrong = rng.choice(female), rng.choice(male), she, he
-    clean, spans = fill(template, {"NAME": name})
-    corrupt, _ = fill(template, {"NAME": other})
-    return Pair(
-        clean,
-        corrupt,
-        " " + answer,
-        " " + wrong,
-        {"NAME": {"char": spans[0][1]}},
-        {"template": str(t), "name": name, "corrupt_name": other},
-    )
-
-
-def _copy_name(words, data, rng, i, template, t) -> Pair:
-    f = rng.choice(words["first"])
-    a, b = rng.sample(words["last"], 2)
-    clean, spans = fill(template, {"FIRST": f, "LAST": a})
-    corrupt, _ = fill(template, {"FIRST": f, "LAST": b})
-    chars = [ch for _, ch in spans]
-    return Pair(
-        clean,
-        corrupt,
-        " " + a,
-        " " + b,
-        {"FIRST": {"char": chars[0]}, "LAST": {"char": chars[1]}, "FIRST2": {"char": chars[2]}},
-        {"template": str(t), "first": f, "last": a, "corrupt_last": b},
-    )
