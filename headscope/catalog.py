@@ -107,13 +107,11 @@ PATTERN: dict[str, ScoreInfo] = {
             "streaming",
             "text",
             "mean over queries q >= s + w of the mass on keys k < s (sinks) and q - w < k <= q "
-            "(window); "
-            "s = 4, w = 64 unless set",
+            "(window); s = 4, w = 64 unless set",
             "streaming head",
             0.9,
             nan_reason="encoder: no KV cache to keep, or no query lies past the sinks and the "
-            "window "
-            "(use longer text)",
+            "window (use longer text)",
             default=False,
             impl="headscope.metrics.streaming:METRIC",
         ),
@@ -142,9 +140,8 @@ PATTERN: dict[str, ScoreInfo] = {
             "rare_word",
             "text",
             "share of text queries whose arg-max key is the least frequent token it can see "
-            "(unigram counts "
-            "of the bundled prose; position 0, the query and special tokens not counted; ties: "
-            "any of them)",
+            "(unigram counts of the bundled prose; position 0, the query and special tokens not "
+            "counted; ties: any of them)",
             "rare-word head",
             0.5,
             default=False,
@@ -164,9 +161,8 @@ CIRCUIT: dict[str, ScoreInfo] = {
             "copying",
             "repeat",
             f"copying@{COPYING_K}: share of first-copy positions of the repeat probe whose own "
-            "token's logit is "
-            f"among the {COPYING_K} highest through the head's OV circuit (W_V W_O, final norm, "
-            "W_U)",
+            f"token's logit is among the {COPYING_K} highest through the head's OV circuit (W_V "
+            "W_O, final norm, W_U)",
             "copying head",
             0.5,
             nan_reason="encoders have no unembedding to read the OV circuit through",
@@ -213,8 +209,7 @@ EFFECTS: dict[str, ScoreInfo] = {
         *_effect(
             "repeat_loss",
             "repeat",
-            "change in mean next-token loss (nats) of the second copy of "
-            "R (targets "
+            "change in mean next-token loss (nats) of the second copy of R (targets "
             "L+2..2L) when the head is ablated",
             "matters for copying",
             0.25,
@@ -223,8 +218,7 @@ EFFECTS: dict[str, ScoreInfo] = {
         *_effect(
             "text_loss",
             "text",
-            "change in mean next-token loss (nats) over positions 1..n-1 of "
-            "the text probe "
+            "change in mean next-token loss (nats) over positions 1..n-1 of the text probe "
             "when the head is ablated",
             "matters for next-token prediction",
             0.05,
@@ -257,12 +251,10 @@ CENSUS: dict[str, ScoreInfo] = {
         ScoreInfo(
             "syntax.d2h",
             "syntax",
-            "share of the words with relation r whose most-attended other word is their "
-            "syntactic head "
-            "(Clark et al. 2019; word maps: to a word = sum over its tokens, from = mean; "
-            "decoders: only "
-            "pairs whose head word is earlier; SILVER parses); null = the best fixed offset's "
-            "accuracy",
+            "share of the words with relation r whose most-attended other word is their syntactic "
+            "head (Clark et al. 2019; word maps: to a word = sum over its tokens, from = mean; "
+            "decoders: only pairs whose head word is earlier; SILVER parses); null = the best "
+            "fixed offset's accuracy",
             "syntax head",
             SYNTAX_MARGIN,
             chance="1 / candidate words per pair (a head picking one uniformly), averaged over "
@@ -272,10 +264,8 @@ CENSUS: dict[str, ScoreInfo] = {
             "syntax.h2d",
             "syntax",
             "share of the words with relation r that their syntactic head attends to most among "
-            "the other "
-            "words (Clark's head -> dependent direction; decoders: only pairs whose head word is "
-            "later); "
-            "null = the best fixed offset's accuracy",
+            "the other words (Clark's head -> dependent direction; decoders: only pairs whose "
+            "head word is later); null = the best fixed offset's accuracy",
             "syntax head",
             SYNTAX_MARGIN,
             chance="1 / candidate words per pair, averaged over the pairs",
@@ -284,8 +274,7 @@ CENSUS: dict[str, ScoreInfo] = {
             "noop_weight",
             "text",
             "the head's attention on the keys the no-op test removes: position 0 (decoders, as "
-            "sink) or "
-            "[SEP] at k >= 1 (encoders, as separator), over the queries that see them",
+            "sink) or [SEP] at k >= 1 (encoders, as separator), over the queries that see them",
             "",
             float("nan"),
             chance="a uniform head's mass on those keys",
@@ -294,10 +283,8 @@ CENSUS: dict[str, ScoreInfo] = {
             "effect_noop_text_loss",
             "text",
             "change in mean next-token loss (nats, positions 1..n-1 of the text probe) when the "
-            "head's "
-            "attention to position 0 is removed and its row renormalised (a row that sees only "
-            "position 0 "
-            "is left as it was)",
+            "head's attention to position 0 is removed and its row renormalised (a row that sees "
+            "only position 0 is left as it was)",
             "position 0 is no no-op",
             0.05,
             unit="nats",
@@ -307,8 +294,7 @@ CENSUS: dict[str, ScoreInfo] = {
             "effect_noop_embedding",
             "text",
             "mean over text sequences of 1 - cos(e, e'), e the mean-pooled last hidden state, "
-            "when the "
-            "head's attention to [SEP] (k >= 1) is removed and its row renormalised",
+            "when the head's attention to [SEP] (k >= 1) is removed and its row renormalised",
             "[SEP] is no no-op",
             0.01,
             unit="1 - cos",
@@ -318,12 +304,10 @@ CENSUS: dict[str, ScoreInfo] = {
             "successor",
             "ordinal",
             "share of (t, succ t) pairs of the ordinal sets (digits, number words, ordinals, "
-            "days, months, "
-            "letters; single tokens only) whose top logit within the set, through the head's OV "
-            "circuit on "
-            "t's effective embedding (residual after block 0) and the unembedding, is succ t "
-            "(Gould et al. "
-            "2023); null = the same against shuffled successor maps",
+            "days, months, letters; single tokens only) whose top logit within the set, through "
+            "the head's OV circuit on t's effective embedding (residual after block 0) and the "
+            "unembedding, is succ t (Gould et al. 2023); null = the same against shuffled "
+            "successor maps",
             "successor head",
             0.4,
             nan_reason=_ENCODER_NAN,
@@ -333,8 +317,7 @@ CENSUS: dict[str, ScoreInfo] = {
             "successor_embeddings",
             "ordinal",
             "successor, read through the input embeddings (W_E^T) instead of an unembedding: an "
-            "encoder's "
-            "only readout (not an unembedding)",
+            "encoder's only readout (not an unembedding)",
             "",
             float("nan"),
             chance="1 / |set|, averaged over the pairs",
@@ -343,8 +326,7 @@ CENSUS: dict[str, ScoreInfo] = {
             "copy_suppression",
             "repeat",
             "share of first-copy positions of the repeat probe whose own token's logit is among "
-            "the "
-            f"{COPYING_K} lowest of the vocabulary through the head's OV circuit (McDougall et "
+            f"the {COPYING_K} lowest of the vocabulary through the head's OV circuit (McDougall et "
             "al. 2023; the "
             "mirror of copying); null = the same for another token of R (copying's control)",
             "copy-suppression head",
@@ -356,8 +338,7 @@ CENSUS: dict[str, ScoreInfo] = {
             "copy_suppression_embeddings",
             "repeat",
             "copy_suppression, read through the input embeddings (W_E^T) instead of an "
-            "unembedding: an "
-            "encoder's only readout (not an unembedding)",
+            "unembedding: an encoder's only readout (not an unembedding)",
             "",
             float("nan"),
             chance=f"{COPYING_K} / vocabulary",

@@ -124,8 +124,7 @@ def check_replaceable(
         if not is_ours(path, csv_headers.get(path.name)):
             raise HeadscopeError(
                 f"'{path}' exists and headscope did not write it; it is left as "
-                "it is. Move it "
-                "or choose another --out."
+                "it is. Move it or choose another --out."
             )
 
 
@@ -247,8 +246,7 @@ def rename_into(
         if not replace:  # callers check before the work starts: so it appeared meanwhile
             raise Claimed(
                 f"'{out}' appeared while this ran (another headscope writing the same "
-                "place?); nothing "
-                "was written. Choose another place, or replace it (--force)."
+                "place?); nothing was written. Choose another place, or replace it (--force)."
             )
         if before_replace is not None:
             before_replace()
@@ -270,8 +268,7 @@ def rename_into(
             return
         raise Claimed(
             f"'{out}' appeared while this ran (another headscope writing the same "
-            "place?); "
-            "nothing was written. Choose another place, or replace it (--force)."
+            "place?); nothing was written. Choose another place, or replace it (--force)."
         ) from None
     try:
         os.replace(tmp, out)  # replaces the empty folder just made
@@ -346,8 +343,7 @@ def figure_formats(value: str | Sequence[str] | None) -> tuple[str, ...]:
             if fmt not in FIGURE_FORMATS:
                 raise HeadscopeError(
                     f"Unknown figure format '{name.strip()}' (--figure-format)."
-                    f"{did_you_mean(fmt, FIGURE_FORMATS)} Choose from "
-                    f"{', '.join(FIGURE_FORMATS)}."
+                    f"{did_you_mean(fmt, FIGURE_FORMATS)} Choose from {', '.join(FIGURE_FORMATS)}."
                 )
             if fmt not in out:
                 out.append(fmt)

@@ -233,8 +233,7 @@ def syntax_part(ctx: Context) -> list[dict]:
         "",
         p.note() + ".",
         f"{len(ss.sentences)} held-out sentences ({ss.settings['tokenize']} tokenization; left "
-        "out: "
-        f"{ss.left_out or 'none'}"
+        f"out: {ss.left_out or 'none'}"
         + (
             f"; {ss.settings['differ_from_natural']} differ from the natural tokenization"
             if "differ_from_natural" in ss.settings
@@ -275,19 +274,15 @@ def table_markdown(table: pd.DataFrame, causal: bool) -> str:
     sub = table if causal else table[table.direction == "either"]
     lines = [
         "| relation | direction | count | best head | accuracy % [95% CI] | best offset | its "
-        "accuracy % "
-        "| difference [95% CI] |",
+        "accuracy % | difference [95% CI] |",
         "| --- | --- | ---: | --- | --- | ---: | ---: | --- |",
     ]
     for r in sub.itertuples():
         lines.append(
             f"| {r.relation} | {r.direction if causal else r.head_direction} | {r.count} | "
-            f"{r.best_head} | "
-            f"{100 * r.accuracy:.1f} [{100 * r.ci_low:.1f}, {100 * r.ci_high:.1f}] | {r.offset:+d} "
-            "| "
-            f"{100 * r.baseline:.1f} | {100 * r.difference:+.1f} "
-            f"[{100 * r.difference_ci_low:+.1f}, "
-            f"{100 * r.difference_ci_high:+.1f}] |"
+            f"{r.best_head} | {100 * r.accuracy:.1f} [{100 * r.ci_low:.1f}, {100 * r.ci_high:.1f}] "
+            f"| {r.offset:+d} | {100 * r.baseline:.1f} | {100 * r.difference:+.1f} "
+            f"[{100 * r.difference_ci_low:+.1f}, {100 * r.difference_ci_high:+.1f}] |"
         )
     return "\n".join(lines)
 
@@ -401,8 +396,7 @@ def noop_part(ctx: Context) -> list[dict]:
         line = (
             f"| {head_name(la, h)} | {float(w.score[la, h]):.3f} [{float(bw.ci_low[la, h]):.3f}, "
             f"{float(bw.ci_high[la, h]):.3f}] | {float(score[la, h]):.2e} "
-            f"[{float(b.ci_low[la, h]):.2e}, "
-            f"{float(b.ci_high[la, h]):.2e}] |"
+            f"[{float(b.ci_low[la, h]):.2e}, {float(b.ci_high[la, h]):.2e}] |"
         )
         ctx.summary.append(line + (f" {float(ab[la, h]):.2e} |" if ab is not None else ""))
     ctx.summary.append("")
@@ -464,8 +458,7 @@ def successor_part(ctx: Context) -> list[dict]:
         f"{head_name(la, h)}: {float(r.score[la, h]):.3f} [{float(r.ci_low[la, h]):.3f}, "
         f"{float(r.ci_high[la, h]):.3f}], shuffled-map null mean {float(r.null_mean[la, h]):.3f} "
         f"(95th percentile {float(r.null_q95[la, h]):.3f}); heads above their null's 95th "
-        "percentile: "
-        f"{int((r.score > r.null_q95).sum())} of {model.n_layers * model.n_heads}.",
+        f"percentile: {int((r.score > r.null_q95).sum())} of {model.n_layers * model.n_heads}.",
         "",
     ]
     info = CENSUS[name]
@@ -525,8 +518,7 @@ def copy_suppression_part(ctx: Context) -> list[dict]:
         "## Copy suppression (McDougall et al. 2023)",
         "",
         f"readout: {kind}; {r.count} first-copy positions; chance {r.chance:.2e}; control = "
-        "another "
-        "token of R among the k lowest.",
+        "another token of R among the k lowest.",
         "",
         "| head | copy_suppression [95% CI] | control |"
         + (f" {ctx.ablation['metric']} |" if ab is not None else ""),
@@ -561,10 +553,8 @@ def rare_word_part(ctx: Context) -> list[dict]:
         "## Rare-word heads (Voita et al. 2019; their NMT head: 66%)",
         "",
         f"{int(got.count)} text queries; chance 1/(keys counted) = {float(got.chance_at(0)):.3f} "
-        "(a head "
-        f"picking a counted key uniformly hits {ties:.3f}, ties counted); best head "
-        f"{head_name(la, h)}: "
-        f"{float(got.score[la, h]):.3f} [{float(b.ci_low[la, h]):.3f}, "
+        f"(a head picking a counted key uniformly hits {ties:.3f}, ties counted); best head "
+        f"{head_name(la, h)}: {float(got.score[la, h]):.3f} [{float(b.ci_low[la, h]):.3f}, "
         f"{float(b.ci_high[la, h]):.3f}].",
         "",
     ]

@@ -148,8 +148,7 @@ def head_differences(runs: dict[str, pd.DataFrame], k: int | None = None) -> pd.
     """
     if not same_shape(runs):
         raise HeadscopeError(
-            "Per-head differences need runs with the same layers x heads; these "
-            "differ "
+            "Per-head differences need runs with the same layers x heads; these differ "
             f"({', '.join(f'{k}: {_shape(s)}' for k, s in runs.items())})."
         )
     labels = list(runs)

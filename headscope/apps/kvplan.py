@@ -262,8 +262,7 @@ def plan_inputs(model, settings: PlanSettings, say: Callable[[str], None] | None
     if not model.attention_interface:
         raise HeadscopeError(
             f"{model.name}: its attention does not run through transformers' "
-            "attention interface, "
-            "so heads cannot be restricted."
+            "attention interface, so heads cannot be restricted."
         )
     texts = long_text_probe(
         model, settings.seq_len, settings.n_texts, part="heldout", progress=say
@@ -754,13 +753,10 @@ def markdown(df: pd.DataFrame, settings: PlanSettings, model_name: str, plans: d
         f"# KV-cache plan: {model_name}",
         "",
         f"Sinks {settings.sinks} + window {settings.window}; verified on {settings.n_texts} "
-        "held-out prose "
-        f"sequences of {settings.seq_len} tokens (loss) and "
-        f"{len(settings.depths) * settings.needles_per_depth} "
-        f"needles of "
+        f"held-out prose sequences of {settings.seq_len} tokens (loss) and "
+        f"{len(settings.depths) * settings.needles_per_depth} needles of "
         f"{settings.needle_tokens} tokens (greedy decoding). Full attention: loss "
-        f"{full.loss:.3f} nats, "
-        f"needles {full.needle_acc:.0%}.",
+        f"{full.loss:.3f} nats, needles {full.needle_acc:.0%}.",
         "",
         "| condition | budget | seed | heads | KV heads dropped | KV saved | loss change "
         "[95% over texts] | needles [95% Wilson] |",
@@ -779,8 +775,7 @@ def markdown(df: pd.DataFrame, settings: PlanSettings, model_name: str, plans: d
             needle_ci = f" [{r.needle_low:.0%}, {r.needle_high:.0%}]"
         lines.append(
             f"| {r.condition} | {r.budget:g} | {seed} | {r.heads_restricted} | "
-            f"{r.kv_heads_dropped} | "
-            f"{r.kv_saved_fraction:.1%} | {r.loss_delta:+.3f}{loss_ci} | "
+            f"{r.kv_heads_dropped} | {r.kv_saved_fraction:.1%} | {r.loss_delta:+.3f}{loss_ci} | "
             f"{r.needle_acc:.0%}{needle_ci} |"
         )
     lines += [
@@ -869,10 +864,8 @@ def _plan_to_dir(source, out, settings: PlanSettings, force, say, figure_formats
     if from_run:
         if not is_run_dir(src):
             raise HeadscopeError(
-                f"'{source}' is a folder but neither a headscope run directory "
-                "nor a model "
-                "checkpoint (no config.json); give a run scanned with "
-                "--long-context, or a model."
+                f"'{source}' is a folder but neither a headscope run directory nor a model "
+                "checkpoint (no config.json); give a run scanned with --long-context, or a model."
             )
         if out is not None:
             raise HeadscopeError(

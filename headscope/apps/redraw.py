@@ -74,8 +74,7 @@ def rebuild_report(
         )
     if target.parent.resolve() != Path(run_dir).resolve() and is_run_dir(target.parent):
         raise HeadscopeError(
-            f"--out '{target}' is inside another run directory "
-            f"('{target.parent}'); its page is "
+            f"--out '{target}' is inside another run directory ('{target.parent}'); its page is "
             f"that run's. Rebuild it with `headscope report {target.parent}`, or "
             "choose another --out."
         )

@@ -107,10 +107,8 @@ def _patterns(model, text: str, layer: int, heads: list[int]) -> list[HeadPatter
     ids = model.wrap(body)
     if len(ids) > model.n_ctx:
         raise HeadscopeError(
-            f"The text is {len(ids)} tokens with special tokens, longer than the "
-            "model's "
-            f"context ({model.n_ctx}); shorten it to at most "
-            f"{model.n_ctx - (len(ids) - len(body))} tokens."
+            f"The text is {len(ids)} tokens with special tokens, longer than the model's context "
+            f"({model.n_ctx}); shorten it to at most {model.n_ctx - (len(ids) - len(body))} tokens."
         )
     tokens = torch.tensor([ids], dtype=torch.long)  # [1, pos]
     mask = torch.ones_like(tokens, dtype=torch.bool)  # [1, pos]
@@ -141,8 +139,7 @@ def check_layer(layer: int, n_layers: int) -> int:
     if not 0 <= layer < n_layers:
         nearest = min(max(layer, 0), n_layers - 1)
         raise HeadscopeError(
-            f"Layer {layer} is out of range: the model has layers "
-            f"0..{n_layers - 1}; "
+            f"Layer {layer} is out of range: the model has layers 0..{n_layers - 1}; "
             f"nearest valid: {nearest}."
         )
     return layer
@@ -279,10 +276,8 @@ def check_figure_path(out: str | Path, figure_formats: Sequence[str] | None = No
             kind = out.suffix.lstrip(".").lower()
             nearest = out.with_suffix("." + formats[0])
             raise HeadscopeError(
-                f"{setting('out')} '{out}' is a {kind} file but --figure-format "
-                "is "
-                f"{','.join(formats)}; give --out {nearest} "
-                f"or add {kind} to --figure-format."
+                f"{setting('out')} '{out}' is a {kind} file but --figure-format is "
+                f"{','.join(formats)}; give --out {nearest} or add {kind} to --figure-format."
             )
     check_replaceable(figure_files(out, figure_formats or None))
     return out

@@ -233,8 +233,7 @@ def _check_resume(out: Path, jobs: list[Job]) -> list[dict]:
     except (OSError, ValueError, KeyError, TypeError):
         raise HeadscopeError(
             f"'{marker}' is unreadable, so the finished jobs in '{out}' cannot be "
-            "matched to this "
-            "spec; sweep into a new --out."
+            "matched to this spec; sweep into a new --out."
         ) from None
     finished = [j for j in jobs if (out / "runs" / j.id / "scores.csv").is_file()]
     for job in finished:
@@ -254,8 +253,7 @@ def _check_resume(out: Path, jobs: list[Job]) -> list[dict]:
                 continue
             what = "other settings (" + ", ".join(changed) + ")"
         raise HeadscopeError(
-            f"Job {job.id} in '{out}' was run with {what}; sweep into a new "
-            "--out, or delete "
+            f"Job {job.id} in '{out}' was run with {what}; sweep into a new --out, or delete "
             f"'{out / 'runs' / job.id}' to run it again."
         )
     named = {j.id for j in jobs}
@@ -278,8 +276,7 @@ def _check_out(out: Path) -> None:
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MARKER).is_file())):
         raise HeadscopeError(
             f"'{out}' exists and is not a headscope sweep; choose another --out "
-            "(a sweep's own "
-            "folder is resumed)."
+            "(a sweep's own folder is resumed)."
         )
 
 

@@ -63,9 +63,8 @@ def readout(model, kind: str = "unembedding") -> tuple[Float[Tensor, "d_model vo
     if not model.causal or hf.get_output_embeddings() is None:
         raise HeadscopeError(
             f"{model.name} has no trained unembedding to read a head's output through (an "
-            "encoder's "
-            "masked-LM head is missing or random); use readout='embeddings' to read through its "
-            "input embeddings instead (not an unembedding)."
+            "encoder's masked-LM head is missing or random); use readout='embeddings' to read "
+            "through its input embeddings instead (not an unembedding)."
         )
     W_U = hf.get_output_embeddings().weight.detach().float().cpu().T  # [d_model, vocab]
     base = hf.base_model

@@ -158,8 +158,7 @@ def ordinal_sets(model, names=None) -> list[OrdinalSet]:
                 raise HeadscopeError(
                     f"The ordinal set '{name}' has no (t, successor) pair of single tokens in "
                     f"{model.name}'s tokenizer ({len(keep)} of {len(words)} elements are one "
-                    "token); "
-                    "choose other sets."
+                    "token); choose other sets."
                 )
             continue
         out.append(s)

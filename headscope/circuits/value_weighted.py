@@ -85,8 +85,7 @@ def value_sink_scores(model, probe: Probe, batch_size: int = 8) -> ValueSinkScor
             if call.extras:
                 raise HeadscopeError(
                     f"This model's attention uses {', '.join(call.extras)}; "
-                    "value_sink recomputes "
-                    "softmax(q k^T) and does not model it."
+                    "value_sink recomputes softmax(q k^T) and does not model it."
                 )
             # [batch, head, key]
             norms = value_norms(call.value, W_O[call.layer].to(call.value.device))

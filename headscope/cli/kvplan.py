@@ -14,8 +14,7 @@ from headscope.cli.options import config_from, config_options, figure_format_opt
     epilog="Quick look: headscope kvplan smollm2-135m --seq-len 100 --out runs/kv100 "
     "(15 verified conditions; measured at about 13 minutes on 2 CPU cores). At the default "
     "2,048 tokens each condition took 95-131 s on the same machine, about 30 minutes in all "
-    "(notebook 06). --seeds 1 runs 9 conditions instead of 15; each prints its time as it "
-    "finishes."
+    "(notebook 06). --seeds 1 runs 9 conditions instead of 15; each prints its time as it finishes."
 )
 @click.argument("source")
 @click.option(
@@ -23,8 +22,7 @@ from headscope.cli.options import config_from, config_options, figure_format_opt
     default=None,
     type=click.Path(),
     help="With a MODEL: the run directory to "
-    "scan into "
-    "[default: runs/<model>-long]. The plan goes to <run>/kvplan/.",
+    "scan into [default: runs/<model>-long]. The plan goes to <run>/kvplan/.",
 )
 @config_options(PlanSettings)
 @click.option(

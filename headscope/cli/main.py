@@ -90,8 +90,7 @@ class _Group(click.Group):
     cls=_Group,
     context_settings={"help_option_names": ["-h", "--help"]},
     epilog="After ./scripts/bootstrap.sh, run `source .venv/bin/activate` once per shell "
-    "(or type "
-    ".venv/bin/headscope). `headscope COMMAND --help` says more.",
+    "(or type .venv/bin/headscope). `headscope COMMAND --help` says more.",
 )
 @click.version_option(package_name="headscope")
 def main() -> None:

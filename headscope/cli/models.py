@@ -10,8 +10,7 @@ import click
     "--support",
     is_flag=True,
     help="Instead: which model families each engine scores "
-    "exactly, as "
-    "the conformance suite found (tests/apps/test_conformance.py).",
+    "exactly, as the conformance suite found (tests/apps/test_conformance.py).",
 )
 def models(support) -> None:
     """List the known models and whether each is available offline right now."""
@@ -36,10 +35,9 @@ def models(support) -> None:
         click.echo(support_text())
         click.echo(
             f"\nexact = every score, chance and n within {meta['tolerance']:g} of HF eager "
-            "attention on a tiny random model of the family; made by "
-            f"{meta['generated_by']} with transformers {meta['transformers']} (installed: "
-            f"{installed_version() or 'none'}; headscope asks for transformers"
-            f"{pinned_range() or ' (not installed as a package)'})."
+            f"attention on a tiny random model of the family; made by {meta['generated_by']} with "
+            f"transformers {meta['transformers']} (installed: {installed_version() or 'none'}; "
+            f"headscope asks for transformers{pinned_range() or ' (not installed as a package)'})."
         )
         note = version_note(meta)
         if note:
@@ -64,7 +62,6 @@ def models(support) -> None:
         status = "cached (works offline)" if cached_snapshot(repo) else "needs the Hugging Face hub"
         click.echo(f"{name:<20} {'hf:' + repo:<46} {status}")
     click.echo(
-        "Any transformer-lens name, Hugging Face repo id (org/name[@revision]) or local "
-        "checkpoint "
+        "Any transformer-lens name, Hugging Face repo id (org/name[@revision]) or local checkpoint "
         "folder also works."
     )

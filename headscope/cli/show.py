@@ -36,8 +36,7 @@ DEFAULT_TEXT = "The river bank flooded after the storm, and the path was closed.
     type=click.Path(),
     default=None,
     help="Figure to write (.png, .svg or .pdf; with --figure-format, its name in each "
-    "format). "
-    "[default: ./<model>-L<L>H<H>.png, or ./<model>-L<L>.png]",
+    "format). [default: ./<model>-L<L>H<H>.png, or ./<model>-L<L>.png]",
 )
 @figure_format_option
 @click.option(
@@ -66,8 +65,7 @@ def show(model_name, head_spec, layer, text, out, figure_format, html_view, devi
     text = DEFAULT_TEXT if text is None else text
     if (head_spec is None) == (layer is None):
         raise HeadscopeError(
-            "Give exactly one of --head L.H (one head) or --layer L (every head "
-            "of a layer), "
+            "Give exactly one of --head L.H (one head) or --layer L (every head of a layer), "
             "e.g. --head 17.4 or --layer 17."
         )
     say = lambda msg: click.echo(f"headscope: {msg}", err=True)  # noqa: E731

@@ -53,8 +53,7 @@ def attribution_effects(
     if target.output != "logits":
         raise HeadscopeError(
             f"Attribution estimates of '{target.name}' are zero to first order (1 "
-            "- cos is flat at "
-            "the clean embedding); use exact ablation (--effects exact)."
+            "- cos is flat at the clean embedding); use exact ablation (--effects exact)."
         )
     total_count = 0.0
     for tokens, _, lengths in batches(model, probe, batch_size):

@@ -73,24 +73,19 @@ def check_model(model, mode: str) -> list[Target]:
     if not model.attention_interface:
         raise HeadscopeError(
             f"{model.name}: effects ablate heads at the attention seam, which "
-            "this model's attention "
-            "does not go through (a transformer-lens bridge, or a class "
-            "transformers will not "
-            "switch); load it by name or folder."
+            "this model's attention does not go through (a transformer-lens bridge, or a class "
+            "transformers will not switch); load it by name or folder."
         )
     targets = targets_for(model)
     if model.causal and model.hf.get_output_embeddings() is None:
         raise HeadscopeError(
             f"{model.name} has no unembedding (LM head), and its effects are "
-            "changes in next-token "
-            "loss; load it with its LM head (a *ForCausalLM / *LMHeadModel)."
+            "changes in next-token loss; load it with its LM head (a *ForCausalLM / *LMHeadModel)."
         )
     if mode == "attribution" and all(t.output != "logits" for t in targets):
         raise HeadscopeError(
-            f"{model.name} is an encoder: its effect is the change of its "
-            "sentence embedding, which "
-            "attribution cannot estimate (zero to first order); use --effects "
-            "exact."
+            f"{model.name} is an encoder: its effect is the change of its sentence embedding, "
+            "which attribution cannot estimate (zero to first order); use --effects exact."
         )
     return targets
 

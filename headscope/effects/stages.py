@@ -101,8 +101,7 @@ def attend(
     if unknown:
         raise HeadscopeError(
             f"Layer {call.layer}'s attention uses {', '.join(sorted(unknown))}, which patching "
-            "does "
-            "not reproduce; patch a model without them."
+            "does not reproduce; patch a model without them."
         )
     edit = edit if edit is not None and edit.layer == call.layer else None
     deltas = deltas or {}

@@ -92,10 +92,8 @@ def refuse_unmodelled(call: AttentionCall, engine: str) -> None:
     mask``."""
     if call.extras:
         raise HeadscopeError(
-            f"This model's attention uses {', '.join(call.extras)}, which the "
-            f"{engine} engine "
-            "does not model; use --engine "
-            f"{' or '.join(model_attention_engines())}."
+            f"This model's attention uses {', '.join(call.extras)}, which the {engine} engine "
+            f"does not model; use --engine {' or '.join(model_attention_engines())}."
         )
 
 

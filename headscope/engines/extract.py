@@ -255,10 +255,8 @@ def score_batch(
     if len(seen) != model.n_layers:  # a layer the engine never reached would score 0, silently
         missed = sorted(set(range(model.n_layers)) - seen)
         raise HeadscopeError(
-            f"The {eng.name} engine never saw layer(s) "
-            f"{', '.join(map(str, missed))} of "
-            f"{model.name}: its attention did not reach headscope; use --engine "
-            "hooks."
+            f"The {eng.name} engine never saw layer(s) {', '.join(map(str, missed))} of "
+            f"{model.name}: its attention did not reach headscope; use --engine hooks."
         )
     reach = tuple(getattr(model, "reach", ()) or ()) or (None,) * model.n_layers
     # where the model is: O(n^2) per batch, a GPU's job there

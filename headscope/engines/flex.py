@@ -102,8 +102,7 @@ class FlexHandler(BlockHandler):
                 kind = "an additive" if call.mask.dtype != torch.bool else "a per-head"
                 notice(
                     f"layer {call.layer}'s attention has {kind} mask, which the flex engine "
-                    "does not take: "
-                    "scored from exact pattern blocks (same scores, slower).",
+                    "does not take: scored from exact pattern blocks (same scores, slower).",
                     once=True,
                 )
             return super().__call__(call)

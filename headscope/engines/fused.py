@@ -75,8 +75,7 @@ class FusedHandler(BlockHandler):
                 )
                 notice(
                     f"layer {call.layer}'s attention has {kind} mask, which the fused kernel "
-                    "does not take: "
-                    "scored from exact pattern blocks (same scores, slower).",
+                    "does not take: scored from exact pattern blocks (same scores, slower).",
                     once=True,
                 )
             return super().__call__(call)

@@ -37,8 +37,7 @@ class HooksEngine(Engine):
     ) -> None:
         if interventions:
             raise HeadscopeError(
-                "The hooks engine runs transformer-lens' forward and cannot apply "
-                "interventions; "
+                "The hooks engine runs transformer-lens' forward and cannot apply interventions; "
                 "use --engine blocked."
             )
         ours: list[BaseException] = []

@@ -55,8 +55,7 @@ class HeadStats:
             raise HeadscopeError(
                 "The fused kernel summed attention only over "
                 f"{', '.join(self.masses) or 'no key sets'}, "
-                f"not '{name}'; a metric reading another key set needs "
-                "Metric.fused = False."
+                f"not '{name}'; a metric reading another key set needs Metric.fused = False."
             )
         return self.masses[name]
 

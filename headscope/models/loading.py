@@ -175,8 +175,7 @@ def load_model(
         )
     if device_map is not None or max_memory is not None:
         raise HeadscopeError(
-            "device_map= loads a model by name; an in-memory model is used where "
-            "it is "
+            "device_map= loads a model by name; an in-memory model is used where it is "
             "(dispatch it with accelerate first)."
         )
     if _is_bridge(model):
@@ -189,8 +188,7 @@ def load_model(
         return _wrap_hf(model, tokenizer, name, device, dtype)
     raise HeadscopeError(
         f"Cannot load a {type(model).__name__}; give a model name or folder, a "
-        "Hugging Face "
-        "model with its tokenizer, or a transformer-lens TransformerBridge."
+        "Hugging Face model with its tokenizer, or a transformer-lens TransformerBridge."
     )
 
 
@@ -283,8 +281,7 @@ def _load_named(
         )
         # the bridge would be a second full copy on one device, which is what a device map avoids
         model._bridge_error = (
-            "a --device-map model has no transformer-lens bridge (the hooks "
-            "engine needs a second "
+            "a --device-map model has no transformer-lens bridge (the hooks engine needs a second "
             "full copy on one device)"
         )
     return model
@@ -316,14 +313,12 @@ def _wrap_hf(hf, tokenizer, name: str | None, device: str, dtype: str | None) ->
     dev, torch_dtype = param.device, param.dtype
     if device != "auto" and resolve_device(device) != dev:
         raise HeadscopeError(
-            f"The model is on {dev}, not {device}; move it first "
-            f"(model.to('{device}')) "
+            f"The model is on {dev}, not {device}; move it first (model.to('{device}')) "
             "or leave device='auto'."
         )
     if dtype is not None and resolve_dtype(dtype) != torch_dtype:
         raise HeadscopeError(
-            f"The model is in {str(torch_dtype).replace('torch.', '')}, not "
-            f"{dtype}; convert it "
+            f"The model is in {str(torch_dtype).replace('torch.', '')}, not {dtype}; convert it "
             "first or leave dtype unset."
         )
     label = name or getattr(hf.config, "_name_or_path", None) or type(hf).__name__
@@ -472,8 +467,7 @@ def attention_reach(cfg, n_layers: int) -> tuple[int | None, ...]:
         if unknown:  # chunked or other masks: not modelled, so never scored as if they were full
             raise HeadscopeError(
                 f"This model has {', '.join(unknown)} layers, whose mask "
-                "headscope does not "
-                "model (it knows full_attention and sliding_attention)."
+                "headscope does not model (it knows full_attention and sliding_attention)."
             )
         reach = (
             int(window)

@@ -261,9 +261,7 @@ class Model:
         if (handler is not None or interventions) and not self.attention_interface:
             raise HeadscopeError(
                 f"{self.name}: its attention does not run through transformers' "
-                "attention "
-                "interface, so headscope cannot reach inside it; use --engine "
-                "hooks."
+                "attention interface, so headscope cannot reach inside it; use --engine hooks."
             )
         if output not in (None, "logits", "hidden"):
             raise HeadscopeError(f"Unknown output '{output}'; use None, 'logits' or 'hidden'.")
@@ -393,8 +391,7 @@ class Model:
         if handler is not None and not self.attention_interface:
             raise HeadscopeError(
                 f"{self.name}: its attention does not run through transformers' "
-                "attention "
-                "interface, so headscope cannot reach inside it."
+                "attention interface, so headscope cannot reach inside it."
             )
         import inspect
 
@@ -448,10 +445,8 @@ class Model:
         self.hf.set_attn_implementation(IMPLEMENTATION)
         if getattr(self.hf.config, "_attn_implementation", None) != IMPLEMENTATION:
             raise HeadscopeError(
-                f"{self.name}: transformers would not switch this model's "
-                "attention implementation "
-                "(a class defined outside transformers?), so headscope cannot "
-                "reach inside it; "
+                f"{self.name}: transformers would not switch this model's attention implementation "
+                "(a class defined outside transformers?), so headscope cannot reach inside it; "
                 "use --engine hooks, or save it and load the folder."
             )
         try:
@@ -581,8 +576,7 @@ class Model:
             if missing:
                 raise HeadscopeError(
                     f"Layer {layer} of {self.name} exposed no {sorted(missing)} "
-                    "activations; "
-                    "its transformer-lens bridge lacks hook_q/k/v/pattern/z."
+                    "activations; its transformer-lens bridge lacks hook_q/k/v/pattern/z."
                 )
         return acts
 
@@ -623,8 +617,7 @@ class Model:
         if not self.causal:
             raise HeadscopeError(
                 f"{self.name} is an encoder (post-norm, BERT-style); circuit weights are read here "
-                "for "
-                "decoders with a norm before each attention layer, e.g. smollm2-135m."
+                "for decoders with a norm before each attention layer, e.g. smollm2-135m."
             )
         bridge = self.bridge
         cfg = bridge.cfg
@@ -790,8 +783,7 @@ def _own_attention(module, extras: dict) -> Callable:
     if eager is None:
         raise HeadscopeError(
             f"This model's attention uses {', '.join(extras)}, and its modeling "
-            "file has no eager "
-            "attention to reproduce it; use --engine hooks."
+            "file has no eager attention to reproduce it; use --engine hooks."
         )
 
     def run(module, query, key, value, attention_mask, *, is_causal=None, **kwargs):

@@ -39,8 +39,7 @@ def check_device_map(device_map, max_memory=None) -> None:
         )
     if not isinstance(device_map, (str, dict)):
         raise HeadscopeError(
-            f"A device map is one of {', '.join(DEVICE_MAPS)} or a {{module name: "
-            "device} dict, "
+            f"A device map is one of {', '.join(DEVICE_MAPS)} or a {{module name: device}} dict, "
             f"not a {type(device_map).__name__}."
         )
     if max_memory is not None and not isinstance(max_memory, dict):

@@ -296,8 +296,7 @@ def resolve(name: str) -> Source:
                 f"'{base}' is "
                 f"{'an offline model' if source.kind == 'package' else 'a local folder'}, "
                 f"which has no revisions; drop '@{revision}', or give a hub name "
-                "such as "
-                "EleutherAI/pythia-70m@step1000."
+                "such as EleutherAI/pythia-70m@step1000."
             )
         return Source(typed=name, kind="hub", ref=source.ref, revision=revision)
     if key.lower() in PACKAGED:
@@ -319,9 +318,8 @@ def resolve(name: str) -> Source:
     if "/" in key and key.count("/") == 1 and all(key.split("/")):
         return Source(typed=name, kind="hub", ref=key)
     raise HeadscopeError(
-        f"Unknown model '{key}'.{_suggest(key)} "
-        f"Use an offline model ({', '.join(OFFLINE_NAMES)}), a transformer-lens name, "
-        "a Hugging Face repo id (org/name) or a local checkpoint folder."
+        f"Unknown model '{key}'.{_suggest(key)} Use an offline model ({', '.join(OFFLINE_NAMES)}), "
+        "a transformer-lens name, a Hugging Face repo id (org/name) or a local checkpoint folder."
     )
 
 

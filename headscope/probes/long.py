@@ -64,14 +64,12 @@ def check_fits(model, seq_len: int, decoder: bool = True) -> None:
     encoder."""
     if decoder and not model.causal:
         raise HeadscopeError(
-            "Long-context probes are for decoders (a KV cache is a decoding "
-            "structure); "
+            "Long-context probes are for decoders (a KV cache is a decoding structure); "
             f"{model.name} is an encoder."
         )
     if seq_len < 16 or seq_len > model.n_ctx:
         raise HeadscopeError(
-            f"{setting('seq_len')} {seq_len} is outside 16..{model.n_ctx} (the "
-            "model's context); "
+            f"{setting('seq_len')} {seq_len} is outside 16..{model.n_ctx} (the model's context); "
             f"use at most {model.n_ctx}."
         )
 
@@ -90,8 +88,7 @@ def long_text_probe(
     if n_sequences > fits:
         raise HeadscopeError(
             f"The long prose corpus ({part} part) holds {len(ids)} tokens for this tokenizer: "
-            f"enough for {fits} "
-            f"distinct sequences of {seq_len} tokens, not {n_sequences}. Use "
+            f"enough for {fits} distinct sequences of {seq_len} tokens, not {n_sequences}. Use "
             f"{setting('n_prompts')} {max(fits, 1)} "
             f"or a shorter {setting('seq_len')} (the text is never repeated to fill a sequence)."
         )
@@ -139,10 +136,8 @@ def needle_probe(
         if hay < 1:
             raise HeadscopeError(
                 f"A needle of {k} tokens (given twice, with its "
-                f"{len(intro) + len(period) + len(request)}-token "
-                f"question) does not fit {length} tokens; use fewer {setting('needle_tokens')} or "
-                "a longer "
-                f"{setting('seq_len')}."
+                f"{len(intro) + len(period) + len(request)}-token question) does not fit {length} "
+                f"tokens; use fewer {setting('needle_tokens')} or a longer {setting('seq_len')}."
             )
         if hay > len(ids):
             raise HeadscopeError(

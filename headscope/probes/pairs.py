@@ -78,15 +78,13 @@ def load_pairs(path: str | Path | None = None) -> list[tuple[str, str]]:
         if len(parts) == 1 and "  " in line:
             raise HeadscopeError(
                 f"Prompts file '{p}' line {lineno} separates its segments with "
-                "spaces, not a TAB; "
-                "put one TAB character between segment A and segment B."
+                "spaces, not a TAB; put one TAB character between segment A and segment B."
             )
         if len(parts) != 2 or not all(parts):
             found = f"{len(parts) - 1} TABs" if len(parts) != 2 else "an empty segment"
             raise HeadscopeError(
                 f"Prompts file '{p}' line {lineno}: expected two non-empty "
-                "segments separated by one "
-                f"TAB (found {'no TAB' if len(parts) == 1 else found})."
+                f"segments separated by one TAB (found {'no TAB' if len(parts) == 1 else found})."
             )
         pairs.append((parts[0], parts[1]))
     if not pairs:
@@ -119,14 +117,12 @@ def text_probe(
     """
     if join not in JOINS:
         raise HeadscopeError(
-            f"Unknown {setting('text_join')} '{join}'.{did_you_mean(join, JOINS)} "
-            "Use one of "
+            f"Unknown {setting('text_join')} '{join}'.{did_you_mean(join, JOINS)} Use one of "
             f"{', '.join(JOINS)}."
         )
     if join == "chat" and not model.causal:
         raise HeadscopeError(
-            f"{setting('text_join')} chat joins turns of an instruct decoder; "
-            f"{model.name} is an "
+            f"{setting('text_join')} chat joins turns of an instruct decoder; {model.name} is an "
             "encoder (use --token-types for its segment ids)."
         )
     if token_types and model.causal:
@@ -144,8 +140,7 @@ def text_probe(
         at_least("n_prompts", n)
     if n > len(pairs):
         raise HeadscopeError(
-            f"{setting('n_prompts')} {n} asks for more pairs than the corpus "
-            "holds "
+            f"{setting('n_prompts')} {n} asks for more pairs than the corpus holds "
             f"({len(pairs)}); use at most {len(pairs)}."
         )
     joiner = model.chat_pair if join == "chat" else model.join_pair
@@ -169,8 +164,7 @@ def repeat_probe(model, repeat_len: int = 50, n_sequences: int = 16, seed: int =
     if repeat_len < 1 or repeat_len > max_len:
         raise HeadscopeError(
             f"{setting('repeat_len')} {repeat_len} does not fit: 2 x L + {extra} tokens must fit "
-            "the model's "
-            f"context of {model.n_ctx}; use 1..{max_len}."
+            f"the model's context of {model.n_ctx}; use 1..{max_len}."
         )
     if n_sequences < 1:
         at_least("n_prompts", n_sequences)
@@ -210,8 +204,7 @@ def null_probe(repeat: Probe, model) -> Probe:
     vocab = model.ordinary_vocab()
     if 2 * L > len(vocab):
         raise HeadscopeError(
-            f"The positional null needs 2 x {setting('repeat_len')} = {2 * L} "
-            "distinct ordinary "
+            f"The positional null needs 2 x {setting('repeat_len')} = {2 * L} distinct ordinary "
             f"tokens; the model has {len(vocab)}. Use at most {len(vocab) // 2}."
         )
     seed = int(repeat.settings.get("seed", 0)) + NULL_SEED_OFFSET
@@ -266,8 +259,7 @@ def packed_text_probe(
                     "tokens, not "
                     f"{n_sequences}; packing more would repeat the text inside the probe. Use "
                     f"{setting('n_prompts')} {max(1, len(seqs))}, a shorter {setting('seq_len')}, "
-                    "or no "
-                    f"{setting('prompts')} (the built-in long prose corpus)."
+                    f"or no {setting('prompts')} (the built-in long prose corpus)."
                 )
             if ids:
                 ids.append(model.sep_id)

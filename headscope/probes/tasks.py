@@ -255,8 +255,7 @@ class TokenizedTask:
             if len(idx) != n or bad:
                 raise HeadscopeError(
                     f"Position '{name}' of task '{self.name}' is outside pair "
-                    f"{bad[0] if bad else 0}"
-                    f"; give one token index per pair, inside the prompt."
+                    f"{bad[0] if bad else 0}; give one token index per pair, inside the prompt."
                 )
 
     def __len__(self) -> int:

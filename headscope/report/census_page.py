@@ -177,14 +177,12 @@ def census_html(run_dir: Path, figures: bool = True) -> str:
         parts += [
             "<h2>Syntax heads (Clark et al. 2019)</h2>",
             f"<p class='silver'><b>SILVER labels</b>: parses by {_e(p.get('name'))} "
-            f"({_e(p.get('requirement'))}, "
-            f"sha256 {_e(p.get('wheel_sha256'))}, {_e(p.get('licence'))}), not gold annotations. "
-            "The parser's "
-            f"published attachment scores: <b>UAS {_e(p.get('uas'))} / LAS {_e(p.get('las'))}</b> "
+            f"({_e(p.get('requirement'))}, sha256 {_e(p.get('wheel_sha256'))}, "
+            f"{_e(p.get('licence'))}), not gold annotations. The parser's published attachment "
+            f"scores: <b>UAS {_e(p.get('uas'))} / LAS {_e(p.get('las'))}</b> "
             f"({_e(p.get('trained_on'))}).</p>",
             f"<p>{_e(sent.get('kept'))} held-out sentences, {_e(sent.get('tokenize'))} "
-            "tokenization; left out: "
-            f"{_e(sent.get('left_out') or 'none')}"
+            f"tokenization; left out: {_e(sent.get('left_out') or 'none')}"
             + (
                 f"; {_e(sent['differ_from_natural'])} differ from the natural tokenization"
                 if "differ_from_natural" in sent

@@ -526,8 +526,7 @@ def _unclassed_note(classes: pd.DataFrame, threshold: float) -> str:
     )
     return (
         f"not drawn: {len(big)} head{'s' * (len(big) != 1)} in no class with |direct effect| "
-        f">= {threshold:g} "
-        f"(largest: {names})"
+        f">= {threshold:g} (largest: {names})"
     )
 
 

@@ -525,8 +525,7 @@ def layer_figure(hps: list[HeadPattern]) -> Figure:
     kind = "causal: grey keys are hidden" if hps[0].causal else "bidirectional"
     fig.suptitle(
         f"{hps[0].model}: layer {hps[0].layer}, every head ({kind}, {n} tokens; rows: "
-        "queries, "
-        "columns: keys)",
+        "queries, columns: keys)",
         fontsize=10,
     )
     fig.colorbar(im, ax=axes, shrink=0.8, label="attention weight")

@@ -254,10 +254,8 @@ def _views(result: ScanResult) -> str:
     parts = [
         '<h2 id="views">Where the top heads look</h2>',
         '<p class="muted">The strongest head of each labelled behaviour on the first sequence '
-        "of each probe, "
-        "as the scan kept it. Hover (or click) a head, then hover a cell: rows are queries, "
-        "columns keys, "
-        "colour 0 (dark) to 1 (yellow); weights are stored to 1/65535.</p>",
+        "of each probe, as the scan kept it. Hover (or click) a head, then hover a cell: rows are "
+        "queries, columns keys, colour 0 (dark) to 1 (yellow); weights are stored to 1/65535.</p>",
     ]
     for i, ex in enumerate(views["examples"]):
         pattern = np.asarray(ex["pattern"], dtype=np.float64)  # [head, query, key]
@@ -336,16 +334,12 @@ def report_html(result: ScanResult, figures: bool = True) -> str:
     body.append(_views(result))
     body.append(
         '<p class="muted">Other heads and texts: <code>headscope show MODEL --head L.H '
-        "--html</code> "
-        "(or <code>--layer L</code>) draws them with the model. Scores pool over every "
-        "(sequence, "
-        "qualifying query) pair; <code>chance</code> is a head that spreads attention "
-        "evenly over the keys "
-        "it can see; intervals are bootstrap percentile intervals over sequences; a "
-        "stability under "
-        f"{STABLE} means the label depends on which sequences were drawn. Token ids of "
-        "every scored sequence "
-        "are in the run's <code>tokens.jsonl</code>."
+        "--html</code> (or <code>--layer L</code>) draws them with the model. Scores pool over "
+        "every (sequence, qualifying query) pair; <code>chance</code> is a head that spreads "
+        "attention evenly over the keys it can see; intervals are bootstrap percentile intervals "
+        f"over sequences; a stability under {STABLE} means the label depends on which sequences "
+        "were drawn. Token ids of every scored sequence are in the run's "
+        "<code>tokens.jsonl</code>."
         + ("" if figures else " This page was built without figures.")
         + "</p>"
     )
@@ -386,8 +380,7 @@ def summary_html(result: ScanResult) -> str:
     controls = sum(len(p) for p in result.probes if p.name == NULL_PROBE)
     head = (
         f"<b>{_e(result.model_name)}</b>: {_e(md.get('n_layers', '?'))} layers x "
-        f"{_e(md.get('n_heads', '?'))} "
-        f"heads, {n} sequences"
+        f"{_e(md.get('n_heads', '?'))} heads, {n} sequences"
         + (f" (+ {controls} positional-null controls)" if controls else "")
         + f", engine {_e(md.get('engine', '?'))}"
     )

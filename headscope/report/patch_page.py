@@ -24,8 +24,7 @@ TOP_K = 10
 SCORES = ("induction", "previous_token", "duplicate_token", "sink", "copying")
 READ = {
     "denoising": "share of the clean-corrupt gap restored when the head's clean activation is put "
-    "into "
-    "the corrupt run",
+    "into the corrupt run",
     "noising": "share of the gap destroyed when the head's corrupt activation is put into the "
     "clean run",
 }

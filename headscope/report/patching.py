@@ -164,8 +164,7 @@ def dla_heatmap(dla: pd.DataFrame, prompt: str = "clean", model: str = "") -> Fi
     )
     ax.set_title(
         f"{model + ': ' if model else ''}{sub['task'].iloc[0]}, direct logit attribution at the "
-        "last "
-        f"position\n{prompt} prompts, n = {int(sub['n_pairs'].iloc[0])} pairs",
+        f"last position\n{prompt} prompts, n = {int(sub['n_pairs'].iloc[0])} pairs",
         fontsize=9,
     )
     fig.colorbar(

@@ -162,8 +162,7 @@ def headline(scores: pd.DataFrame) -> list[str]:
                 "for another token of R (they raise R's tokens in general, not the attended one)"
                 if metric == "copying"
                 else "on sequences with no repetition (a fixed "
-                "positional offset, "
-                "not a copy of the current token)"
+                "positional offset, not a copy of the current token)"
             )
             out.append(
                 f"{metric}: {len(on_null)} of the {len(labelled)} labelled heads also pass "
@@ -226,11 +225,9 @@ def summary_markdown(result) -> str:
         boot = md.get("bootstrap", {})
         lines += [
             "",
-            f"† label stability under {STABLE}: the head passes the threshold in fewer "
-            "than "
+            f"† label stability under {STABLE}: the head passes the threshold in fewer than "
             f"{STABLE:.0%} of {boot.get('resamples', '?')} bootstrap resamples of the "
-            "sequences, so the label "
-            "depends on which sequences were drawn.",
+            "sequences, so the label depends on which sequences were drawn.",
         ]
     nan_metrics = [
         m for m in scores["metric"].unique() if scores[scores["metric"] == m]["score"].isna().all()
@@ -244,13 +241,10 @@ def summary_markdown(result) -> str:
     lines += effects_markdown(scores, md)
     lines += [
         "",
-        "Scores pool over every (sequence, qualifying query) pair; `chance` is the score "
-        "of a head "
-        "that spreads attention evenly over the keys it can see; `null` (repeat metrics) is "
-        "the same "
-        "head's score at the same positions of sequences with no repetition (for `copying`: "
-        "the same "
-        "output read against another token of R). Token ids of every scored "
+        "Scores pool over every (sequence, qualifying query) pair; `chance` is the score of a "
+        "head that spreads attention evenly over the keys it can see; `null` (repeat metrics) is "
+        "the same head's score at the same positions of sequences with no repetition (for "
+        "`copying`: the same output read against another token of R). Token ids of every scored "
         "sequence are in `tokens.jsonl`.",
         "",
     ]
@@ -282,10 +276,8 @@ def effects_markdown(scores: pd.DataFrame, md: dict, k: int = 10) -> list[str]:
         else pd.Series(dtype=str)
     )
     lines.append(
-        f"{settings.get('ablation', 'mean').capitalize()}-ablation of one head at a time "
-        "(mode "
-        f"`{settings.get('mode', '?')}`): {int((est == 'exact').sum())} effect rows are "
-        "exact, "
+        f"{settings.get('ablation', 'mean').capitalize()}-ablation of one head at a time (mode "
+        f"`{settings.get('mode', '?')}`): {int((est == 'exact').sum())} effect rows are exact, "
         f"{int((est == 'attribution').sum())} are attribution-patching estimates (column "
         "`estimator`). "
         "An effect is the change in the target when the head is ablated; 0 is no effect."

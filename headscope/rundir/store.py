@@ -454,16 +454,14 @@ def load_run(path: str | Path) -> ScanResult:
     missing = [c for c in COLUMNS if c not in scores.columns]
     if missing or scores.empty:
         raise HeadscopeError(
-            f"'{table}' lacks {', '.join(missing) or 'rows'}; a run's scores.csv "
-            "has columns "
+            f"'{table}' lacks {', '.join(missing) or 'rows'}; a run's scores.csv has columns "
             f"{', '.join(COLUMNS)}."
         )
     odd = [m for m in scores["metric"].astype(str).unique() if not METRIC_NAME.match(m)]
     if odd:  # a metric names a file (<metric>.png): never a path
         raise HeadscopeError(
             f"'{table}' names a metric '{odd[0]}', which is not a metric name "
-            "(letters, digits, "
-            "'_', '.', '-'); is it from `headscope scan`?"
+            "(letters, digits, '_', '.', '-'); is it from `headscope scan`?"
         )
     scores["label"] = scores["label"].fillna("")
     meta = read_metadata(path) or {}
@@ -496,8 +494,7 @@ def load_run(path: str | Path) -> ScanResult:
                     )
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
             raise HeadscopeError(
-                f"'{path / 'per_sequence.npz'}' cannot be read "
-                f"({type(exc).__name__}); "
+                f"'{path / 'per_sequence.npz'}' cannot be read ({type(exc).__name__}); "
                 "rerun the scan, or delete that file to load the run without it."
             ) from None
     return ScanResult(

@@ -17,8 +17,7 @@ def check_options(address: str | None, workers: int | None, effects: bool) -> No
     if address is None:
         if workers is not None:
             raise HeadscopeError(
-                "--workers goes with --ray (e.g. --ray --workers 2); without "
-                "--ray a scan runs "
+                "--workers goes with --ray (e.g. --ray --workers 2); without --ray a scan runs "
                 "in this process."
             )
         return
@@ -26,8 +25,7 @@ def check_options(address: str | None, workers: int | None, effects: bool) -> No
         raise HeadscopeError(f"workers (--workers) must be at least 1, got {workers}.")
     if effects:
         raise HeadscopeError(
-            "--effects runs in one process (exact ablation reuses each prefix); "
-            "drop --ray, or "
+            "--effects runs in one process (exact ablation reuses each prefix); drop --ray, or "
             "scan with --ray and measure effects apart."
         )
 
@@ -56,16 +54,13 @@ def check_address(address: str | None) -> None:
     if not sep or not host or not port.isdigit():
         raise HeadscopeError(
             f"Ray address '{address}' must look like HOST:PORT (e.g. "
-            "10.0.0.1:6379, from "
-            "`ray start --head`), ray://HOST:10001, or auto."
+            "10.0.0.1:6379, from `ray start --head`), ray://HOST:10001, or auto."
         )
     try:
         with socket.create_connection((host, int(port)), timeout=3):
             pass
     except OSError as exc:
         raise HeadscopeError(
-            f"Cannot reach a Ray head at {address} ({exc.strerror or exc}); start "
-            "one with "
-            f"`ray start --head --port={port}` there, or drop the address for a "
-            "local instance."
+            f"Cannot reach a Ray head at {address} ({exc.strerror or exc}); start one with "
+            f"`ray start --head --port={port}` there, or drop the address for a local instance."
         ) from None

@@ -166,14 +166,12 @@ class RayPool:
                 if isinstance(cause, HeadscopeError):
                     raise cause from None
                 raise HeadscopeError(
-                    f"A Ray worker failed on batch {number} of the {probe.name} "
-                    "probe: "
+                    f"A Ray worker failed on batch {number} of the {probe.name} probe: "
                     f"{type(cause).__name__}: {str(cause).splitlines()[0]}"
                 ) from None
             except RayActorError as exc:
                 raise HeadscopeError(
-                    f"A Ray worker died {RETRIES + 1} times scoring batch "
-                    f"{number} of the "
+                    f"A Ray worker died {RETRIES + 1} times scoring batch {number} of the "
                     f"{probe.name} probe: {str(exc).splitlines()[0]}"
                 ) from None
             if on_batch is not None:

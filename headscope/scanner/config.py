@@ -50,48 +50,38 @@ class ScanSettings(Resampling, Placement):
     # ---------------------------------------------------------------- the probes
     n_prompts: int | None = opt(
         None,
-        "Sequences per probe: text pairs taken from the corpus, and "
-        "repeat sequences. "
-        f"[default: {N_PROMPTS}, or every pair of a --prompts file "
-        "that holds fewer]",
+        "Sequences per probe: text pairs taken from the corpus, and repeat sequences. "
+        f"[default: {N_PROMPTS}, or every pair of a --prompts file that holds fewer]",
     )
     repeat_len: int = opt(50, "L of the repeat probe BOS+R+R.")
     seed: int = opt(0, "Seed of the repeat probe, its positional null and the bootstrap.")
     seq_len: int | None = opt(
         None,
-        "Make every sequence this many tokens: long real prose (never "
-        "repeated inside a "
-        "sequence; with --prompts, your pairs packed), R as long as "
-        "fits.",
+        "Make every sequence this many tokens: long real prose (never repeated inside a "
+        "sequence; with --prompts, your pairs packed), R as long as fits.",
     )
     prompts: str | None = opt(
         None,
-        "Segment pairs, one 'A<TAB>B' a line (UTF-8; blank lines and "
-        "lines starting "
+        "Segment pairs, one 'A<TAB>B' a line (UTF-8; blank lines and lines starting "
         "with # are skipped). [default: the built-in corpus]",
         kind="path",
     )
     text_join: str = opt(
         "plain",
-        "How a text pair becomes one sequence: plain (encoders [CLS] A "
-        "[SEP] B [SEP], "
-        "decoders BOS A SEP B) or chat (an instruct model's chat "
-        "template: A the user turn, "
+        "How a text pair becomes one sequence: plain (encoders [CLS] A [SEP] B [SEP], "
+        "decoders BOS A SEP B) or chat (an instruct model's chat template: A the user turn, "
         "B the assistant's).",
         choices=JOINS,
     )
     token_types: bool = opt(
         False,
-        "Feed encoder pairs their segment ids (0 for [CLS] A [SEP], 1 "
-        "for B [SEP]). "
+        "Feed encoder pairs their segment ids (0 for [CLS] A [SEP], 1 for B [SEP]). "
         "[default: all zero]",
     )
     long_context: bool = opt(
         False,
-        "Also streaming (sink + window mass) and retrieval (needle "
-        "copy-paste) on long "
-        f"real prose (--seq-len, default {LONG_SEQ_LEN}) and a needle "
-        "probe.",
+        "Also streaming (sink + window mass) and retrieval (needle copy-paste) on long "
+        f"real prose (--seq-len, default {LONG_SEQ_LEN}) and a needle probe.",
     )
     sinks: int = opt(4, "Sink tokens of the streaming band (with --long-context).")
     window: int = opt(64, "Recent tokens of the streaming band (with --long-context).")
@@ -99,8 +89,7 @@ class ScanSettings(Resampling, Placement):
     # ---------------------------------------------------------------- what is scored
     metrics: tuple | None = opt(
         None,
-        "Comma-separated metrics to compute (see `headscope "
-        "metrics`). [default: all "
+        "Comma-separated metrics to compute (see `headscope metrics`). [default: all "
         "but the long-context ones, which --long-context adds]",
         kind="csv",
     )
@@ -113,8 +102,7 @@ class ScanSettings(Resampling, Placement):
     )
     engine: str = opt(
         AUTO,
-        "How attention is read: auto takes the first engine that can run (see "
-        "`headscope "
+        "How attention is read: auto takes the first engine that can run (see `headscope "
         "engines`).",
         choices="engines",
     )
@@ -130,10 +118,8 @@ class ScanSettings(Resampling, Placement):
     # ---------------------------------------------------------------- causal effects
     effects: str | None = opt(
         None,
-        "Also measure each head's causal effect (ablation) and its "
-        "circuit scores. "
-        "MODE: auto (the default: attribution for every head, exact "
-        "ablation where it "
+        "Also measure each head's causal effect (ablation) and its circuit scores. "
+        "MODE: auto (the default: attribution for every head, exact ablation where it "
         "counts), attribution, exact, both.",
         flag_value="auto",
         metavar="[MODE]",
@@ -146,8 +132,7 @@ class ScanSettings(Resampling, Placement):
     )
     effects_sequences: int | None = opt(
         16,
-        "Effects and circuit scores use the first N sequences "
-        "of each probe "
+        "Effects and circuit scores use the first N sequences of each probe "
         "(from Python, None: all of them).",
     )
     effects_batch_size: int | None = opt(
@@ -180,10 +165,8 @@ class ScanSettings(Resampling, Placement):
     # ---------------------------------------------------------------- scale-out
     ray: str | None = opt(
         None,
-        "Shard the scan's batches over Ray actors (same scores): a local "
-        "instance, or the "
-        "cluster at ADDRESS (HOST:PORT from `ray start --head`, auto, "
-        "ray://HOST:10001). "
+        "Shard the scan's batches over Ray actors (same scores): a local instance, or the "
+        "cluster at ADDRESS (HOST:PORT from `ray start --head`, auto, ray://HOST:10001). "
         "Needs the ray extra.",
         flag_value="local",
         metavar="[ADDRESS]",
@@ -214,8 +197,7 @@ class ScanSettings(Resampling, Placement):
             )
         if self.seq_len is not None and (self.text_join != "plain" or self.token_types):
             raise HeadscopeError(
-                f"{setting('text_join')} chat and {setting('token_types')} shape "
-                "the pair probe; "
+                f"{setting('text_join')} chat and {setting('token_types')} shape the pair probe; "
                 f"{setting('seq_len')} packs text instead. Use one or the other."
             )
         if self.engine != AUTO:
@@ -239,15 +221,12 @@ class ScanSettings(Resampling, Placement):
             if self.ray is not None:
                 raise HeadscopeError(
                     "--device-map with --ray is not supported: each Ray actor "
-                    "holds a whole replica; "
-                    "scan a device-mapped model in one process."
+                    "holds a whole replica; scan a device-mapped model in one process."
                 )
             if self.effects is not None:
                 raise HeadscopeError(
-                    "--effects with --device-map is not supported (circuit scores "
-                    "read the weights "
-                    "directly, which a device map may have offloaded); scan "
-                    "without --effects."
+                    "--effects with --device-map is not supported (circuit scores read the weights "
+                    "directly, which a device map may have offloaded); scan without --effects."
                 )
             if self.device != "auto":
                 raise HeadscopeError(
@@ -274,8 +253,7 @@ class ScanSettings(Resampling, Placement):
                 fixed = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).lstrip(".-") or "metric"
                 raise HeadscopeError(
                     f"Metric name '{name}' is not allowed: use letters, digits, "
-                    "'_', '.' and '-' (it "
-                    f"names the run's {name}.png), e.g. '{fixed}'."
+                    f"'_', '.' and '-' (it names the run's {name}.png), e.g. '{fixed}'."
                 )
             if isinstance(m, str) and name not in known:
                 raise HeadscopeError(
@@ -384,8 +362,7 @@ def check_long(
     """
     if not long_context:
         raise HeadscopeError(
-            f"{setting('sinks')}, {setting('window')} and "
-            f"{setting('needle_tokens')} set up the "
+            f"{setting('sinks')}, {setting('window')} and {setting('needle_tokens')} set up the "
             "long-context view; add --long-context."
         )
     at_least("sinks", sinks, 0)
@@ -393,16 +370,13 @@ def check_long(
     at_least("needle_tokens", needle_tokens)
     if sinks + window >= seq_len:
         raise HeadscopeError(
-            f"{setting('sinks')} {sinks} + {setting('window')} {window} keep "
-            "every key of a "
-            f"{seq_len}-token sequence; use a window below "
-            f"{max(1, seq_len - sinks)} or a longer "
+            f"{setting('sinks')} {sinks} + {setting('window')} {window} keep every key of a "
+            f"{seq_len}-token sequence; use a window below {max(1, seq_len - sinks)} or a longer "
             "--seq-len."
         )
     if 2 * needle_tokens + 24 > seq_len:  # the needle twice, its question, and a haystack
         raise HeadscopeError(
-            f"A needle of {needle_tokens} tokens does not fit a {seq_len}-token "
-            "sequence; use "
+            f"A needle of {needle_tokens} tokens does not fit a {seq_len}-token sequence; use "
             f"{setting('needle_tokens')} at most {max(1, (seq_len - 24) // 2)} or "
             "a longer --seq-len."
         )

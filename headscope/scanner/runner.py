@@ -116,8 +116,7 @@ def _scan(model, probes, config: ScanSettings, progress, say, interventions, sco
         check_model(model, effects.mode)  # before any work
         if interventions:
             raise HeadscopeError(
-                "Effects are measured on the model as it is; scan with "
-                "interventions, or with "
+                "Effects are measured on the model as it is; scan with interventions, or with "
                 "effects, not both at once."
             )
     eng = resolve_engine(model, config.engine, chosen, interventions=bool(interventions))
@@ -220,9 +219,7 @@ def _scan(model, probes, config: ScanSettings, progress, say, interventions, sco
             "level": config.ci,
             "seed": config.seed,
             "method": "percentile interval of the pooled score over sequences "
-            "resampled "
-            "with replacement; stability = share of resamples "
-            "passing the label",
+            "resampled with replacement; stability = share of resamples passing the label",
         }
     frame = to_frame(
         model.name, model.n_layers, model.n_heads, ordered, thresholds, intervals, nulls or None
@@ -340,8 +337,7 @@ def scan_to_dir(
             resolve(str(model_name))  # a typo is answered in milliseconds, before any loading
         if in_memory and config.ray is not None:
             raise HeadscopeError(
-                "--ray needs a model name or checkpoint folder that every worker "
-                "can load, not a "
+                "--ray needs a model name or checkpoint folder that every worker can load, not a "
                 "model in memory."
             )
         if in_memory and config.device_map is not None:

@@ -212,8 +212,7 @@ def need(words: list[str], k: int, what: str, kit: str, model) -> list[str]:
     if len(words) < k:
         raise HeadscopeError(
             f"Kit '{kit}': only {len(words)} {what} are single tokens for {model.name}'s "
-            "tokenizer, "
-            f"{k} needed; this kit cannot be built for it."
+            f"tokenizer, {k} needed; this kit cannot be built for it."
         )
     return words
 
