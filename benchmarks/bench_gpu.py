@@ -10,7 +10,7 @@ not on weights. Per configuration, on the same random tokens, one sequence:
 * ``flex``     the scan's forward with the flex engine (compiled FlexAttention), every text metric
   plus streaming reduced per layer as a scan does (``on_rows`` -> each metric -> per-head sums);
 * ``triton``   the same with the Triton prototype's statistics
-  (:mod:`headscope.engines.triton_stats`);
+  (``benchmarks/triton_stats.py``);
 * ``blocked``  the same with the blocked engine, at ``blocked_n`` tokens (its own sdpa beside it);
 * ``chance``   the scan's chance values for one batch of that length (CPU; the same for every
   engine);
@@ -216,7 +216,7 @@ def engine_of(name: str):
     from headscope.engines.registry import get_engine
 
     if name == "triton":
-        from headscope.engines.triton_stats import triton_layer_stats
+        from benchmarks.triton_stats import triton_layer_stats
 
         return flex.FlexEngine(stats=triton_layer_stats)
     return get_engine(name)

@@ -29,6 +29,7 @@ modules::
     engines/       how attention is read: fused, blocked, hooks (a registry); the kernel; extraction
     effects/       causal effects: exact ablation, attribution patching, counterfactual patching
     circuits/      weights-based head scores (copying, composition); path patching; head classes
+    census/        the head census's parts: syntax, no-op, successor, copy suppression, rare word
     scale/         a scan's batches sharded over Ray actors
     report/        tables, figures, the HTML page (never the model)
     rundir/        the run directory: atomic, --force rules, signals, load

@@ -242,6 +242,10 @@ _ENCODER_NAN = (
     "encoders have no trained unembedding (the *_embeddings rows read the input embeddings instead)"
 )
 
+#: The census's parts, in the order they run (``--parts``; each one module of
+#: :mod:`headscope.census`, registered there in this order).
+CENSUS_PARTS = ("syntax", "noop", "successor", "copy_suppression", "rare_word")
+
 #: The head census (``headscope census``; docs/census.md): every score its ``scores.csv``
 #: holds. Syntax rows are named per relation (:func:`census_info`); ``rare_word`` is a pattern
 #: metric (:data:`PATTERN`). Chance is said in words here; each row holds its value.

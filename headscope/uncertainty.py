@@ -1,4 +1,6 @@
-"""How sure is a score? A seeded bootstrap over sequences: intervals, and how stable each label is.
+"""How sure is a score? A seeded bootstrap over sequences: intervals, and how stable each label is;
+and the other intervals headscope reports (:func:`wilson` for a share, :func:`paired_loss_ci` for
+a paired difference), all of them here.
 
 A score pools every (sequence, qualifying query) pair of a probe: ``sum(total_s) / sum(count_s)``
 over sequences ``s``. Sequences are the unit that was sampled (a different seed, another corpus
@@ -24,7 +26,8 @@ When every sequence gives the same score the interval is that point.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -78,14 +81,7 @@ def bootstrap(
     check(resamples, level)
     n = seq_total.shape[0]
     flat = seq_total.reshape(n, -1).double()  # [sequence, layer * head]
-    gen = torch.Generator().manual_seed(int(seed))
-    draws = torch.randint(n, (resamples, n), generator=gen)  # [resample, sequence]: indices drawn
-    weights = torch.zeros(resamples, n, dtype=torch.float64).scatter_add_(
-        # [resample, sequence]: times drawn
-        1,
-        draws,
-        torch.ones(resamples, n, dtype=torch.float64),
-    )
+    weights = draw_weights(n, resamples, seed)  # [resample, sequence]: times drawn
     totals = weights @ torch.nan_to_num(flat)  # [resample, layer * head]
     counts = weights @ seq_count.double()  # [resample]
     scores = totals / counts[:, None]  # NaN where a resample has no qualifying query
@@ -110,3 +106,60 @@ def passes_fn(info, threshold: float | None = None) -> Callable[[Tensor], Tensor
         return None
     t = info.threshold if threshold is None else threshold
     return (lambda s: s <= t) if info.below else (lambda s: s >= t)
+
+
+# ------------------------------------------------------------------------------ other intervals
+
+
+def draw_weights(n: int, resamples: int, seed: int) -> Float[Tensor, "resample unit"]:
+    """How often each of ``n`` units (sequences, pairs) is drawn in each resample: the draws of
+    :func:`bootstrap`, for any statistic that is a weighted mean over units."""
+    import torch
+
+    gen = torch.Generator().manual_seed(int(seed))
+    draws = torch.randint(n, (resamples, n), generator=gen)  # [resample, unit]: indices drawn
+    return torch.zeros(resamples, n, dtype=torch.float64).scatter_add_(
+        1, draws, torch.ones(resamples, n, dtype=torch.float64)
+    )
+
+
+def wilson(hits: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score interval of a share ``hits / n`` (95% for the default ``z``):
+    ``(p + z²/2n ± z sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n)``.
+
+    >>> tuple(round(v, 4) for v in wilson(0, 10))
+    (0.0, 0.2775)
+    """
+    if n <= 0:
+        return math.nan, math.nan
+    p = hits / n
+    z2 = z * z
+    mid = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def paired_loss_ci(
+    sums: Sequence[float],
+    base_sums: Sequence[float],
+    counts: Sequence[int],
+    resamples: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile interval of ``sum(s) / sum(n) - sum(s_base) / sum(n)`` over texts resampled with
+    replacement, the same draw for both conditions (paired: one set of texts, two conditions).
+    ``(nan, nan)`` with no resamples."""
+    import torch
+
+    if resamples <= 0 or not len(counts):
+        return math.nan, math.nan
+    s = torch.tensor(list(sums), dtype=torch.float64)
+    b = torch.tensor(list(base_sums), dtype=torch.float64)
+    n = torch.tensor(list(counts), dtype=torch.float64)
+    gen = torch.Generator().manual_seed(int(seed))
+    draws = torch.randint(len(n), (resamples, len(n)), generator=gen)  # [resample, text]
+    delta = (s[draws].sum(1) - b[draws].sum(1)) / n[draws].sum(1)  # [resample]
+    alpha = (1 - level) / 2
+    lo, hi = torch.quantile(delta, torch.tensor([alpha, 1 - alpha], dtype=torch.float64))
+    return float(lo), float(hi)

@@ -201,12 +201,12 @@ def layer_intervals(
 
 def proportion_interval(k: int, n: int, level: float = LEVEL) -> tuple[float, float]:
     """Wilson score interval for ``k`` successes out of ``n`` (``n >= 1``): kvplan's
-    :func:`~headscope.apps.kvplan.wilson` at the ``level``'s normal quantile."""
+    :func:`~headscope.uncertainty.wilson` at the ``level``'s normal quantile."""
     if n < 1 or not 0 <= k <= n:
         raise HeadscopeError(f"proportion_interval needs 0 <= k <= n and n >= 1, got k={k}, n={n}.")
     from statistics import NormalDist
 
-    from headscope.apps.kvplan import wilson
+    from headscope.uncertainty import wilson
 
     return wilson(k, n, z=NormalDist().inv_cdf(1 - (1 - level) / 2))
 

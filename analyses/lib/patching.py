@@ -25,10 +25,9 @@ import pandas as pd
 import torch
 
 from headscope.circuits.copying import head_weights, own_token_ranks
-from headscope.effects.patch_table import draw_weights
 from headscope.effects.patching import make_batches, run_cached
 from headscope.errors import HeadscopeError
-from headscope.uncertainty import LEVEL, RESAMPLES
+from headscope.uncertainty import LEVEL, RESAMPLES, draw_weights
 
 #: Wang et al. (2022), "Interpretability in the wild", arXiv:2211.00593, Figure 2 and section 3:
 #: the IOI circuit of GPT-2 small (12 layers x 12 heads), head ``layer.head`` written ``L{l}H{h}``,

@@ -2,7 +2,7 @@
 
 ``census_to_dir(MODEL, OUT, settings)`` checks everything it can before the model loads (the
 settings, ``OUT``, spaCy for the syntax part), loads the model, checks what needs it (a tokenizer
-that maps words to tokens, a readout), runs the parts (:mod:`headscope.apps.census_parts`) and
+that maps words to tokens, a readout), runs the parts (:mod:`headscope.census`) and
 writes::
 
     OUT/
@@ -125,7 +125,7 @@ def census(
     """Run the census parts of ``settings`` on ``model`` and publish ``out`` whole (see the module
     docstring). Bad input (an ``out`` that may not be written, spaCy or its pipeline missing, a
     tokenizer without offsets, no ordinal set of single tokens) is one line, and nothing is left."""
-    from headscope.apps.census_parts import PART_FNS, SEQUENCES_FILE, Context, per_sequence_table
+    from headscope.census import PARTS, SEQUENCES_FILE, Context, per_sequence_table
     from headscope.probes.pairs import repeat_probe, text_probe
 
     settings = settings or CensusSettings()
@@ -144,7 +144,7 @@ def census(
     for part in st.parts:  # every part runs before anything is written
         t0 = time.perf_counter()
         say(f"census: {part}")
-        scored += PART_FNS[part](ctx)
+        scored += PARTS[part](ctx)
         timings[f"{part}_s"] = round(time.perf_counter() - t0, 3)
     frame = pd.DataFrame(scored)
     frame = frame[COLUMNS + [c for c in frame.columns if c not in COLUMNS]]

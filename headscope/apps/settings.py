@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from headscope.catalog import CENSUS_PARTS
 from headscope.effects.settings import (
     PATCH_ACTIVATIONS,
     PATCH_DIRECTIONS,
@@ -239,8 +240,7 @@ class CircuitSettings(TaskSettings):
 
 # ------------------------------------------------------------------------------ census
 
-#: The census's parts, in the order they run (docs/census.md).
-PARTS = ("syntax", "noop", "successor", "copy_suppression", "rare_word")
+PARTS = CENSUS_PARTS  # the census's parts, in the order they run (docs/census.md)
 TOKENIZE = ("natural", "words")
 #: How successor and copy suppression read a head's output: ``auto`` = the unembedding where the
 #: model has a trained one (decoders; encoders: not measured, NaN rows saying why), ``unembedding``

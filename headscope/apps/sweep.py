@@ -427,7 +427,7 @@ def _write_outputs(
 ) -> list[Path]:
     """The atlas tables first, then its figures (a figure that fails is noted in failures.json's
     ``figures_skipped`` and costs nothing else)."""
-    from headscope.apps.sweep_figures import models_figure, steps_figure
+    from headscope.report.sweep import models_figure, steps_figure
 
     files = [out / "atlas.csv"]
     write_atomic(out / "atlas.csv", lambda p: atlas.to_csv(p, index=False))

@@ -27,11 +27,10 @@ from torch import Tensor
 
 from headscope.effects import loop
 from headscope.effects.loop import forwards
-from headscope.effects.patch_table import draw_weights
 from headscope.effects.patching import Batch, read_rows
 from headscope.errors import HeadscopeError
 from headscope.models.attention import SetHeads
-from headscope.uncertainty import LEVEL
+from headscope.uncertainty import LEVEL, draw_weights
 
 Head = tuple[int, int]
 

@@ -35,7 +35,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headscope.uncertainty import LEVEL, RESAMPLES, check
+from headscope.uncertainty import LEVEL, RESAMPLES, check, draw_weights
 
 COLUMNS = [
     "task",
@@ -80,16 +80,6 @@ BASELINE_COLUMNS = [
     "share_correct",
     "n_pairs",
 ]
-
-
-def draw_weights(n: int, resamples: int, seed: int) -> Float[Tensor, "resample pair"]:
-    """How often each pair is drawn in each resample (the draws of
-    :func:`headscope.uncertainty.bootstrap`)."""
-    gen = torch.Generator().manual_seed(int(seed))
-    draws = torch.randint(n, (resamples, n), generator=gen)  # [resample, pair]
-    return torch.zeros(resamples, n, dtype=torch.float64).scatter_add_(
-        1, draws, torch.ones(resamples, n, dtype=torch.float64)
-    )
 
 
 def ratio_effects(

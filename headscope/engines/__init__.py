@@ -8,7 +8,6 @@ blocked    the model's sdpa for outputs, exact ``softmax`` pattern blocks a few 
 fused      the kernel replaces each layer's attention: output plus per-row statistics, one pass
 flex_stats the same statistics from FlexAttention's log-sum-exp and extra value channels (the maths)
 flex       the flex engine: compiled on CUDA, chosen by auto there (on the CPU only when named)
-triton_stats  a Triton kernel mirroring csrc/head_stats.cpp (a prototype, not registered)
 hooks      transformer-lens ``hook_pattern`` (eager attention), the reference
 extract    streaming per-head sums over a probe's batches, on any engine
 support    which families each engine scores exactly (the conformance table), as text or Markdown

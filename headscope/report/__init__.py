@@ -10,8 +10,10 @@ pattern_page  one head's (or layer's) pattern on a text as a self-contained page
 census_page   a head census on one self-contained page (``headscope census``), and its figures
 patching   a patching run's heatmaps, per-position grid and direct-logit-attribution figure
 patch_page  a patching run's ``report.html``: baseline, top heads, pattern scores beside effects
-circuit_figures  a circuit run's diagram (figure and inline SVG) and composition-vs-path panels
+circuit_figures  a circuit run's diagram (a figure, and its SVG for the page) and agreement panels
 circuit_page  a circuit run's ``report.html``: diagram, head classes, agreement, path effects
+kvplan     a KV plan's summary, figure and ``kvplan.md``, from its table
+sweep      a sweep's figures, from its atlas alone
 =========  =========================================================================================
 
 Importing these loads no engine, effect, extraction or attention module (tested).

@@ -307,7 +307,7 @@ def test_the_syntax_patterns_agree_across_engines(fixture, request):
     one (1e-5), one sequence at a time or batched with padding."""
     import torch
 
-    from headscope.apps.census_parts import attention_maps
+    from headscope.census.syntax import attention_maps
 
     model = request.getfixturevalue(fixture)
     texts = ("The cat sat on the mat.", "A dog.", "Rivers flood in the spring rain")

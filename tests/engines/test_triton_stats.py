@@ -1,6 +1,7 @@
-"""The Triton prototype (``headscope.engines.triton_stats``): the same statistics as a hand-written
-softmax, from per-row accumulators. Runs where Triton is installed: on CUDA, or on the CPU under
-``TRITON_INTERPRET=1`` (slow, small shapes). CI has no Triton: skipped there, with the reason.
+"""The Triton prototype (``benchmarks/triton_stats.py``, kept beside the benchmarks, outside the
+package): the same statistics as a hand-written softmax, from per-row accumulators. Runs where
+Triton is installed: on CUDA, or on the CPU under ``TRITON_INTERPRET=1`` (slow, small shapes). CI
+has no Triton: skipped there, with the reason.
 
     PYTHONPATH=.:/path/to/triton-site TRITON_INTERPRET=1 pytest tests/engines/test_triton_stats.py
 """
@@ -12,9 +13,9 @@ import os
 import pytest
 import torch
 
+from benchmarks import triton_stats as ts
 from headscope.engines import flex
 from headscope.engines import flex_stats as fs
-from headscope.engines import triton_stats as ts
 from headscope.engines.extract import score_probe
 from headscope.metrics import REGISTRY
 from tests.engines.test_flex import TOL, _case, softmax64
