@@ -153,7 +153,9 @@ PATTERN: dict[str, ScoreInfo] = {
 
 COPYING_K = 50  # copying@k: the own-token logit must be among the k highest (0.1% of a 49k vocab)
 
-#: Scores read from a head's circuit (``--effects``).
+#: Scores read from a head's circuit (``--effects``): each ``impl`` names the function a scan runs,
+#: ``scan_score(model, probes by name, batch_size, progress) -> scores or None`` (None: the score
+#: does not apply to this model or these probes). A new one is one module and one entry here.
 CIRCUIT: dict[str, ScoreInfo] = {
     i.name: i
     for i in [
@@ -166,6 +168,7 @@ CIRCUIT: dict[str, ScoreInfo] = {
             "copying head",
             0.5,
             nan_reason="encoders have no unembedding to read the OV circuit through",
+            impl="headscope.circuits.copying:scan_score",
         ),
         ScoreInfo(
             "value_sink",
@@ -177,6 +180,7 @@ CIRCUIT: dict[str, ScoreInfo] = {
             0.5,
             nan_reason="no single chance: a uniform head's value-weighted share depends on its "
             "value norms",
+            impl="headscope.circuits.value_weighted:scan_score",
         ),
     ]
 }

@@ -327,3 +327,12 @@ def copying_scores(
         seq_total=hits,
         seq_count=counts,
     )
+
+
+def scan_score(model, probes: dict, batch_size: int, progress=None) -> CopyingScores | None:
+    """A scan's ``copying`` (catalog ``impl``): decoders with an unembedding, on the repeat probe
+    (None otherwise)."""
+    probe = probes.get("repeat")
+    if not model.causal or probe is None or model.hf.get_output_embeddings() is None:
+        return None
+    return copying_scores(model, probe, max_sequences=len(probe), progress=progress)

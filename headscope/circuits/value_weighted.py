@@ -112,3 +112,9 @@ def value_sink_scores(model, probe: Probe, batch_size: int = 8) -> ValueSinkScor
         seq_total=seq_total,
         seq_count=seq_count,
     )
+
+
+def scan_score(model, probes: dict, batch_size: int, progress=None) -> ValueSinkScores | None:
+    """A scan's ``value_sink`` (catalog ``impl``): on the text probe (None without one)."""
+    probe = probes.get("text")
+    return None if probe is None else value_sink_scores(model, probe, batch_size)

@@ -8,13 +8,14 @@ import click
 
 @click.command()
 def metrics() -> None:
-    """List the scores a run can hold (pattern metrics, then --effects' circuit scores and
-    effects)."""
-    from headscope.catalog import describe, names
+    """List every score a run can hold: a scan's pattern metrics, then --effects' circuit scores
+    and effects, then the head census's scores (headscope census)."""
+    from headscope.catalog import CENSUS, describe, names
 
-    w = max(len(n) for n in names())
+    every = names() + [n for n in CENSUS if n not in names()]
+    w = max(len(n) for n in every)
     click.echo(f"{'metric':<{w}} {'probe':<7} {'label (threshold)':<42} definition")
-    for name in names():
+    for name in every:
         m = describe(name)
         rule = (
             f"{m.label} ({'<=' if m.below else '>='} {m.threshold:g})"

@@ -30,8 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from headscope.circuits.copying import copying_scores
-from headscope.circuits.value_weighted import value_sink_scores
+from headscope.catalog import CIRCUIT
 from headscope.effects.heads import check_model, head_effects
 from headscope.engines.extract import MetricScores, score_probe
 from headscope.engines.registry import resolve_engine
@@ -270,25 +269,23 @@ def circuit_scores(
     timings: dict | None = None,
     progress=None,
 ) -> list:
-    """``copying`` (decoders with an unembedding, repeat probe) and ``value_sink`` (text probe)."""
+    """Every circuit score of the catalog (:data:`headscope.catalog.CIRCUIT`: ``copying``,
+    ``value_sink``, ...) that applies to ``model`` and ``probes``, by the function its ``impl``
+    names."""
+    from importlib import import_module
+
     say = say or (lambda _msg: None)
     timings = {} if timings is None else timings
     by_name = {p.name: p for p in probes}
     out = []
-    if model.causal and "repeat" in by_name and model.hf.get_output_embeddings() is not None:
-        say("circuits: copying (OV circuit) of every head")
+    for info in CIRCUIT.values():
+        module, attr = info.impl.split(":")
         t0 = time.perf_counter()
-        out.append(
-            copying_scores(
-                model, by_name["repeat"], max_sequences=len(by_name["repeat"]), progress=progress
-            )
-        )
-        timings["copying_s"] = round(time.perf_counter() - t0, 3)
-    if "text" in by_name:
-        say("circuits: value-weighted sink share of every head")
-        t0 = time.perf_counter()
-        out.append(value_sink_scores(model, by_name["text"], batch_size))
-        timings["value_sink_s"] = round(time.perf_counter() - t0, 3)
+        got = getattr(import_module(module), attr)(model, by_name, batch_size, progress)
+        if got is not None:
+            say(f"circuits: {info.name} of every head")
+            out.append(got)
+            timings[f"{info.name}_s"] = round(time.perf_counter() - t0, 3)
     return out
 
 

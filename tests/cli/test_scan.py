@@ -168,6 +168,10 @@ def test_models_and_metrics_commands():
     ]:
         assert name in res.stdout
     assert "A[q, q-L+1]" in res.stdout
+    from headscope.catalog import CENSUS, CIRCUIT, EFFECTS
+
+    listed = {line.split()[0] for line in res.stdout.splitlines()[1:]}
+    assert {*CIRCUIT, *EFFECTS, *CENSUS} <= listed  # every score a run can hold, the census's too
 
 
 def test_models_support_prints_the_conformance_table():
