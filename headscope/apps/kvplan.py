@@ -534,12 +534,7 @@ def save(
         fig = figure(df, model_name, settings.seq_len)
         save_figure(fig, tmp / "kvplan.png", formats=figure_formats)
 
-    record = {
-        "model": model_name,
-        "settings": settings.record(),
-        "plans": plans,
-        **meta,
-    }
+    record = {"model": model_name, "settings": settings.record(), "plans": plans, **meta}
     return write_run(Path(out), KVPLAN, tables, record, force=force, figures=draw, say=say)
 
 

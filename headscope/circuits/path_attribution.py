@@ -129,10 +129,7 @@ def _group_grads(model, batch, base_side, metric, group: ReceiverGroup, base_act
     plain: dict = {}
     stages = tuple(sorted({STAGE[r.kind] for r in group.members}))
     model.run(
-        batch.tokens(base_side),
-        batch.mask,
-        handler=explicit_handler(plain, stages),
-        output=None,
+        batch.tokens(base_side), batch.mask, handler=explicit_handler(plain, stages), output=None
     )
     edits: dict[int, list[Edit]] = {}
     deltas: dict[int, dict[str, Tensor]] = {}

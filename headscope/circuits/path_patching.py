@@ -45,13 +45,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headscope.circuits.receivers import (
-    STAGE,
-    Receiver,
-    ReceiverGroup,
-    check_kind,
-    members,
-)
+from headscope.circuits.receivers import STAGE, Receiver, ReceiverGroup, check_kind, members
 from headscope.effects.loop import forwards, job_rows, jobs_per_forward
 from headscope.effects.patching import Batch, Cached, position_masks, read_rows, run_cached
 from headscope.effects.stages import Edit, attend, head_slice

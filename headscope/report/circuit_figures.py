@@ -157,10 +157,7 @@ def group_members(receiver: str, layer: int, classes: pd.DataFrame) -> list[str]
 
 
 def circuit_edges(
-    classes: pd.DataFrame,
-    path: pd.DataFrame,
-    threshold: float = 0.05,
-    direction: str | None = None,
+    classes: pd.DataFrame, path: pd.DataFrame, threshold: float = 0.05, direction: str | None = None
 ) -> pd.DataFrame:
     """The diagram's edges: the exact ``path.csv`` rows of one direction (see :func:`_direction`)
     whose sender is a classed head and whose receiver is a classed head, the logits or a group

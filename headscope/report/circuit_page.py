@@ -94,10 +94,7 @@ def read_circuit(run_dir: str | Path) -> dict:
 def _settings(meta: dict) -> list[tuple[str, str]]:
     pairs = [
         ("model", meta.get("model", "?")),
-        (
-            "shape",
-            f"{meta.get('n_layers', '?')} layers x {meta.get('n_heads', '?')} heads",
-        ),
+        ("shape", f"{meta.get('n_layers', '?')} layers x {meta.get('n_heads', '?')} heads"),
         ("task", f"{meta.get('task', '?')}, {meta.get('n_pairs', '?')} pairs"),
         ("baseline", _readable(meta.get("baseline") or {})),
     ]

@@ -97,13 +97,7 @@ def figure(
             "loss_delta_high",
             False,
         ),
-        (
-            "needle_acc",
-            "needle exact match (share of needles)",
-            "needle_low",
-            "needle_high",
-            True,
-        ),
+        ("needle_acc", "needle exact match (share of needles)", "needle_low", "needle_high", True),
     ):
         line = {
             "x": [0.0, *(plan["heads_restricted"] / total)],
