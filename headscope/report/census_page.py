@@ -11,7 +11,6 @@ heatmaps (labelled colour bars, :func:`headscope.report.figures.heatmap`) and th
 
 from __future__ import annotations
 
-import html
 import json
 from pathlib import Path
 
@@ -19,9 +18,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from headscope.catalog import describe
-from headscope.files import HTML_GENERATOR
 from headscope.report.figures import effect_scatter, heatmap
-from headscope.report.html import figure_uri
+from headscope.report.html import _e, figure_uri, page
+from headscope.report.html import _table as table
 
 #: The heatmaps a census page shows (when the run has their rows), in order.
 HEATMAPS = (
@@ -41,16 +40,7 @@ HEATMAPS = (
 NOOP_EFFECTS = ("effect_noop_text_loss", "effect_noop_embedding")
 TOP = 10
 
-_STYLE = """
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #222; margin: 0 auto;
-       max-width: 1100px; padding: 1.5em; }
-h2 { margin-top: 2em; border-bottom: 1px solid #ddd; }
-table { border-collapse: collapse; margin: 0.6em 0; font-size: 13px; }
-th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }
-th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.silver { background: #fff4d6; border: 1px solid #e0c060; padding: 0.5em 0.8em; }
-.muted { color: #666; } img { max-width: 100%; height: auto; }
-"""  # noqa: E501 (a template: its lines are the page's)
+_SILVER = ".silver { background: #fff4d6; border: 1px solid #e0c060; padding: 0.5em 0.8em; }"
 
 
 def read_census(run_dir: Path) -> dict:
@@ -90,14 +80,8 @@ def census_figures(scores: pd.DataFrame) -> list[tuple[str, Figure]]:
     return out
 
 
-def _e(x) -> str:
-    return html.escape(str(x))
-
-
 def _table(header: list[str], rows: list[list[str]]) -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return table(header, [[f"<td>{_e(c)}</td>" for c in r] for r in rows])
 
 
 def _f(x, digits: int = 3) -> str:
@@ -252,11 +236,4 @@ def census_html(run_dir: Path, figures: bool = True) -> str:
         ),
         _table(["phase", "seconds"], [[k, str(v)] for k, v in (md.get("timings") or {}).items()]),
     ]
-    return (
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-        + HTML_GENERATOR
-        + "<title>headscope census: "
-        f"{_e(md.get('model'))}</title><style>{_STYLE}</style></head><body>"
-        + "\n".join(parts)
-        + "</body></html>\n"
-    )
+    return page(f"headscope census: {md.get('model')}", parts, _SILVER)

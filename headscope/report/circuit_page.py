@@ -16,7 +16,6 @@ invented.
 from __future__ import annotations
 
 import base64
-import html
 import json
 from pathlib import Path
 
@@ -25,9 +24,9 @@ import pandas as pd
 from headscope.catalog import CIRCUIT_CLASSES as CLASSES
 from headscope.catalog import CLASS_EVIDENCE as EVIDENCE
 from headscope.catalog import interval_columns as interval_of
-from headscope.files import HTML_GENERATOR, write_atomic
+from headscope.files import write_atomic
 from headscope.report.circuit_figures import LOGITS, agreement_figure, classed, diagram_svg
-from headscope.report.html import _STYLE, _kv, _readable, _table, figure_uri
+from headscope.report.html import _e, _kv, _readable, _table, figure_uri, page
 from headscope.result import fmt
 
 REPORT = "report.html"
@@ -50,10 +49,6 @@ _EXTRA_STYLE = """
 .hs-diagram { overflow-x: auto; border: 1px solid #eee; padding: 0.4em; }
 .hs-diagram path.edge:hover { stroke-opacity: 1; } .hs-diagram circle.node:hover { stroke-width: 2; }
 """  # noqa: E501 (a template: its lines are the page's)
-
-
-def _e(x) -> str:
-    return html.escape(str(x))
 
 
 def _n(x, digits: int = 3) -> str:
@@ -345,13 +340,7 @@ def circuit_page_html(got: dict, figures: bool = True, pngs: dict[str, str] | No
         + ("" if figures else " This page was built without figures.")
         + "</p>"
     )
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        + HTML_GENERATOR
-        + f"<title>{_e(title)}</title><style>{_STYLE}{_EXTRA_STYLE}</style></head><body>\n"
-        + "\n".join(body)
-        + "\n</body></html>\n"
-    )
+    return page(title, body, _EXTRA_STYLE)
 
 
 def write_circuit_page(

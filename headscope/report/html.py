@@ -124,6 +124,18 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def page(title: str, body: list[str], style: str = "") -> str:
+    """A self-contained HTML page (nothing fetched): ``title``, the shared style (plus ``style``)
+    and the ``body`` parts, one a line; what every report page of headscope is."""
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        + HTML_GENERATOR
+        + f"<title>{_e(title)}</title><style>{_STYLE}{style}</style></head><body>\n"
+        + "\n".join(body)
+        + "\n</body></html>\n"
+    )
+
+
 def _kv(pairs: list[tuple[str, str]]) -> str:
     rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in pairs)
     return f"<table><tbody>{rows}</tbody></table>"
@@ -343,13 +355,7 @@ def report_html(result: ScanResult, figures: bool = True) -> str:
         + ("" if figures else " This page was built without figures.")
         + "</p>"
     )
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        + HTML_GENERATOR
-        + f"<title>{_e(title)}</title><style>{_STYLE}</style></head><body>\n"
-        + "\n".join(body)
-        + "\n</body></html>\n"
-    )
+    return page(title, body)
 
 
 def summary_html(result: ScanResult) -> str:

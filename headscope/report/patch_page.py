@@ -12,12 +12,9 @@ sink, copying: those it has); the direct logit attribution's top heads; how to r
 
 from __future__ import annotations
 
-import html
-
 import pandas as pd
 
-from headscope.files import HTML_GENERATOR
-from headscope.report.html import _STYLE, _kv, _readable, _table, figure_uri
+from headscope.report.html import _e, _kv, _readable, _table, figure_uri, page
 from headscope.result import fmt
 
 TOP_K = 10
@@ -28,10 +25,6 @@ READ = {
     "noising": "share of the gap destroyed when the head's corrupt activation is put into the "
     "clean run",
 }
-
-
-def _e(x) -> str:
-    return html.escape(str(x))
 
 
 def _n(x, digits: int = 3) -> str:
@@ -263,10 +256,4 @@ def patch_page_html(
         + ("" if figures else " This page was built without figures.")
         + "</p>"
     )
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        + HTML_GENERATOR
-        + f"<title>{_e(title)}</title><style>{_STYLE}</style></head><body>\n"
-        + "\n".join(body)
-        + "\n</body></html>\n"
-    )
+    return page(title, body)

@@ -7,9 +7,10 @@ table (:mod:`headscope.rundir.kinds`); what its record says about the model is o
 (:mod:`headscope.rundir.record`). The writer:
 
 * fills a hidden temporary folder beside ``OUT`` (same file system): the tables first, then the
-  record (``metadata.json``, complete: every file, the time taken), then the figures and the page,
-  each of which may fail and cost only itself (one line, ``figures_skipped`` / ``report_skipped``
-  in the record), then the record again; and renames the folder into place whole;
+  figures, then the record (``metadata.json``, complete: every file, the time taken), then the
+  page drawn from the files as saved; a figure or the page may fail and cost only itself (one
+  line, ``figures_skipped`` / ``report_skipped`` in the record); then it renames the folder into
+  place whole;
 * ``OUT`` does not exist: the rename creates it. If another process published ``OUT`` in the
   meantime (two runs to one ``--out``), exactly one wins; the other fails with one line and
   leaves nothing;
@@ -211,8 +212,8 @@ def write_run(
 
     ``tables(tmp)`` writes the tables (and tokens); ``record`` is the record's content (the
     writer adds ``run_format``, ``files`` and the time spent writing, and the total time since
-    ``started``, a ``time.perf_counter()`` value); ``figures(tmp)`` and ``page(tmp)``, each
-    optional, run after the record is written (the page may read the run back), and a failure of
+    ``started``, a ``time.perf_counter()`` value); ``figures(tmp)`` runs after the tables and
+    ``page(tmp)`` after the record (it may read the run back); each is optional, and a failure of
     either costs only itself (one line to ``say``, noted in the record).
     """
     out = check_out_dir(out, force, kind)
@@ -247,29 +248,33 @@ def write_run(
 
 def _fill(tmp, kind, tables, record, figures, page, say, t0, started, saved: dict) -> None:
     """Everything of the run into the temporary folder ``tmp`` (signals released: this is the only
-    part an interrupt may stop)."""
+    part an interrupt may stop): the tables, the figures, the record as it will stay (listing the
+    page), then the page from the files as saved (so a rebuilt page is the same page), and the
+    record once more only if the page could not be made."""
     with released():
         meta = {k: v for k, v in record.items() if k not in (*SKIPPED, "files")}
         meta["run_format"] = kind.run_format
         tables(tmp)
-
-        def write_record() -> None:
-            meta["timings"] = dict(meta.get("timings", {}))
-            meta["timings"]["write_s"] = round(time.perf_counter() - t0, 3)
-            if started is not None:
-                meta["timings"]["total_s"] = round(time.perf_counter() - started, 3)
-            names = {p.name for p in tmp.iterdir() if not p.name.startswith(".")}
-            meta["files"] = sorted(names | {kind.record})
-            (tmp / kind.record).write_text(json.dumps(meta, indent=2, default=str) + "\n")
-
-        write_record()  # the tables and their record are complete before any figure is drawn
         if figures is not None:
             optional("the figures", lambda: figures(tmp), meta, "figures_skipped", say)
+        meta["timings"] = dict(meta.get("timings", {}))
+        meta["timings"]["write_s"] = round(time.perf_counter() - t0, 3)
+        if started is not None:
+            meta["timings"]["total_s"] = round(time.perf_counter() - started, 3)
+        names = {p.name for p in tmp.iterdir() if not p.name.startswith(".")} | {kind.record}
+        meta["files"] = sorted(names | ({REPORT} if page is not None else set()))
+        _write_record(tmp / kind.record, meta)
         if page is not None:
             optional(REPORT, lambda: page(tmp), meta, "report_skipped", say)
-        write_record()  # complete, and last
+            if "report_skipped" in meta:
+                meta["files"] = [f for f in meta["files"] if f != REPORT]
+                _write_record(tmp / kind.record, meta)
     saved.clear()
     saved.update(meta)
+
+
+def _write_record(path: Path, meta: dict) -> None:
+    path.write_text(json.dumps(meta, indent=2, default=str) + "\n")
 
 
 def write_csv(table: pd.DataFrame, path: Path) -> None:
