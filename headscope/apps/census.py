@@ -83,33 +83,26 @@ def check_model(model, settings: CensusSettings) -> None:
 
 
 def census_to_dir(
-    model_name,
-    out: str | Path | None = None,
-    settings: CensusSettings | None = None,
-    *,
-    force: bool = False,
-    figures: bool = True,
-    figure_formats: Sequence[str] = ("png",),
-    say: Callable[[str], None] | None = None,
+    model_name, out: str | Path | None = None, settings: CensusSettings | None = None, **options
 ) -> Path:
     """Load ``model_name`` (a name, a folder, or a :class:`~headscope.models.model.Model`) and run
-    :func:`census` into ``out`` (default :func:`default_out`); every check comes before the work."""
+    :func:`census` into ``out`` (default :func:`default_out`; ``options``: :func:`census`'s
+    keywords); every check comes before the work."""
     settings = settings or CensusSettings()
     out = Path(out) if out is not None else default_out(model_name)
-    check_before_loading(settings, out, force)
+    check_before_loading(settings, out, options.get("force", False))
     with threads(settings.threads):
+        model = model_name
         if isinstance(model_name, str):
             from headscope.models.loading import load_model
 
             model = load_model(
-                model_name, device=settings.device, dtype=settings.dtype, progress=say
+                model_name,
+                device=settings.device,
+                dtype=settings.dtype,
+                progress=options.get("say"),
             )
-        else:
-            model = model_name
-        return census(
-            model, out, settings, force=force, figures=figures, figure_formats=figure_formats,
-            say=say,
-        )  # fmt: skip
+        return census(model, out, settings, **options)
 
 
 def census(

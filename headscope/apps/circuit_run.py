@@ -21,7 +21,6 @@ succeeds).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,18 +32,12 @@ REPORT = "report.html"
 
 
 def save_circuit(
-    result: CircuitResult,
-    out: str | Path,
-    *,
-    force: bool = False,
-    figures: bool = True,
-    say: Callable[[str], None] | None = None,
-    started: float | None = None,
-    figure_formats: Sequence[str] | None = None,
+    result: CircuitResult, out: str | Path, *, figures: bool = True, figure_formats=None, **options
 ) -> Path:
     """Write ``result`` to the run directory ``out`` (module docstring), published whole
     (:func:`headscope.rundir.store.write_run`); an existing ``out`` is replaced only with
-    ``force`` and only when it is a circuit run (or empty)."""
+    ``force`` and only when it is a circuit run (or empty). ``options``:
+    :func:`~headscope.rundir.store.write_run`'s ``force``, ``say`` and ``started``."""
     from headscope.rundir.kinds import CIRCUIT
     from headscope.rundir.store import write_csv, write_run
 
@@ -71,10 +64,7 @@ def save_circuit(
         baseline={p: base.loc[p].drop("task").to_dict() for p in base.index},
     )
     draw = (lambda tmp: _figures(result, tmp, figure_formats)) if figures else None
-    result.metadata = write_run(
-        out, CIRCUIT, tables, record, force=force, figures=draw, page=page, say=say,
-        started=started,
-    )  # fmt: skip
+    result.metadata = write_run(out, CIRCUIT, tables, record, figures=draw, page=page, **options)
     return Path(out)
 
 

@@ -291,19 +291,13 @@ def patch(
 
 
 def save_patching(
-    result: PatchResult,
-    out: str | Path,
-    *,
-    force: bool = False,
-    figures: bool = True,
-    say: Callable[[str], None] | None = None,
-    started: float | None = None,
-    figure_formats: Sequence[str] | None = None,
+    result: PatchResult, out: str | Path, *, figures: bool = True, figure_formats=None, **options
 ) -> Path:
     """Write ``result`` to the run directory ``out`` (see the module docstring), published whole
     (:func:`headscope.rundir.store.write_run`); an existing ``out`` is replaced only with ``force``
     and only when it is a patching run (or empty). ``figure_formats``: each figure as png (the
-    default), svg and/or pdf. ``result.metadata`` becomes what was saved."""
+    default), svg and/or pdf; ``options``: :func:`~headscope.rundir.store.write_run`'s ``force``,
+    ``say`` and ``started``. ``result.metadata`` becomes what was saved."""
     from headscope.report.patching import save_patch_figures
     from headscope.rundir.kinds import PATCH
     from headscope.rundir.store import write_csv, write_run
@@ -341,10 +335,8 @@ def save_patching(
         example=result.example,
         baseline={p: base.loc[p].drop("task").to_dict() for p in base.index},
     )
-    result.metadata = write_run(
-        out, PATCH, tables, record, force=force, figures=draw if figures else None, page=page,
-        say=say, started=started,
-    )  # fmt: skip
+    draw = draw if figures else None
+    result.metadata = write_run(out, PATCH, tables, record, figures=draw, page=page, **options)
     return Path(out)
 
 

@@ -201,12 +201,7 @@ def show_head(
         layer, h = parse_head(head, *shape)
     default = _in_format(default_out_path(name, layer, h), figure_formats)
     target = check_figure_path(out if out is not None else default, figure_formats)
-    if html_view:
-        check_replaceable([target.with_suffix(".html")])
-    if not text.strip():
-        raise HeadscopeError(
-            f"{setting('text')} is empty; give a sentence, e.g. 'The river bank flooded'."
-        )
+    _check_text_and_page(text, target, html_view)
     from headscope.models.loading import (
         load_model,  # torch and transformers: only once every check passed
     )
@@ -218,19 +213,12 @@ def show_head(
     )
 
 
-def show_layer(
-    model,
-    layer: int,
-    text: str = DEFAULT_TEXT,
-    out: str | Path | None = None,
-    html_view: bool = False,
-    device: str = "auto",
-    dtype: str | None = None,
-    progress=None,
-    figure_formats: Sequence[str] | None = None,
-) -> list[Path]:
+def show_layer(model, layer: int, text: str = DEFAULT_TEXT, out=None, **options) -> list[Path]:
     """``headscope show --layer L``: every head of layer ``layer`` in one figure (and one page with
-    ``html_view``); return the paths written. Checks that need no model come first."""
+    ``html_view``); return the paths written. ``options``: :func:`show_head`'s (``html_view``,
+    ``device``, ``dtype``, ``progress``, ``figure_formats``). Checks that need no model come
+    first."""
+    html_view, figure_formats = options.get("html_view", False), options.get("figure_formats")
     if layer < 0:
         raise HeadscopeError(f"Layer {layer} is negative; layers are 0-based, e.g. --layer 0.")
     name = model if isinstance(model, str) else getattr(model, "name", "model")
@@ -239,17 +227,23 @@ def show_layer(
         check_layer(layer, shape[0])
     default = _in_format(Path(f"{model_slug(name)}-L{layer}.png"), figure_formats)
     target = check_figure_path(out if out is not None else default, figure_formats)
+    _check_text_and_page(text, target, html_view)
+    from headscope.models.loading import load_model
+
+    placed = {k: options[k] for k in ("device", "dtype", "progress") if k in options}
+    m = load_model(model, **placed)
+    patterns = layer_patterns(m, text, check_layer(layer, m.n_layers))
+    return write_views(patterns, target, html_view=html_view, figure_formats=figure_formats)
+
+
+def _check_text_and_page(text: str, target: Path, html_view: bool) -> None:
+    """A text to draw on, and (with ``html_view``) room for the page beside the figure."""
     if html_view:
         check_replaceable([target.with_suffix(".html")])
     if not text.strip():
         raise HeadscopeError(
             f"{setting('text')} is empty; give a sentence, e.g. 'The river bank flooded'."
         )
-    from headscope.models.loading import load_model
-
-    m = load_model(model, device=device, dtype=dtype, progress=progress)
-    patterns = layer_patterns(m, text, check_layer(layer, m.n_layers))
-    return write_views(patterns, target, html_view=html_view, figure_formats=figure_formats)
 
 
 def _in_format(path: Path, figure_formats: Sequence[str] | None) -> Path:

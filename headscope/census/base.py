@@ -77,6 +77,13 @@ def rows(
     return out
 
 
+def labelled_rows(model, info, score, chance, n, null=None, ci=None, extra=None) -> list[dict]:
+    """:func:`rows` of a named score: its name, probe, label and threshold (``>=``) read from
+    ``info`` (a catalog entry or a metric)."""
+    passes = lambda s, _null: s >= info.threshold  # noqa: E731
+    return rows(model, info.name, info.probe, score, chance, n, info.label, passes, null, ci, extra)
+
+
 SEQUENCES_FILE = "noop_sequences.csv"
 
 

@@ -6,7 +6,7 @@ with ``copy_suppression``); intervals over sequences, the sums kept in ``noop_se
 from __future__ import annotations
 
 from headscope.catalog import EFFECTS
-from headscope.census.base import Context, pooled, rows
+from headscope.census.base import Context, labelled_rows, pooled, rows
 from headscope.result import Probe, head_name
 from headscope.uncertainty import bootstrap
 
@@ -25,30 +25,28 @@ def ablation(ctx: Context) -> list[dict]:
     from headscope.effects.ablation import exact_effects, head_means
     from headscope.effects.noop import target_for
 
-    model, st = ctx.model, ctx.settings
+    model = ctx.model
     probe = _effect_probe(ctx)
     target = target_for(model)
     ctx.say(f"mean ablation of every head ({target.metric}, {len(probe)} text sequences)")
     heads = [(la, h) for la in range(model.n_layers) for h in range(model.n_heads)]
     sums = exact_effects(model, probe, target, heads, head_means(model, probe, 8), 8)
-    tot, cnt = pooled(sums, len(probe), model)
-    b = bootstrap(tot, cnt, resamples=st.bootstrap, seed=st.seed)
-    score = tot.sum(0) / cnt.sum()
-    info = EFFECTS[target.metric]
-    ctx.ablation = {"metric": target.metric, "score": score}
-    ctx.sequences[target.metric] = (tot, cnt)
-    return rows(
-        model,
-        target.metric,
-        "text",
-        score,
-        0.0,
-        int(cnt.sum()),
-        info.label,
-        lambda s, n: s >= info.threshold,
-        None,
-        (b.ci_low, b.ci_high),
+    out, score, _, ctx.sequences[target.metric] = effect_rows(
+        ctx, EFFECTS[target.metric], sums, len(probe)
     )
+    ctx.ablation = {"metric": target.metric, "score": score}
+    return out
+
+
+def effect_rows(ctx: Context, info, sums: dict, n_seq: int):
+    """``(rows, score, interval, (totals, counts))`` of an effect on the text probe: ``sums``
+    (``{(layer, head): (sums, counts)}`` per sequence) pooled, with its bootstrap over sequences;
+    chance 0 (no effect). The per-sequence sums go to ``noop_sequences.csv``."""
+    tot, cnt = pooled(sums, n_seq, ctx.model)
+    b = bootstrap(tot, cnt, resamples=ctx.settings.bootstrap, seed=ctx.settings.seed)
+    score = tot.sum(0) / cnt.sum()
+    out = labelled_rows(ctx.model, info, score, 0.0, int(cnt.sum()), ci=(b.ci_low, b.ci_high))
+    return out, score, b, (tot, cnt)
 
 
 def noop_part(ctx: Context) -> list[dict]:
@@ -62,32 +60,17 @@ def noop_part(ctx: Context) -> list[dict]:
         f"no-op test: {'position 0' if model.causal else '[SEP]'} removed from each head "
         f"({len(probe)} text sequences)"
     )
-    eff = noop.noop_effects(model, probe)
-    tot, cnt = pooled(eff, len(probe), model)
-    b = bootstrap(tot, cnt, resamples=st.bootstrap, seed=st.seed)
     info = noop.noop_info(model)
+    out, score, b, sums = effect_rows(ctx, info, noop.noop_effects(model, probe), len(probe))
     weight_metric = get_metric("sink" if model.causal else "separator")
     w = score_probe(model, probe, [weight_metric], engine="blocked")[weight_metric.name]
     bw = bootstrap(w.seq_total, w.seq_count, resamples=st.bootstrap, seed=st.seed)
-    score = tot.sum(0) / cnt.sum()
-    out = rows(
-        model,
-        info.name,
-        "text",
-        score,
-        0.0,
-        int(cnt.sum()),
-        info.label,
-        lambda s, n: s >= info.threshold,
-        None,
-        (b.ci_low, b.ci_high),
-    )
     out += rows(
         model, "noop_weight", "text", w.score, w.chance, int(w.count), ci=(bw.ci_low, bw.ci_high)
     )
     out += ablation(ctx)
     ab = ctx.ablation["score"] if ctx.ablation else None
-    ctx.sequences[info.name] = (tot, cnt)
+    ctx.sequences[info.name] = sums
     ctx.sequences["noop_weight"] = (w.seq_total, w.seq_count)
     ctx.meta["noop"] = {
         "removed": "position 0 (BOS)" if model.causal else "[SEP] keys k >= 1",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from headscope.catalog import CENSUS, COPYING_K
-from headscope.census.base import Context, rows
+from headscope.census.base import Context, labelled_rows, rows
 from headscope.census.noop import ablation
 from headscope.result import head_name
 
@@ -69,20 +69,8 @@ def successor_part(ctx: Context) -> list[dict]:
         f"percentile: {int((r.score > r.null_q95).sum())} of {model.n_layers * model.n_heads}.",
         "",
     ]
-    info = CENSUS[name]
-    return rows(
-        model,
-        name,
-        "ordinal",
-        r.score,
-        r.chance,
-        r.count,
-        info.label,
-        lambda s, n: s >= info.threshold,
-        r.null_mean,
-        (r.ci_low, r.ci_high),
-        {"null_q95": r.null_q95},
-    )
+    ci, extra = (r.ci_low, r.ci_high), {"null_q95": r.null_q95}
+    return labelled_rows(model, CENSUS[name], r.score, r.chance, r.count, r.null_mean, ci, extra)
 
 
 def copy_suppression_part(ctx: Context) -> list[dict]:
@@ -101,18 +89,8 @@ def copy_suppression_part(ctx: Context) -> list[dict]:
         seed=st.seed,
     )
     name = "copy_suppression" if kind == "unembedding" else "copy_suppression_embeddings"
-    info = CENSUS[name]
-    out = rows(
-        model,
-        name,
-        "repeat",
-        r.score,
-        r.chance,
-        r.count,
-        info.label,
-        lambda s, n: s >= info.threshold,
-        r.null,
-        (r.ci_low, r.ci_high),
+    out = labelled_rows(
+        model, CENSUS[name], r.score, r.chance, r.count, r.null, (r.ci_low, r.ci_high)
     )
     out += ablation(ctx)
     ab = ctx.ablation["score"] if ctx.ablation else None

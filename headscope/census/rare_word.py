@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from headscope.census.base import Context, rows
+from headscope.census.base import Context, labelled_rows
 from headscope.result import Probe, head_name
 from headscope.uncertainty import bootstrap
 
@@ -36,18 +36,9 @@ def rare_word_part(ctx: Context) -> list[dict]:
         "model's tokenizer",
         "chance_ties": ties,
     }
-    return rows(
-        model,
-        "rare_word",
-        "text",
-        got.score,
-        got.chance,
-        int(got.count),
-        m.label,
-        lambda s, n: s >= m.threshold,
-        None,
-        (b.ci_low, b.ci_high),
-        {"chance_ties": torch.full((model.n_layers, model.n_heads), ties)},
+    extra = {"chance_ties": torch.full((model.n_layers, model.n_heads), ties)}
+    return labelled_rows(
+        model, m, got.score, got.chance, int(got.count), None, (b.ci_low, b.ci_high), extra
     )
 
 

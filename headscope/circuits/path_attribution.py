@@ -28,9 +28,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headscope.circuits.path_patching import STAGE, MultiEdit, Receiver, ReceiverGroup
+from headscope.circuits.path_patching import STAGE, MultiEdit, ReceiverGroup
+from headscope.circuits.receivers import Path
 from headscope.effects.patch_attribution import grad_run, no_parameter_grads
-from headscope.effects.patching import Batch, position_masks
+from headscope.effects.patching import Batch, position_masks, read_rows
 from headscope.effects.readout import read_metric
 from headscope.effects.stages import Edit, attend, explicit_handler
 from headscope.errors import HeadscopeError
@@ -53,11 +54,11 @@ def path_attribution(
     batches: Sequence[Batch],
     n_pairs: int,
     metric: str,
-    paths: Sequence[tuple[tuple[int, int], Receiver | ReceiverGroup]],
+    paths: Sequence[Path],
     direction: str = "noising",
     freeze_mlps: bool = False,
     sender_position: str = "all",
-) -> dict[tuple[tuple[int, int], Receiver | ReceiverGroup], Float[Tensor, " pair"]]:
+) -> dict[Path, Float[Tensor, " pair"]]:
     """Per pair, the first-order estimate of ``m_patched - m_base`` for each path (float64); a
     group's is the sum of its members' (first order is linear in the receivers' inputs)."""
     if direction not in ("noising", "denoising"):
@@ -209,15 +210,7 @@ def _frozen_path_grads(model, batch, base_side, metric, base_acts, units, freeze
             )
             with torch.enable_grad():
                 if logits:
-                    m, _ = read_metric(
-                        model,
-                        metric,
-                        hidden,
-                        batch.lengths.repeat(k),
-                        batch.answer.repeat(k),
-                        batch.wrong.repeat(k),
-                    )
-                    m = m.view(k, b)
+                    m = read_rows(model, metric, hidden, batch, k, grad=True).view(k, b)
                     for j, (_, r, _) in enumerate(units):
                         if r.kind == "logits":
                             objective.append(m[j].sum())

@@ -45,7 +45,14 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headscope.circuits.receivers import STAGE, Receiver, ReceiverGroup, check_kind, members
+from headscope.circuits.receivers import (
+    STAGE,
+    Path,
+    Receiver,
+    ReceiverGroup,
+    check_kind,
+    members,
+)
 from headscope.effects.loop import forwards, job_rows, jobs_per_forward
 from headscope.effects.patching import Batch, Cached, position_masks, read_rows, run_cached
 from headscope.effects.stages import Edit, attend, head_slice
@@ -191,7 +198,7 @@ def path_patching(
     batches: Sequence[Batch],
     n_pairs: int,
     metric: str,
-    paths: Sequence[tuple[tuple[int, int], Receiver | ReceiverGroup]],
+    paths: Sequence[Path],
     direction: str = "noising",
     freeze_mlps: bool = False,
     sender_position: str = "all",
@@ -200,7 +207,7 @@ def path_patching(
     baseline: dict[str, Tensor] | None = None,
     cost: Cost | None = None,
     on_progress: Callable[[int], None] | None = None,
-) -> dict[tuple[tuple[int, int], Receiver | ReceiverGroup], Float[Tensor, " pair"]]:
+) -> dict[Path, Float[Tensor, " pair"]]:
     """Per pair, the metric after path patching each ``(sender, receiver)`` of ``paths`` (float64;
     see the module docstring); a :class:`ReceiverGroup` gets every member's input written at once.
     ``t`` < 1 moves the sender's output only that fraction of the way (a dose, for first-order
@@ -217,6 +224,16 @@ def path_patching(
     if baseline is not None:
         for k in ("clean", "corrupt", "clean_logit_diff", "corrupt_logit_diff"):
             baseline.setdefault(k, torch.full((n_pairs,), torch.nan, dtype=torch.float64))
+    ctx = {  # what step (2) reads besides the batch
+        "model": model,
+        "metric": metric,
+        "base_side": base_side,
+        "by_sender_layer": by_sender_layer,
+        "freeze_mlps": freeze_mlps,
+        "sender_position": sender_position,
+        "t": t,
+        "cost": cost,
+    }
     for batch in batches:
         b, n = batch.mask.shape
         per = jobs_per_forward(b, n, rows_per_forward)
@@ -229,19 +246,7 @@ def path_patching(
                 baseline[p][batch.index] = c.metric.double().cpu()
                 baseline[f"{p}_logit_diff"][batch.index] = c.logit_diff.double().cpu()
         base = cached[base_side]
-        got = _step2(
-            model,
-            batch,
-            metric,
-            base_side,
-            cached,
-            by_sender_layer,
-            freeze_mlps,
-            sender_position,
-            per,
-            t,
-            cost,
-        )
+        got = _step2(ctx, batch, cached, per)
         inputs = got.pop("inputs")
         # step 3, single receivers: every job of one receiver layer and kind shares forwards
         singles: dict[tuple[int, str], list[tuple]] = {}
@@ -296,21 +301,14 @@ def _receiver_edits(batch, chunk: list, inputs: dict) -> list[Edit]:
     return edits
 
 
-def _step2(
-    model,
-    batch,
-    metric,
-    base_side,
-    cached,
-    by_sender_layer,
-    freeze_mlps,
-    sender_position,
-    per,
-    t,
-    cost,
-) -> dict:
+def _step2(ctx: dict, batch, cached, per) -> dict:
     """Step (2) for every sender: ``{(sender, logits): metric [b]}`` and, under ``"inputs"``,
     ``{(sender, head receiver): its input [b, pos, dim]}`` (a group's members each)."""
+    model, metric, base_side, t, cost = (
+        ctx[k] for k in ("model", "metric", "base_side", "t", "cost")
+    )
+    by_sender_layer, freeze_mlps = ctx["by_sender_layer"], ctx["freeze_mlps"]
+    sender_position = ctx["sender_position"]
     b, n = batch.mask.shape
     base = cached[base_side]
     src = cached["corrupt" if base_side == "clean" else "clean"]

@@ -114,3 +114,7 @@ def check_kind(kind: str) -> str:
 def members(target: Receiver | ReceiverGroup) -> tuple[Receiver, ...]:
     """A group's members, or the receiver itself."""
     return target.members if isinstance(target, ReceiverGroup) else (target,)
+
+
+#: A path: a sender head ``(layer, head)`` and the receiver its output reaches.
+Path = tuple[tuple[int, int], "Receiver | ReceiverGroup"]

@@ -8,14 +8,7 @@ from __future__ import annotations
 import click
 
 from headscope.apps.settings import CircuitSettings
-from headscope.cli.options import (
-    config_from,
-    config_options,
-    out_option,
-    run_options,
-    say_to_stderr,
-    task_options,
-)
+from headscope.cli.options import run_task, task_run_options
 
 
 @click.command(
@@ -26,14 +19,14 @@ from headscope.cli.options import (
     "32 pairs about 150 s; the whole IOI run about 40 min."
 )
 @click.argument("model_name", metavar="MODEL")
-@task_options(
+@task_run_options(
+    CircuitSettings,
+    "circuit run",
+    "the diagram and agreement figures",
     "A `headscope scan` run of the same model: the classes read its induction, duplicate-token, "
-    "previous-token and (with --effects) copying scores instead of measuring them."
+    "previous-token and (with --effects) copying scores instead of measuring them.",
 )
-@out_option(required=True)
-@config_options(CircuitSettings)
-@run_options("circuit run", figures="the diagram and agreement figures")
-def circuit(model_name, task, out, scan, force, no_figures, figure_format, quiet, **settings):
+def circuit(model_name, **typed) -> None:
     """Which attention head of MODEL feeds which on a task: path patching, composition, classes.
 
     Each sender head's output, taken from the corrupt prompt of a pair, reaches only one receiver
@@ -43,11 +36,5 @@ def circuit(model_name, task, out, scan, force, no_figures, figure_format, quiet
     random senders) and how well the two rankings agree.
     """
     from headscope.apps.circuit_run import circuit_to_dir
-    from headscope.report.tables import task_summary
 
-    config = config_from(CircuitSettings, settings)
-    result = circuit_to_dir(
-        model_name, task, out, config, scan=scan, force=force, figures=not no_figures,
-        say=say_to_stderr(quiet), figure_formats=figure_format,
-    )  # fmt: skip
-    click.echo(task_summary(result, out))
+    run_task(circuit_to_dir, CircuitSettings, model_name, **typed)

@@ -247,3 +247,30 @@ def say_to_stderr(quiet: bool):
             click.echo(f"headscope: {msg}", err=True)
 
     return say
+
+
+def task_run_options(settings, what: str, figures: str, scan_help: str):
+    """Every option of a command on a task's prompt pairs (``patch``, ``circuit``): ``--task``,
+    ``--scan``, ``--out``, one per field of ``settings``, then :func:`run_options`."""
+
+    def decorate(command):
+        command = run_options(what, figures)(command)
+        command = config_options(settings)(command)
+        command = out_option(required=True)(command)
+        return task_options(scan_help)(command)
+
+    return decorate
+
+
+def run_task(to_dir, settings_type, model_name, *, task, out, scan, force, no_figures,
+             figure_format, quiet, **settings) -> None:  # fmt: skip
+    """What ``patch`` and ``circuit`` do with what was typed: the settings checked (before
+    anything heavy loads), ``to_dir`` run, the run's summary printed."""
+    from headscope.report.tables import task_summary
+
+    config = config_from(settings_type, settings)
+    result = to_dir(
+        model_name, task, out, config, scan=scan, force=force, figures=not no_figures,
+        say=say_to_stderr(quiet), figure_formats=figure_format,
+    )  # fmt: skip
+    click.echo(task_summary(result, out))

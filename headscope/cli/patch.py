@@ -8,14 +8,7 @@ from __future__ import annotations
 import click
 
 from headscope.apps.settings import PatchSettings
-from headscope.cli.options import (
-    config_from,
-    config_options,
-    out_option,
-    run_options,
-    say_to_stderr,
-    task_options,
-)
+from headscope.cli.options import run_task, task_run_options
 
 
 @click.command(
@@ -24,13 +17,13 @@ from headscope.cli.options import (
     '"wrong"[, "positions"]} a line) or TSV with a header clean, corrupt, answer, wrong.'
 )
 @click.argument("model_name", metavar="MODEL")
-@task_options(
-    "A `headscope scan` run of the same model: its pattern scores go beside each head's effect."
+@task_run_options(
+    PatchSettings,
+    "patching run",
+    "the heatmap files",
+    "A `headscope scan` run of the same model: its pattern scores go beside each head's effect.",
 )
-@out_option(required=True)
-@config_options(PatchSettings)
-@run_options("patching run", figures="the heatmap files")
-def patch(model_name, task, out, scan, force, no_figures, figure_format, quiet, **settings) -> None:
+def patch(model_name, **typed) -> None:
     """Patch every attention head of MODEL between clean and corrupt prompts; write a run directory.
 
     MODEL is any model `headscope scan` takes (a decoder with an LM head). Each head's output (and,
@@ -39,11 +32,5 @@ def patch(model_name, task, out, scan, force, no_figures, figure_format, quiet, 
     destroyed (noising), with a bootstrap interval over pairs.
     """
     from headscope.apps.patch import patch_to_dir
-    from headscope.report.tables import task_summary
 
-    config = config_from(PatchSettings, settings)
-    result = patch_to_dir(
-        model_name, task, out, config, scan=scan, force=force, figures=not no_figures,
-        say=say_to_stderr(quiet), figure_formats=figure_format,
-    )  # fmt: skip
-    click.echo(task_summary(result, out))
+    run_task(patch_to_dir, PatchSettings, model_name, **typed)

@@ -69,29 +69,10 @@ def show(model_name, head_spec, layer, text, out, figure_format, html_view, devi
             "e.g. --head 17.4 or --layer 17."
         )
     say = lambda msg: click.echo(f"headscope: {msg}", err=True)  # noqa: E731
-    if layer is not None:
-        paths = show_layer(
-            model_name,
-            layer,
-            text,
-            out,
-            html_view=html_view,
-            device=device,
-            dtype=dtype,
-            progress=say,
-            figure_formats=figure_format,
-        )
-    else:
-        paths = show_head(
-            model_name,
-            head_spec,
-            text,
-            out,
-            html_view=html_view,
-            device=device,
-            dtype=dtype,
-            progress=say,
-            figure_formats=figure_format,
-        )
+    which = (show_layer, layer) if layer is not None else (show_head, head_spec)
+    paths = which[0](
+        model_name, which[1], text, out, html_view=html_view, device=device, dtype=dtype,
+        progress=say, figure_formats=figure_format,
+    )  # fmt: skip
     for path in paths:
         click.echo(str(path))

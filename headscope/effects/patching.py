@@ -197,18 +197,17 @@ def run_cached(
     return Cached(m, ld, blocks, acts, mlp)
 
 
-def read_rows(model, metric: str, hidden: Tensor, batch: Batch, repeat: int) -> Tensor:
-    """``[repeat * b]``: the metric of ``batch`` repeated ``repeat`` times, read from ``hidden``."""
-    with torch.no_grad():
+def read_rows(
+    model, metric: str, hidden: Tensor, batch: Batch, repeat: int, grad: bool = False
+) -> Tensor:
+    """``[repeat * b]``: the metric of ``batch`` repeated ``repeat`` times, read from ``hidden``
+    (detached, unless ``grad``: then differentiable, for attribution)."""
+    with torch.enable_grad() if grad else torch.no_grad():
         m, _ = read_metric(
-            model,
-            metric,
-            hidden,
-            batch.lengths.repeat(repeat),
-            batch.answer.repeat(repeat),
+            model, metric, hidden, batch.lengths.repeat(repeat), batch.answer.repeat(repeat),
             batch.wrong.repeat(repeat),
-        )
-    return m.detach()
+        )  # fmt: skip
+    return m if grad else m.detach()
 
 
 def patched_metrics(
