@@ -25,6 +25,8 @@ user would.
 * :mod:`lib.controls`: intervals (bootstrap over sequences, Wilson) and controls that can fail
   (size-matched random head groups, mean / zero / resample group ablation, sink controls, random
   KV groups, curve-change correlations against circular shifts).
+* :mod:`lib.kv_baselines`: a KV plan among random whole-KV-group drops of the same memory saving
+  (every way when there are few, a sample when many) and its rank there.
 * :mod:`lib.timing`: one timer and one quadratic fit (notebooks and ``benchmarks/``).
 * :mod:`lib.patching`: attribution against exact patching with intervals over pairs, attention
   from the last position, OV name copying, Wang et al.'s GPT-2 small IOI heads.

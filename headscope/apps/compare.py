@@ -338,8 +338,7 @@ def difference_limit(d: np.ndarray) -> float:
 
 def difference_figure(runs: dict[str, pd.DataFrame]) -> Figure:
     """Two runs of the same shape: per metric, a layer x head heatmap of ``second - first``, its
-    colour
-    range the metric's largest difference (written in the colour bar's label)."""
+    colour range the metric's largest difference (written in the colour bar's label)."""
     from headscope.report.figures import draw_matrix, write_cells
 
     if len(runs) != 2 or not same_shape(runs):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
@@ -103,13 +102,3 @@ def _position(r: Receiver | ReceiverGroup) -> str:
     if isinstance(r, ReceiverGroup):
         return ",".join(dict.fromkeys(m.position for m in r.members))
     return "last" if r.kind == "logits" else r.position
-
-
-def effect_matrix(
-    table: pd.DataFrame, receiver: str, n_layers: int, n_heads: int, estimator: str = "exact"
-) -> np.ndarray:
-    """``[layer, head]`` of one receiver's sender effects (NaN where not patched)."""
-    out = np.full((n_layers, n_heads), np.nan)
-    sub = table[(table["receiver"] == receiver) & (table["estimator"] == estimator)]
-    out[sub["sender_layer"].to_numpy(int), sub["sender_head"].to_numpy(int)] = sub["effect"]
-    return out

@@ -139,16 +139,6 @@ def support_markdown(table: dict) -> str:
     return "\n".join(lines)
 
 
-def supported_engines(model_type: str, table: dict | None = None) -> list[str] | None:
-    """The engines shown exact on ``model_type`` (None: the family was not in the conformance
-    run)."""
-    table = load_support() if table is None else table
-    for row in table.values():
-        if row["model_type"] == model_type:
-            return [e for e, o in row["engines"].items() if o["status"] == "exact"]
-    return None
-
-
 # How an engine's verdict on a family moved between two tables: a refusal that became exact is an
 # improvement; exact that became a refusal, or anything that became wrong or a crash, a regression.
 _RANK = {"wrong": 0, "error": 0, "refused": 1, "exact": 2}

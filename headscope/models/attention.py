@@ -12,8 +12,8 @@ does inside a forward pass goes through here:
   classes, each acting on chosen heads per row of the batch: :class:`SetHeads` sets their output
   to a value or part of the way there (mean, zero or resample ablation, patching a head's output,
   keeping only a circuit), :class:`RestrictKeys` lets them see only some keys (the no-op test, a
-  sink + window KV cache). ``ReplaceHeadOutput``, ``Interpolate`` and ``AblateHeads`` are
-  :class:`SetHeads` spelled for one head.
+  sink + window KV cache). ``ReplaceHeadOutput`` and ``Interpolate`` are :class:`SetHeads` spelled
+  for one head.
 
 Output layout: ``[batch, query, head, dim]``, the per-head results ``A v`` that the output
 projection (``o_proj`` / ``c_proj`` / ``dense``) reads after flattening the last two axes, so head
@@ -96,10 +96,9 @@ class AttentionCall:
 
     def full_mask(self) -> torch.Tensor:
         """The call's mask as booleans (True = may attend), broadcastable to ``[batch, head, query,
-        key]``: ``[1, 1, query, key]`` built from ``causal`` when there is no mask, else the mask's
-        own shape.
-        Keys before the first query (a KV cache) are visible to every query (bottom-right
-        alignment)."""
+        key]``: ``[1, 1, query, key]`` built from ``causal`` when there is no mask, else the
+        mask's own shape. Keys before the first query (a KV cache) are visible to every query
+        (bottom-right alignment)."""
         b, _, n_q, n_k = self.shape
         if self.mask is None:
             if not self.causal:
@@ -200,12 +199,6 @@ def Interpolate(layer: int, head: int, value: Tensor | float, t: float) -> SetHe
     """Head ``head`` of layer ``layer`` moved a fraction ``t`` of the way to ``value``:
     :class:`SetHeads` for one head, with ``t``."""
     return SetHeads(layer, (head,), _one_head(value), t)
-
-
-def AblateHeads(layer: int, heads: Tensor, values: Tensor | float = 0.0) -> SetHeads:
-    """Row ``b``'s head ``heads[b]`` (-1: none) gets ``values[heads[b]]`` (``values``: ``[head,
-    dim_v]`` means, or a float): :class:`SetHeads` with one head per row."""
-    return SetHeads(layer, heads, values)
 
 
 @dataclass(frozen=True)

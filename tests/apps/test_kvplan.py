@@ -473,67 +473,6 @@ def test_the_figure_puts_each_condition_at_the_share_of_heads_it_restricts():
     assert [float(segments[0][0][1]), float(segments[0][1][1])] == pytest.approx([0.05, 0.2])
 
 
-def test_random_kv_losses_closed_forms(llama):
-    """No KV head dropped, or a window holding every key: the loss does not move; a real
-    restriction moves it; bad draws and mismatched sums get one clear line."""
-    texts = long_text_probe(llama, 120, 2, part="heldout").sequences
-    base, _ = kvplan.text_losses(llama, texts, None)
-    none = kvplan.random_kv_losses(llama, texts, 0, 2, 2, 16, base)
-    assert (none.loss_delta == 0).all() and (none.heads_restricted == 0).all()
-    wide = kvplan.random_kv_losses(llama, texts, 2, 2, 0, 10_000, base)
-    assert wide.loss_delta.abs().max() < 1e-5
-    tight = kvplan.random_kv_losses(llama, texts, 2, 2, 0, 4, base, first_seed=5)
-    assert list(tight.seed) == [5, 6] and tight.loss_delta.abs().min() > 1e-4
-    with pytest.raises(HeadscopeError, match="at least one"):
-        kvplan.random_kv_losses(llama, texts, 1, 0, 2, 16, base)
-    with pytest.raises(HeadscopeError, match="per-text sums"):
-        kvplan.random_kv_losses(llama, texts, 1, 1, 2, 16, base[:1])
-
-
-def test_every_kv_group_set_is_each_choice_once_and_drops_exactly_that_many():
-    sets = kvplan.every_kv_group_set(3, 6, 2, 2)  # 6 KV heads of 3 query heads each, choose 2
-    assert len(sets) == len(set(sets)) == 15
-    for heads in sets:
-        assert len(heads) == 6
-        assert kvplan.kv_saving(heads, 3, 6, 2, 8, 10, 0)["kv_heads_dropped"] == 2
-    # a seeded draw is one of them
-    assert {kvplan.random_kv_groups(3, 6, 2, 2, s) for s in range(20)} <= set(sets)
-    # one KV head per layer (Gemma 3): dropping one is choosing a layer
-    layers = kvplan.every_kv_group_set(18, 4, 1, 1)
-    assert [sorted({la for la, _ in h}) for h in layers] == [[la] for la in range(18)]
-    assert kvplan.every_kv_group_set(3, 6, 2, 0) == [frozenset()]
-    with pytest.raises(HeadscopeError, match="more than limit=10"):
-        kvplan.every_kv_group_set(3, 6, 2, 3, limit=10)
-    with pytest.raises(HeadscopeError, match="Cannot choose 7"):
-        kvplan.every_kv_group_set(3, 6, 2, 7)
-
-
-def test_kv_group_losses_measure_given_sets_as_the_random_draws_do(llama):
-    texts = long_text_probe(llama, 120, 2, part="heldout").sequences
-    base, _ = kvplan.text_losses(llama, texts, None)
-    drawn = kvplan.random_kv_losses(llama, texts, 1, 2, 2, 16, base)
-    sets = [
-        kvplan.random_kv_groups(llama.n_layers, llama.n_heads, llama.n_kv_heads, 1, s)
-        for s in (0, 1)
-    ]
-    given = kvplan.kv_group_losses(llama, texts, sets, 2, 16, base)
-    assert list(given.loss) == list(drawn.loss)  # bit for bit: the same runs
-    assert list(given["set"]) == [0, 1] and (given.kv_heads_dropped == 1).all()
-    assert given.attrs["text_sums"] == drawn.attrs["text_sums"]
-    with pytest.raises(HeadscopeError, match="at least one head set"):
-        kvplan.kv_group_losses(llama, texts, [], 2, 16, base)
-
-
-def test_rank_in_counts_ties_as_reached():
-    assert kvplan.rank_in([0.1, 0.2, 0.2, 0.4], 0.2) == {"at_or_below": 3, "n": 4, "p": 0.8}
-    assert kvplan.rank_in([0.3] * 99, 0.1) == {"at_or_below": 0, "n": 99, "p": 0.01}
-    with pytest.raises(HeadscopeError, match="at least one"):
-        kvplan.rank_in([], 0.0)
-    # every possible set: the exact share, not a permutation estimate
-    assert kvplan.rank_in([0.1, 0.2, 0.2, 0.4], 0.2, exhaustive=True)["p"] == 0.75
-    assert kvplan.rank_in([0.3] * 18, 0.1, exhaustive=True)["p"] == 0.0
-
-
 def test_figure_merges_random_kv_points_of_budgets_with_the_same_sets():
     """Gemma 3's plan drops one KV head at both budgets, so both budgets' random-KV draws are the
     same sets: one point, one note naming both budgets (two notes printed over each other read as
