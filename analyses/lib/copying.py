@@ -31,24 +31,26 @@ tensor([0, 0, 0, 0])
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-# The on-real-inputs half lives in circuits.copying; its names are re-exported here (the noqa).
+# The scan's copying score lives in circuits.copying; what it is built on is re-exported here.
 from headscope.circuits.copying import (
-    COPYING_K,  # noqa: F401
+    COPYING_K,
     COPYING_THRESHOLD,
     HeadWeights,
     attention_inputs,  # noqa: F401
-    copying_ranks,  # noqa: F401
+    copying_ranks,
     expand_kv_heads,  # noqa: F401
     head_weights,  # noqa: F401
-    ov_copying,  # noqa: F401
     own_token_ranks,  # noqa: F401
 )
 from headscope.errors import HeadscopeError
+from headscope.result import head_name
 
 # ------------------------------------------------------------------------------ weights only
 
@@ -154,3 +156,57 @@ def induction_copying_heads(
         + ["prefix_matching", "copies", "induction_head"]
     )
     return out.reset_index(drop=True)[cols]
+
+
+# ------------------------------------------------------------------------------ on real inputs
+
+
+def ov_copying(
+    model,
+    probe,
+    heads: Sequence[tuple[int, int]] | None = None,
+    k: int = COPYING_K,
+    weights: HeadWeights | None = None,
+    batch_size: int = 4,
+    resamples: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Copying on real inputs, for ``heads`` (default: every head), on a repeat ``probe``.
+
+    The attended positions are the first copy of ``R`` (positions ``1..L``). Returns one row per
+    head: ``copying`` = copying@k (share of positions whose own-token logit is among the ``k``
+    highest of the ordinary vocabulary), ``ci_low`` / ``ci_high`` its percentile interval from
+    resampling the probe's sequences (``resamples`` times at ``level``, seeded; positions of one
+    sequence stay together), ``median_rank`` (0 = highest), ``null`` = copying@k of another token
+    of ``R`` read from the same output (the control, :func:`null_columns`), ``n`` positions and
+    ``chance`` = ``k / vocab``. Cost: about ``2 * n * d_model * vocab`` flops per head.
+    """
+    from headscope.uncertainty import bootstrap
+
+    ranks, vocab = copying_ranks(model, probe, heads, weights, batch_size, null=True)
+    L = probe.repeat_len
+    # [sequence, head, 1]: hits per sequence, what the interval resamples
+    hits = torch.stack([(r[..., 0] < k).double().sum(1) for r in ranks.values()], 1)[..., None]
+    counts = torch.full((len(probe),), float(L), dtype=torch.float64)
+    spread = bootstrap(hits, counts, None, resamples, level, seed) if resamples else None
+    rows = []
+    for i, ((layer, head), r) in enumerate(ranks.items()):
+        own, other = r[..., 0].flatten(), r[..., 1].flatten()
+        rows.append(
+            {
+                "model": model.name,
+                "layer": layer,
+                "head": head,
+                "head_name": head_name(layer, head),
+                "copying": float((own < k).float().mean()),
+                "ci_low": float(spread.ci_low[i, 0]) if spread else float("nan"),
+                "ci_high": float(spread.ci_high[i, 0]) if spread else float("nan"),
+                "median_rank": float(own.float().median()),
+                "null": float((other < k).float().mean()),
+                "n": len(own),
+                "k": k,
+                "chance": k / vocab,
+            }
+        )
+    return pd.DataFrame(rows)

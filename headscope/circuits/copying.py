@@ -41,14 +41,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from headscope.catalog import CIRCUIT, COPYING_K
 from headscope.errors import HeadscopeError
-from headscope.result import Probe, ScoreInfo, head_name
+from headscope.result import Probe, ScoreInfo
 
 # a head copies when half of the attended tokens pass copying@k
 COPYING_THRESHOLD = CIRCUIT["copying"].threshold
@@ -199,7 +198,7 @@ def copying_ranks(
     token's, then the control token's (:func:`null_columns`). ``progress``: a ``tqdm``-like factory
     (one step per head: the ranking against the whole vocabulary is where the time goes)."""
     if probe.repeat_len is None:
-        raise HeadscopeError("ov_copying needs a repeat probe (headscope.repeat_probe).")
+        raise HeadscopeError("Copying needs a repeat probe (headscope.repeat_probe).")
     w = head_weights(model) if weights is None else weights
     heads = (
         [(la, h) for la in range(w.n_layers) for h in range(w.n_heads)]
@@ -233,57 +232,6 @@ def copying_ranks(
     if bar is not None:
         bar.close()
     return ranks, len(w.token_ids)
-
-
-def ov_copying(
-    model,
-    probe,
-    heads: Sequence[tuple[int, int]] | None = None,
-    k: int = COPYING_K,
-    weights: HeadWeights | None = None,
-    batch_size: int = 4,
-    resamples: int = 1000,
-    level: float = 0.95,
-    seed: int = 0,
-) -> pd.DataFrame:
-    """Copying on real inputs, for ``heads`` (default: every head), on a repeat ``probe``.
-
-    The attended positions are the first copy of ``R`` (positions ``1..L``). Returns one row per
-    head: ``copying`` = copying@k (share of positions whose own-token logit is among the ``k``
-    highest of the ordinary vocabulary), ``ci_low`` / ``ci_high`` its percentile interval from
-    resampling the probe's sequences (``resamples`` times at ``level``, seeded; positions of one
-    sequence stay together), ``median_rank`` (0 = highest), ``null`` = copying@k of another token
-    of ``R`` read from the same output (the control, :func:`null_columns`), ``n`` positions and
-    ``chance`` = ``k / vocab``. Cost: about ``2 * n * d_model * vocab`` flops per head.
-    """
-    from headscope.uncertainty import bootstrap
-
-    ranks, vocab = copying_ranks(model, probe, heads, weights, batch_size, null=True)
-    L = probe.repeat_len
-    # [sequence, head, 1]: hits per sequence, what the interval resamples
-    hits = torch.stack([(r[..., 0] < k).double().sum(1) for r in ranks.values()], 1)[..., None]
-    counts = torch.full((len(probe),), float(L), dtype=torch.float64)
-    spread = bootstrap(hits, counts, None, resamples, level, seed) if resamples else None
-    rows = []
-    for i, ((layer, head), r) in enumerate(ranks.items()):
-        own, other = r[..., 0].flatten(), r[..., 1].flatten()
-        rows.append(
-            {
-                "model": model.name,
-                "layer": layer,
-                "head": head,
-                "head_name": head_name(layer, head),
-                "copying": float((own < k).float().mean()),
-                "ci_low": float(spread.ci_low[i, 0]) if spread else float("nan"),
-                "ci_high": float(spread.ci_high[i, 0]) if spread else float("nan"),
-                "median_rank": float(own.float().median()),
-                "null": float((other < k).float().mean()),
-                "n": len(own),
-                "k": k,
-                "chance": k / vocab,
-            }
-        )
-    return pd.DataFrame(rows)
 
 
 COPYING = CIRCUIT["copying"]

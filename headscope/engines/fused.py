@@ -81,33 +81,13 @@ class FusedHandler(BlockHandler):
             return super().__call__(call)
         refuse_unmodelled(call, self.engine)
         reach = self.reach[call.layer] if call.layer < len(self.reach) else None
+        # what both kernel entries read besides q, k (and v)
+        rest = (call.mask, call.scale, call.causal, self.flags, reach, self.band, self.argmax)
         if call.layer == self.last:  # nothing runs after it: statistics only, no output
-            stats = kernel.head_stats(
-                call.query,
-                call.key,
-                call.mask,
-                call.scale,
-                call.causal,
-                self.flags,
-                reach,
-                self.band,
-                self.argmax,
-            )
-            self.on_rows(call.layer, stats, 0)
+            self.on_rows(call.layer, kernel.head_stats(call.query, call.key, *rest), 0)
             raise StopForward
         # the kernel's own output replaces sdpa's: one pass over the scores, not two
-        out, stats = kernel.attention(
-            call.query,
-            call.key,
-            call.value,
-            call.mask,
-            call.scale,
-            call.causal,
-            self.flags,
-            reach,
-            self.band,
-            self.argmax,
-        )
+        out, stats = kernel.attention(call.query, call.key, call.value, *rest)
         self.on_rows(call.layer, stats, 0)
         # [batch, head, query, dim] -> [batch, query, head, dim]
         return out.transpose(1, 2).contiguous()

@@ -3,11 +3,13 @@ SmolLM2."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
 
 import headscope
+from headscope.circuits.copying import COPYING, COPYING_K, copying_scores
 from headscope.errors import HeadscopeError
 from lib import copying
 from lib.copying import (
@@ -15,6 +17,7 @@ from lib.copying import (
     eigen_copying_scores,
     expand_kv_heads,
     induction_copying_heads,
+    ov_copying,
     ov_copying_score,
     own_token_ranks,
 )
@@ -238,3 +241,45 @@ def test_smollm2_l23h2_copies_and_l18h6_does_not(smollm2):
     table = copying.ov_copying(smollm2, probe, heads=[(23, 2), (18, 6)]).set_index("head_name")
     assert table.loc["L23H2", "copying"] > 0.4
     assert table.loc["L18H6", "copying"] < 0.1
+
+
+# ------------------------------------------------------------------------------ on real inputs
+
+
+def test_copying_scores_are_ov_copying_for_every_head(tiny_gpt2):
+    probe = headscope.default_probes(tiny_gpt2, n_prompts=5, repeat_len=6)[1]
+    got = copying_scores(tiny_gpt2, probe, max_sequences=3)
+    table = ov_copying(tiny_gpt2, headscope.repeat_probe(tiny_gpt2, 6, n_sequences=5), k=COPYING_K)
+    assert got.metric is COPYING and got.count == 3 * 6
+    first3 = ov_copying(
+        tiny_gpt2, type(probe)(probe.name, probe.sequences[:3], probe.repeat_len), k=COPYING_K
+    )
+    want = torch.tensor(
+        first3.pivot(index="layer", columns="head", values="copying").to_numpy(),
+        dtype=torch.float64,
+    )
+    torch.testing.assert_close(got.score, want)
+    want_null = torch.tensor(
+        first3.pivot(index="layer", columns="head", values="null").to_numpy(), dtype=torch.float64
+    )
+    torch.testing.assert_close(got.null, want_null)
+    assert got.chance == COPYING_K / (len(tiny_gpt2.ordinary_vocab())) and len(table) == 8
+
+
+def test_ov_copying_intervals_resample_sequences(tiny_gpt2):
+    """The interval is the bootstrap of the per-sequence hits (copying_scores keeps them), it
+    holds the score, and it collapses where every sequence agrees."""
+    from headscope.uncertainty import bootstrap
+
+    probe = headscope.repeat_probe(tiny_gpt2, 6, n_sequences=5)
+    table = ov_copying(tiny_gpt2, probe, k=COPYING_K, resamples=300, seed=4)
+    per_seq = copying_scores(tiny_gpt2, probe, max_sequences=5)
+    want = bootstrap(per_seq.seq_total, per_seq.seq_count, None, 300, 0.95, 4)
+    grid = {c: table.pivot(index="layer", columns="head", values=c).to_numpy() for c in table}
+    np.testing.assert_allclose(grid["ci_low"], want.ci_low.numpy())
+    np.testing.assert_allclose(grid["ci_high"], want.ci_high.numpy())
+    assert (table.ci_low <= table.copying).all() and (table.copying <= table.ci_high).all()
+    assert (table.ci_high > table.ci_low).any()  # sequences differ: some interval has width
+    every = ov_copying(tiny_gpt2, probe, k=len(tiny_gpt2.ordinary_vocab()), resamples=300)
+    assert (every.copying == 1).all() and (every.ci_low == 1).all() and (every.ci_high == 1).all()
+    assert ov_copying(tiny_gpt2, probe, k=COPYING_K, resamples=0)["ci_low"].isna().all()
