@@ -2,11 +2,12 @@
 
 The public surface, in the order data flows::
 
-    model  = headscope.load_model("smollm2-135m")        # or load_model(hf, tok) probes =
-    headscope.default_probes(model, seed=0)     # token ids, saved with the run result =
-    headscope.scan(model, probes)               # one streaming forward per batch result.scores
-    # tidy pandas table headscope.save_run(result, "runs/smollm2")           # scores.csv,
-    metadata.json, ... headscope.heatmap(result.scores, "induction")        # matplotlib Figure
+    model  = headscope.load_model("smollm2-135m")        # or load_model(hf, tok)
+    probes = headscope.default_probes(model, seed=0)     # token ids, saved with the run
+    result = headscope.scan(model, probes)               # one streaming forward per batch
+    result.scores                                        # tidy pandas table
+    headscope.save_run(result, "runs/smollm2")           # scores.csv, metadata.json, ...
+    headscope.heatmap(result.scores, "induction")        # matplotlib Figure
 
 To score a pattern you extracted yourself, call a metric on it::
 
@@ -22,18 +23,19 @@ modules::
                    never a user's); bootstrap intervals
     settings       the one settings base every command's settings derive from; shared field groups
     catalog        what every score name means (data: figures and pages read it, not the code)
-    models/        where weights come from, the attention seam, the Model, load_model metrics/
-    what a head does: one module per behaviour, registered from the catalog probes/        the
-    inputs as token ids: pairs, repeat, long prose, needles, default probes engines/       how
-    attention is read: fused, blocked, hooks (a registry); the kernel; extraction effects/
-    causal effects: exact ablation, attribution patching, counterfactual patching circuits/
-    weights-based head scores (copying, composition); path patching; head classes census/        the
-    head census's parts: syntax, no-op, successor, copy suppression, rare word scale/         a
-    scan's batches sharded over Ray actors report/        tables, figures, the HTML page (never the
-    model) rundir/        the run directory: atomic, --force rules, signals, load scanner/       a
-    scan's settings, example patterns, the whole scan as one function apps/          show, compare,
-    kvplan, sweep, patch, circuit: the other commands as functions cli/           the headscope
-    command: one file per subcommand, wiring only
+    models/        where weights come from, the attention seam, the Model, load_model
+    metrics/       what a head does: one module per behaviour, registered from the catalog
+    probes/        the inputs as token ids: pairs, repeat, long prose, needles, default probes
+    engines/       how attention is read: fused, blocked, hooks (a registry); the kernel; extraction
+    effects/       causal effects: exact ablation, attribution patching, counterfactual patching
+    circuits/      weights-based head scores (copying, composition); path patching; head classes
+    census/        the head census's parts: syntax, no-op, successor, copy suppression, rare word
+    scale/         a scan's batches sharded over Ray actors
+    report/        tables, figures, the HTML page (never the model)
+    rundir/        the run directory: atomic, --force rules, signals, load
+    scanner/       a scan's settings, example patterns, the whole scan as one function
+    apps/          show, compare, kvplan, sweep, patch, circuit: the other commands as functions
+    cli/           the headscope command: one file per subcommand, wiring only
 
 Heavy imports (torch, transformers) happen only when these are first used.
 """

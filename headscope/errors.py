@@ -72,7 +72,8 @@ def listening(say: Callable[[str], None] | None) -> Iterator[None]:
     ...     notice("compiling the kernel")
     ...     notice("a fallback", once=True)
     ...     notice("a fallback", once=True)
-    compiling the kernel a fallback
+    compiling the kernel
+    a fallback
     """
     token = _LISTENER.set((say, set()) if say is not None else None)
     try:

@@ -15,9 +15,10 @@ half of it and a crash leaves at most a hidden temporary entry that the next run
 
 **Never a user's file**: ``headscope show``, ``plot --out`` and ``compare --out`` write a few files
 into a folder the user names. A file of the same name that is already there is replaced only when
-headscope wrote it, as the file itself says: a PNG carrying headscope's ``Software`` tag, an SVG or
-PDF whose creator is headscope, an HTML page whose generator is headscope, or a CSV whose header is
-the one headscope writes there. Anything else is refused with one line, before any file is written.
+headscope wrote it, as the file itself says: a PNG carrying headscope's ``Software`` tag, an SVG
+or PDF whose creator is headscope, an HTML page whose generator is headscope, or a CSV whose header
+is the one headscope writes there. Anything else is refused with one line, before any file is
+written.
 
 A leaf: it imports nothing from headscope but :mod:`headscope.errors`.
 """

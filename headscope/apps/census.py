@@ -2,7 +2,8 @@
 
 ``census_to_dir(MODEL, OUT, settings)`` checks everything it can before the model loads (the
 settings, ``OUT``, spaCy for the syntax part), loads the model, checks what needs it (a tokenizer
-that maps words to tokens, a readout), runs the parts (:mod:`headscope.census`) and writes::
+that maps words to tokens, a readout), runs the parts (:mod:`headscope.census`) and
+writes::
 
     OUT/
       scores.csv              one row per (score, layer, head): model, metric, probe, layer, head,
@@ -14,8 +15,9 @@ that maps words to tokens, a readout), runs the parts (:mod:`headscope.census`) 
       syntax_sentences.jsonl  sentences scored: token ids, words, word token spans, silver parses
       noop_sequences.csv      per metric (no-op effect, its weight, the mean ablation), text
                               sequence and head: the total and count each row of scores.csv is
-                              pooled from (score = sum total / sum count), to resample any statistic
-                              of the heads by sequence (joint_interval in analyses/lib/controls.py)
+                              pooled from (score = sum total / sum count), to resample any
+                              statistic of the heads by sequence (joint_interval in
+                              analyses/lib/controls.py)
       tokens.jsonl            the text and repeat probes' token ids
       summary.md              the tables a reader sees first (the SILVER note by the syntax table)
       *.png, report.html      heatmaps and the page (a figure or page that fails costs only itself)

@@ -18,15 +18,20 @@ first).
 
 A SPEC (paths relative to the SPEC file's folder)::
 
-    seeds = [0, 1]                         # default [0] models = ["smollm2-135m"]              #
-    names, folders, NAME@REVISION: one model each [[checkpoints]]                        # the
-    checkpoints of one training run model = "attn-only-2l"                 # its name in the atlas
+    seeds = [0, 1]                         # default [0]
+    models = ["smollm2-135m"]              # names, folders, NAME@REVISION: one model each
+    [[checkpoints]]                        # the checkpoints of one training run
+    model = "attn-only-2l"                 # its name in the atlas
     folders = ["ckpts/step-0000", "ckpts/step-0200"]   # or glob = "ckpts/step-*"
     # steps = [0, 200]                     # default: the last number in each folder's name
-    [[checkpoints]] model = "EleutherAI/pythia-70m" revisions = ["step1000", "step2000"]   # hub
-    revisions (NAME@REVISION) [scan]                                 # ScanSettings settings for
-    every job metrics = ["induction", "duplicate_token"] bootstrap = 0 [[settings]]
-    # probe settings swept (default: one, [scan]'s) repeat_len = 20
+    [[checkpoints]]
+    model = "EleutherAI/pythia-70m"
+    revisions = ["step1000", "step2000"]   # hub revisions (NAME@REVISION)
+    [scan]                                 # ScanSettings settings for every job
+    metrics = ["induction", "duplicate_token"]
+    bootstrap = 0
+    [[settings]]                           # probe settings swept (default: one, [scan]'s)
+    repeat_len = 20
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ For two scores ``a``, ``b`` of the same ``n`` senders (higher = ranked first):
 * **top-k overlap**: how many of ``a``'s ``k`` highest senders are among ``b``'s ``k`` highest
   (``overlap``; ``overlap_share = overlap / k``). A tie across the ``k``-th place is broken by the
   senders' order as given (first wins), so the sets always hold ``k`` senders. Under a random
-  ranking the overlap is hypergeometric: ``overlap_chance = k^2 / n`` is its mean and ``overlap_p =
-  P(overlap >= observed)`` its exact tail, the limit of a permutation test (no sampling).
+  ranking the overlap is hypergeometric: ``overlap_chance = k^2 / n`` is its mean and
+  ``overlap_p = P(overlap >= observed)`` its exact tail, the limit of a permutation test (no
+  sampling).
 
 >>> row = rank_agreement([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6], k=2, n_boot=0, n_perm=0)
 >>> row["rho"], row["overlap"], row["overlap_chance"]

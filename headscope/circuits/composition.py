@@ -31,12 +31,13 @@ What is folded into the weights (each head is read as it sits in its model):
   so the ``W_QK`` here is the one of two tokens at the same position (relative offset 0). For a
   rotary model, Q- and K-composition are scores of that one offset only.
 
-How it is computed. The squared numerator is an inner product of two Gram matrices, ``||M N||_F^2 =
-<M^T M, N N^T>_F``, and each Gram is built from the low-rank factors (``d_head`` columns), e.g.
-``W_QK^T W_QK = W_K^T (W_Q W_Q^T) W_K``, ``W_OV W_OV^T = W_O (W_V W_V^T) W_O^T``; the denominators
-are their traces. So every (receiver, sender) pair of one kind is one entry of a matrix product
-``[receivers, d_model^2] @ [d_model^2, senders]``, in float64: ``2 d_model^2`` flops a pair instead
-of ``2 d_head^2 d_model`` for ``||L_r (E_r^T C_s) R_s^T||_F`` with Cholesky/QR factors.
+How it is computed. The squared numerator is an inner product of two Gram matrices,
+``||M N||_F^2 = <M^T M, N N^T>_F``, and each Gram is built from the low-rank factors (``d_head``
+columns), e.g. ``W_QK^T W_QK = W_K^T (W_Q W_Q^T) W_K``, ``W_OV W_OV^T = W_O (W_V W_V^T) W_O^T``;
+the denominators are their traces. So every (receiver, sender) pair of one kind is one entry of a
+matrix product ``[receivers, d_model^2] @ [d_model^2, senders]``, in float64: ``2 d_model^2``
+flops a pair instead of ``2 d_head^2 d_model`` for ``||L_r (E_r^T C_s) R_s^T||_F`` with
+Cholesky/QR factors.
 
 The null (:func:`composition`). For each sender layer, ``n_null`` random senders: ``W_V`` and
 ``W_O`` replaced by standard Gaussian matrices of the same shapes (so ``W_OV`` keeps rank

@@ -2,12 +2,21 @@
 own).
 
 =========  =========================================================================================
-main       the group: subcommands loaded on first use, errors and interrupts as exit codes options
-click options made from a settings dataclass's fields (``scan``'s are ScanSettings's) scan
-``headscope scan`` show       ``headscope show`` plot       ``headscope plot`` report ``headscope
-report`` compare    ``headscope compare`` kvplan     ``headscope kvplan`` sweep ``headscope sweep``
-census     ``headscope census`` patch      ``headscope patch`` circuit ``headscope circuit`` models
-``headscope models`` metrics    ``headscope metrics`` engines ``headscope engines``
+main       the group: subcommands loaded on first use, errors and interrupts as exit codes
+options    click options made from a settings dataclass's fields (``scan``'s are ScanSettings's)
+scan       ``headscope scan``
+show       ``headscope show``
+plot       ``headscope plot``
+report     ``headscope report``
+compare    ``headscope compare``
+kvplan     ``headscope kvplan``
+sweep      ``headscope sweep``
+census     ``headscope census``
+patch      ``headscope patch``
+circuit    ``headscope circuit``
+models     ``headscope models``
+metrics    ``headscope metrics``
+engines    ``headscope engines``
 =========  =========================================================================================
 
 A new subcommand: one file here, one line in :data:`headscope.cli.main.COMMANDS`.

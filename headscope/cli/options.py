@@ -7,12 +7,14 @@ never disagree with :class:`~headscope.scanner.config.ScanSettings`, and a new s
 =================  ===========================================================================
 field              option
 =================  ===========================================================================
-``bool`` False     ``--name`` (a flag) ``bool`` True      ``--name/--no-name`` ``int``, ``float``
-``--name N`` (``None`` default: optional, its default said in the help) ``kind="csv"``     ``--name
-a,b,c`` -> a tuple ``thresholds``     ``--threshold METRIC=VALUE`` (repeatable) -> a dict ``memory``
-``--max-memory 0=20GiB,cpu=60GiB`` -> a dict of bytes ``floats``         ``--budgets 0.25,0.5`` -> a
-tuple of floats ``flag_value``     ``--effects`` alone means ``auto``; ``--effects exact`` names the
-mode
+``bool`` False     ``--name`` (a flag)
+``bool`` True      ``--name/--no-name``
+``int``, ``float``  ``--name N`` (``None`` default: optional, its default said in the help)
+``kind="csv"``     ``--name a,b,c`` -> a tuple
+``thresholds``     ``--threshold METRIC=VALUE`` (repeatable) -> a dict
+``memory``         ``--max-memory 0=20GiB,cpu=60GiB`` -> a dict of bytes
+``floats``         ``--budgets 0.25,0.5`` -> a tuple of floats
+``flag_value``     ``--effects`` alone means ``auto``; ``--effects exact`` names the mode
 =================  ===========================================================================
 """
 

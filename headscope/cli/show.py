@@ -55,8 +55,9 @@ def show(model_name, head_spec, layer, text, out, figure_format, html_view, devi
     """Draw one head's attention pattern on a text (query rows, key columns), or every head of a
     layer.
 
-    \b headscope show smollm2-135m --head 17.4 --text "A B C D A B C D" --html headscope show
-    smollm2-135m --layer 17 --text "A B C D A B C D" --html
+    \b
+    headscope show smollm2-135m --head 17.4 --text "A B C D A B C D" --html
+    headscope show smollm2-135m --layer 17 --text "A B C D A B C D" --html
     """
     from headscope.apps.show import show_head, show_layer
     from headscope.errors import HeadscopeError

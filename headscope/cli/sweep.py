@@ -42,16 +42,21 @@ def sweep(spec, out, ray_address, workers, retries, figure_format, quiet) -> Non
     """Scan models or training checkpoints x probe settings x seeds, one run directory per job, and
     gather them into one atlas (atlas.csv/.parquet, steps.png, models.png).
 
-    \b headscope sweep examples/sweep.toml --out sweeps/offline       # runs as written, offline
+    \b
+    headscope sweep examples/sweep.toml --out sweeps/offline       # runs as written, offline
     headscope sweep SPEC.toml --out sweeps/phase --ray --workers 2
 
-    \b SPEC (TOML; paths relative to its folder):
-      seeds = [0, 1]                       # default [0] models = ["smollm2-135m"]            #
-      names, folders, NAME@REVISION [[checkpoints]]                      # one training run's
-      checkpoints model = "my-run"                     # its name in the atlas glob = "ckpts/step-*"
-      # or folders = [...], or revisions = [...] [scan]                               # scan
-      settings of every job metrics = ["induction"]              # (any `headscope scan` option,
-      with _) [[settings]]                         # probe settings swept repeat_len = 20
+    \b
+    SPEC (TOML; paths relative to its folder):
+      seeds = [0, 1]                       # default [0]
+      models = ["smollm2-135m"]            # names, folders, NAME@REVISION
+      [[checkpoints]]                      # one training run's checkpoints
+      model = "my-run"                     # its name in the atlas
+      glob = "ckpts/step-*"                # or folders = [...], or revisions = [...]
+      [scan]                               # scan settings of every job
+      metrics = ["induction"]              # (any `headscope scan` option, with _)
+      [[settings]]                         # probe settings swept
+      repeat_len = 20
     """
     from headscope.apps.sweep import run_sweep
 

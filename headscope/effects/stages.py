@@ -20,12 +20,13 @@ Stages (what an :class:`Edit` can replace, what ``keep`` records, what ``deltas`
 =========== =============================== ==================================================
 stage       tensor                          one head's slice, positions along
 =========== =============================== ==================================================
-``q``       ``[batch, head, query, dim]``   query head h, query positions ``k``       ``[batch,
-kv_head, key, dim]``  KV head g (``kv_mode="group"``: each query head of g) ``k_head``  ``[batch,
-head, key, dim]``     what query head h reads of its KV head (``head``) ``v``       as ``k``
-as ``k`` ``v_head``  as ``k_head``                   as ``k_head`` ``pattern`` ``[batch, head,
-query, key]``   query head h, query rows (post-softmax) ``z``       ``[batch, query, head, dim_v]``
-query head h, query positions
+``q``       ``[batch, head, query, dim]``   query head h, query positions
+``k``       ``[batch, kv_head, key, dim]``  KV head g (``kv_mode="group"``: each query head of g)
+``k_head``  ``[batch, head, key, dim]``     what query head h reads of its KV head (``head``)
+``v``       as ``k``                        as ``k``
+``v_head``  as ``k_head``                   as ``k_head``
+``pattern`` ``[batch, head, query, key]``   query head h, query rows (post-softmax)
+``z``       ``[batch, query, head, dim_v]`` query head h, query positions
 =========== =============================== ==================================================
 """
 

@@ -1,7 +1,8 @@
 """induction: on ``BOS + R + R``, attention to the token after the earlier copy of the current one.
 
-With ``|R| = L`` the second copy sits at ``L+1..2L``; its token at ``q`` first appeared at ``q-L``,
-so an induction head attends to ``q-L+1``. Queries ``L+1 <= q <= 2L``; ``f(A, q) = A[q, q-L+1]``.
+With ``|R| = L`` the second copy sits at ``L+1..2L``; its token at ``q`` first appeared at
+``q-L``, so an induction head attends to ``q-L+1``. Queries ``L+1 <= q <= 2L``;
+``f(A, q) = A[q, q-L+1]``.
 
 >>> import torch
 >>> from headscope.metrics.base import PatternBatch

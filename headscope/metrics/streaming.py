@@ -1,11 +1,12 @@
 """streaming: the attention a sink + window KV cache would keep (StreamingLLM, Xiao et al. 2023).
 
 A cache that keeps the first ``s`` tokens (the sinks) and the last ``w`` tokens (the window) serves
-a head well exactly when the head's attention already lives there. For query ``q``: ``f(A, q) = sum
-of A[q, k]`` over ``k < s`` and ``q - w < k <= q``; qualifying queries ``s + w <= q <= n-1`` (before
-that the cache keeps every key). Defaults ``s = 4``, ``w = 64`` (``PatternBatch.band``). A head
-scoring near 1 can be restricted to the cache at little cost; a head scoring low reads from the
-middle of the context. Decoders only (a KV cache is a decoding structure).
+a head well exactly when the head's attention already lives there. For query ``q``:
+``f(A, q) = sum of A[q, k]`` over ``k < s`` and ``q - w < k <= q``; qualifying queries
+``s + w <= q <= n-1`` (before that the cache keeps every key). Defaults ``s = 4``, ``w = 64``
+(``PatternBatch.band``). A head scoring near 1 can be restricted to the cache at little cost; a
+head scoring low reads from the middle of the context. Decoders only (a KV cache is a decoding
+structure).
 
 >>> import torch
 >>> from headscope.metrics.base import PatternBatch

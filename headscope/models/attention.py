@@ -96,9 +96,10 @@ class AttentionCall:
 
     def full_mask(self) -> torch.Tensor:
         """The call's mask as booleans (True = may attend), broadcastable to ``[batch, head, query,
-        key]``: ``[1, 1, query, key]`` built from ``causal`` when there is no mask, else the
-        mask's own shape. Keys before the first query (a KV cache) are visible to every query
-        (bottom-right alignment)."""
+        key]``: ``[1, 1, query, key]`` built from ``causal`` when there is no mask, else the mask's
+        own shape.
+        Keys before the first query (a KV cache) are visible to every query (bottom-right
+        alignment)."""
         b, _, n_q, n_k = self.shape
         if self.mask is None:
             if not self.causal:

@@ -11,20 +11,22 @@ import pytest
 
 import headscope
 from headscope.apps.compare import (
-    difference_figure,
-    difference_limit,
-    distribution_figure,
     format_differences,
     format_summary,
     head_differences,
     load_runs,
     read_run,
     run_labels,
-    same_shape,
     summary,
     write_comparison,
 )
 from headscope.errors import HeadscopeError
+from headscope.report.compare import (
+    difference_figure,
+    difference_limit,
+    distribution_figure,
+    same_shape,
+)
 
 
 @pytest.fixture(scope="module")

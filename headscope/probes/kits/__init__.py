@@ -3,10 +3,11 @@ records where its contents came from), filled in for one model's tokenizer, seed
 module here plus one :func:`register` line below (``docs/develop/add-task-kit.md``).
 
 ==========  ========================================================================================
-base        the kit type and the registry; drawing a kit's pairs; reading the task a user names ioi
-Wang et al.'s indirect-object identification: BABA and ABBA templates, ABC corruption capital     a
-country's capital city pronoun     the pronoun of a name said earlier copy_name   a surname said
-once, copied after the first name
+base        the kit type and the registry; drawing a kit's pairs; reading the task a user names
+ioi         Wang et al.'s indirect-object identification: BABA and ABBA templates, ABC corruption
+capital     a country's capital city
+pronoun     the pronoun of a name said earlier
+copy_name   a surname said once, copied after the first name
 ==========  ========================================================================================
 """
 
