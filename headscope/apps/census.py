@@ -2,8 +2,7 @@
 
 ``census_to_dir(MODEL, OUT, settings)`` checks everything it can before the model loads (the
 settings, ``OUT``, spaCy for the syntax part), loads the model, checks what needs it (a tokenizer
-that maps words to tokens, a readout), runs the parts (:mod:`headscope.census`) and
-writes::
+that maps words to tokens, a readout), runs the parts (:mod:`headscope.census`) and writes::
 
     OUT/
       scores.csv              one row per (score, layer, head): model, metric, probe, layer, head,

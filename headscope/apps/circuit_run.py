@@ -125,11 +125,10 @@ def circuit_to_dir(model_name, task, out: str | Path, config=None, **options) ->
 
     Refused with one line before the model loads: a setting, the task file or kit, ``--scan``, an
     ``out`` that may not be written, the model name, and (when the model's shape is on disk: a
-    packaged model, a folder, a cached snapshot) a receiver or sender outside the model or a
-    sender not below its receiver. Refused before any forward pass: an encoder, a task whose pairs
-    fail their own checks (an answer that is not one token, pairs of different lengths), a
-    receiver's position the task lacks, a scan of another model. Nothing is written unless the
-    run succeeds.
+    packaged model, a folder, a cached snapshot) a receiver or sender outside the model or a sender
+    not below its receiver. Refused before any forward pass: an encoder, a task whose pairs fail
+    their own checks (an answer that is not one token, pairs of different lengths), a receiver's
+    position the task lacks, a scan of another model. Nothing is written unless the run succeeds.
     """
     from headscope.apps.runs import task_run_to_dir
     from headscope.rundir.kinds import CIRCUIT

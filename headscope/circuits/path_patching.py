@@ -1,6 +1,5 @@
 """Path patching (Wang et al. 2022; Goldowsky-Dill et al. 2023): the effect of one head's output,
-taken from the other prompt, reaching the model only through a chosen receiver
-(docs/circuits.md).
+taken from the other prompt, reaching the model only through a chosen receiver (docs/circuits.md).
 
 For a sender head ``s`` (layer ``ls``), a receiver and a direction (noising: base = clean, source =
 corrupt; denoising: the reverse), on every pair of a task:

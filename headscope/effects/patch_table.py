@@ -18,13 +18,12 @@ can be compared resample by resample) and recomputes the ratio of means from the
 ``ci_high`` are the percentile interval at ``level``. A resample whose gap is exactly 0 gives no
 ratio and is left out (NaN).
 
-Columns of the table (:data:`COLUMNS`): ``position`` is ``all``, a named position (``S2``,
-``END``) or a token index (``"7"``, from ``positions="each"``); ``kv_mode`` is ``group`` for rows
-that patch a KV head (k, v on a grouped-query model: ``head`` is then the KV head's index,
-``head_name`` ``L{l}KV{g}``, ``query_heads`` the query heads that read it) and ``head`` for every
-per-query-head row (z, q, pattern, and k/v as one query head reads them); ``estimator`` is
-``exact`` or ``attribution``; ``m_patched`` is the mean patched metric (attribution: ``m_base +
-estimate``).
+Columns of the table (:data:`COLUMNS`): ``position`` is ``all``, a named position (``S2``, ``END``)
+or a token index (``"7"``, from ``positions="each"``); ``kv_mode`` is ``group`` for rows that patch
+a KV head (k, v on a grouped-query model: ``head`` is then the KV head's index, ``head_name``
+``L{l}KV{g}``, ``query_heads`` the query heads that read it) and ``head`` for every per-query-head
+row (z, q, pattern, and k/v as one query head reads them); ``estimator`` is ``exact`` or
+``attribution``; ``m_patched`` is the mean patched metric (attribution: ``m_base + estimate``).
 """
 
 from __future__ import annotations

@@ -12,11 +12,10 @@ corrupt. What is written, per stage of :mod:`headscope.effects.stages`:
 Positions: ``"all"`` (every position), a named position of the task (per pair, e.g. IOI's ``S2``),
 or one token index (``positions="each"`` gives the layer x head x position grid).
 
-Speed (the one intervention loop's two tricks, :mod:`headscope.effects.loop`): the clean and
-corrupt runs are cached once per batch of pairs (each block's output and every stage's tensors);
-a layer-l patch starts at block l from the base run's kept residual stream
-(``Model.run(resume=...)``), and every (head, position) patch of one layer shares a forward, the
-batch repeated once per patch.
+Speed (the one intervention loop's two tricks, :mod:`headscope.effects.loop`): the clean and corrupt
+runs are cached once per batch of pairs (each block's output and every stage's tensors); a layer-l
+patch starts at block l from the base run's kept residual stream (``Model.run(resume=...)``), and
+every (head, position) patch of one layer shares a forward, the batch repeated once per patch.
 
 Every forward here, cached or patched, computes attention with :func:`attend`, and the metric is
 read with :mod:`headscope.effects.readout`; so a patch that writes the base run's own values gives

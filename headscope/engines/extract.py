@@ -340,9 +340,8 @@ def _add_chance(
 def auto_batch_size(model, seq_len: int, budget_bytes: int | None = None) -> int:
     """Sequences per forward from the context length and the memory there is.
 
-    Aims at ~4k tokens a batch (enough to keep matrix kernels busy) and keeps the activations
-    (~24 fp32 vectors of ``d_model`` per token, a generous bound) within a quarter of the free
-    memory.
+    Aims at ~4k tokens a batch (enough to keep matrix kernels busy) and keeps the activations (~24
+    fp32 vectors of ``d_model`` per token, a generous bound) within a quarter of the free memory.
     """
     d_model = model.d_model or 768
     per_seq = seq_len * d_model * 4 * 24 + model.n_heads * seq_len * 4 * 64

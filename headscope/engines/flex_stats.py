@@ -170,9 +170,8 @@ class Visibility:
         """``(any, all)``: per ``BLOCK x BLOCK`` tile ``[mbatch, q tile, k tile]``, whether
         ``mask_mod(window)`` is true somewhere / everywhere in it (over the tile's real rows and
         keys). Constraints on ``d = q + offset - k`` are exact per tile; the AND of several
-        constraints is
-        'any' only where each has some visible key (a superset: such tiles are read with the
-        mask)."""
+        constraints is 'any' only where each has some visible key (a superset: such tiles are
+        read with the mask)."""
         device = self.device
         nqb, nkb = -(-self.n_q // BLOCK), -(-self.n_k // BLOCK)
         qb, kb = torch.arange(nqb, device=device), torch.arange(nkb, device=device)
@@ -202,8 +201,7 @@ class Visibility:
 
     def block_mask(self, window: tuple[int, int] | None = None):
         """A FlexAttention ``BlockMask``: tiles with no visible key skipped, tiles whose keys are
-        all
-        visible read without ``mask_mod``, the rest read with it."""
+        all visible read without ``mask_mod``, the rest read with it."""
         from torch.nn.attention.flex_attention import BlockMask
 
         any_, all_ = self.tiles(window)
@@ -243,8 +241,7 @@ def dense_tiles(
     mask: Bool[Tensor, "mbatch query key"], chunk_bytes: int = 64 * 2**20
 ) -> tuple[Tensor, Tensor]:
     """``(any, all)`` of a boolean mask per ``BLOCK x BLOCK`` tile ``[mbatch, q tile, k tile]``,
-    over
-    the tile's real rows and keys; read a few query tiles at a time."""
+    over the tile's real rows and keys; read a few query tiles at a time."""
     mb, n_q, n_k = mask.shape
     nqb, nkb = -(-n_q // BLOCK), -(-n_k // BLOCK)
     step = max(1, chunk_bytes // max(1, mb * BLOCK * nkb * BLOCK))

@@ -182,9 +182,8 @@ class Metric:
 
     @classmethod
     def of(cls, name: str, fn: MetricFn, **implementation) -> Metric:
-        """A built-in metric: what it means comes from :mod:`headscope.catalog` (one place), how it
-        is
-        computed from ``fn`` and ``implementation`` (``fused``, ``chance_fn``, ``needs``)."""
+        """A built-in metric: what it means comes from :mod:`headscope.catalog` (one place), how
+        it is computed from ``fn`` and ``implementation`` (``fused``, ``chance_fn``, ``needs``)."""
         from headscope.catalog import PATTERN
 
         info = PATTERN[name]

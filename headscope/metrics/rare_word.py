@@ -2,11 +2,10 @@
 
 Voita et al. found an NMT encoder head whose arg-max points at the least frequent token of the
 sentence 66% of the time. For a query ``q`` of the text probe, the **keys counted** are the real
-keys it can see (causal models: ``k <= q``), except position 0 (BOS / [CLS]), the query itself,
-and special tokens (they have no count in prose). ``PatternBatch.key_counts[b, k]`` holds each
-key's unigram count in the bundled prose under the model's tokenizer
-(:mod:`headscope.probes.unigrams`; ``inf`` for a special token). A query qualifies when it has at
-least one counted key, and
+keys it can see (causal models: ``k <= q``), except position 0 (BOS / [CLS]), the query itself, and
+special tokens (they have no count in prose). ``PatternBatch.key_counts[b, k]`` holds each key's
+unigram count in the bundled prose under the model's tokenizer (:mod:`headscope.probes.unigrams`;
+``inf`` for a special token). A query qualifies when it has at least one counted key, and
 
 * **hit** when the head's arg-max key is a counted key with the smallest count (ties: any of them);
 * **chance** = ``1 / (keys counted)``, averaged like the score (the contract's definition: a head

@@ -62,9 +62,8 @@ class HeadStats:
     def at(
         self, keys: Int[Tensor, "*batch query"], batch=None
     ) -> Float[Tensor, "batch head query"]:
-        """``A[b, h, q, keys[q]]`` for every row (``keys`` ``[query]``, or ``[batch, query]`` for a
-        key
-        per sequence); 0 where that key is out of range or not visible."""
+        """``A[b, h, q, keys[q]]`` for every row (``keys`` ``[query]``, or ``[batch, query]`` for
+        a key per sequence); 0 where that key is out of range or not visible."""
         b, h, n_q, n_k = self.shape
         kvh = self.key.shape[1]
         keys = keys.to(self.device).expand(b, n_q)  # [batch, query]

@@ -1,8 +1,7 @@
 """Syntax heads: Clark et al. (2019, section 4.2) protocol, on silver parses.
 
 Each head is a classifier. For a word ``i`` of a sentence, on the head's word-level map ``M``
-(:func:`headscope.probes.words.word_attention`; special tokens are no word, so never
-predicted):
+(:func:`headscope.probes.words.word_attention`; special tokens are no word, so never predicted):
 
 * ``dep->head``: the prediction is the word ``i`` attends to most, ``argmax_j M[i, j]``;
 * ``head->dep`` (Clark's ``transpose`` mode): the word that attends to ``i`` most, ``argmax_j M[j,

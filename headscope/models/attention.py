@@ -8,12 +8,11 @@ does inside a forward pass goes through here:
 * an **engine** (:mod:`headscope.engines.registry`) reads the call's queries and keys, hands per-row
   statistics to the metrics, and returns the layer's output (``call.output()``, or its own);
 * an **intervention** changes the call before the handler sees it (:meth:`Intervention.before`)
-  or changes the per-head output after (:meth:`Intervention.after`). The vocabulary is two
-  classes, each acting on chosen heads per row of the batch: :class:`SetHeads` sets their output
-  to a value or part of the way there (mean, zero or resample ablation, patching a head's output,
-  keeping only a circuit), :class:`RestrictKeys` lets them see only some keys (the no-op test, a
-  sink + window KV cache). ``ReplaceHeadOutput`` and ``Interpolate`` are :class:`SetHeads` spelled
-  for one head.
+  or changes the per-head output after (:meth:`Intervention.after`). The vocabulary is two classes,
+  each acting on chosen heads per row of the batch: :class:`SetHeads` sets their output to a value
+  or part of the way there (mean, zero or resample ablation, patching a head's output, keeping only
+  a circuit), :class:`RestrictKeys` lets them see only some keys (the no-op test, a sink + window KV
+  cache). ``ReplaceHeadOutput`` and ``Interpolate`` are :class:`SetHeads` spelled for one head.
 
 Output layout: ``[batch, query, head, dim]``, the per-head results ``A v`` that the output
 projection (``o_proj`` / ``c_proj`` / ``dense``) reads after flattening the last two axes, so head
@@ -95,11 +94,10 @@ class AttentionCall:
         return replace(self, mask=mask)
 
     def full_mask(self) -> torch.Tensor:
-        """The call's mask as booleans (True = may attend), broadcastable to ``[batch, head, query,
-        key]``: ``[1, 1, query, key]`` built from ``causal`` when there is no mask, else the mask's
-        own shape.
-        Keys before the first query (a KV cache) are visible to every query (bottom-right
-        alignment)."""
+        """The call's mask as booleans (True = may attend), broadcastable to ``[batch, head,
+        query, key]``: ``[1, 1, query, key]`` built from ``causal`` when there is no mask, else
+        the mask's own shape. Keys before the first query (a KV cache) are visible to every query
+        (bottom-right alignment)."""
         b, _, n_q, n_k = self.shape
         if self.mask is None:
             if not self.causal:

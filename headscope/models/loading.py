@@ -289,9 +289,8 @@ def _load_named(
 
 def _placement_kwargs(device_map, max_memory, offload_folder) -> tuple[dict, str | None]:
     """``from_pretrained`` arguments that let accelerate place the model (and offload what fits
-    nowhere), and the temporary offload folder headscope made for it (None when the caller gave one:
-    that folder
-    is the caller's and is never removed)."""
+    nowhere), and the temporary offload folder headscope made for it (None when the caller gave
+    one: that folder is the caller's and is never removed)."""
     import tempfile
 
     scratch = None

@@ -121,8 +121,7 @@ class Model:
 
     def fingerprint(self) -> str:
         """sha256 over the parameters' names, shapes, dtypes and bytes (computed once, on first
-        use):
-        what identifies an in-memory model that has no weights file."""
+        use): what identifies an in-memory model that has no weights file."""
         if self._fingerprint is None:
             self._fingerprint = _state_sha256(self.hf)
         return self._fingerprint
@@ -385,9 +384,8 @@ class Model:
         self, prompt: Sequence[int], n_new: int, handler: Handler | None = None
     ) -> list[int]:
         """``n_new`` tokens decoded greedily after ``prompt``, with a KV cache, attention calls
-        routed
-        through ``handler`` (None: the model's own attention) in the prompt's pass and every
-        step."""
+        routed through ``handler`` (None: the model's own attention) in the prompt's pass and
+        every step."""
         if handler is not None and not self.attention_interface:
             raise HeadscopeError(
                 f"{self.name}: its attention does not run through transformers' "
@@ -848,8 +846,7 @@ def attention_layers(hf, n_layers: int) -> list[int]:
 
 def _state_sha256(hf) -> str:
     """sha256 over the state dict's names, shapes, dtypes and bytes (an in-memory model has no
-    file).
-    Tensors that hold no data here (meta, offloaded) are hashed by name and shape only."""
+    file). Tensors that hold no data here (meta, offloaded) are hashed by name and shape only."""
     h = hashlib.sha256()
     for name, t in sorted(hf.state_dict().items()):
         h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())

@@ -127,8 +127,7 @@ def _spans(model, ids: list[int], owner: list[int], n_words: int) -> Aligned | s
 
 def word_matrices(word_tokens: Spans, n_tokens: int, dtype=torch.float64) -> tuple[Tensor, Tensor]:
     """``(F, T)``: ``F`` ``[word, token]`` averages a word's token rows, ``T`` ``[token, word]``
-    sums
-    its token columns. Tokens of no word (special tokens) get no weight in either."""
+    sums its token columns. Tokens of no word (special tokens) get no weight in either."""
     n_words = len(word_tokens)
     F = torch.zeros(n_words, n_tokens, dtype=dtype)
     T = torch.zeros(n_tokens, n_words, dtype=dtype)

@@ -14,11 +14,10 @@ receiver, the senders ranked both ways: Spearman rho and the top-k overlap again
 * :func:`circuit_diagram`: heads with a class as nodes (x = layer, rows grouped by class,
   coloured by class), a ``logits`` node right of the last layer (a column apart, and between node
   rows, so that it never covers a head and no edge into it runs through one), the edges as arrows
-  sender -> receiver whose width is proportional to ``|effect|`` (the share of the clean-corrupt
-  gap the path carries), red where the effect is positive and blue where negative, pale where the
-  effect's interval includes 0, the receiver's input (q/k/v/logits) as the line style and a
-  letter on the edge; a group receiver is a dashed box around its heads, its edges end on the
-  box;
+  sender -> receiver whose width is proportional to ``|effect|`` (the share of the clean-corrupt gap
+  the path carries), red where the effect is positive and blue where negative, pale where the
+  effect's interval includes 0, the receiver's input (q/k/v/logits) as the line style and a letter
+  on the edge; a group receiver is a dashed box around its heads, its edges end on the box;
 * :func:`diagram_svg`: the same figure as SVG text for the page (matplotlib's own SVG: one
   renderer), with ``<title>`` tooltips on each edge (its effect and interval) and each node (its
   class, rule and evidence);

@@ -2,15 +2,14 @@
 the diagram as inline SVG, figures as ``data:`` PNGs, no script, nothing fetched), drawn from the
 run directory's files alone, never the model, like :mod:`headscope.report.patch_page`.
 
-Top to bottom: the model, the task and its pairs, the baseline and the settings
-(``metadata.json``); the circuit diagram (:func:`headscope.report.circuit_figures.diagram_svg`:
-hover an edge for its effect and interval, a node for its class, rule and evidence); the head
-classes with every classed head's evidence and the rule it passed (``classes.csv``); the agreement
-of composition and path patching per receiver (``agreement.csv``, with the per-receiver panels:
-``agreement.png`` when the run saved it, else drawn from the tables); the strongest path effects
-(``path.csv``, exact, the attribution estimate beside); the composition pairs with the largest z
-(``composition.csv``); how to read it all. A table the run lacks is said to be missing, not
-invented.
+Top to bottom: the model, the task and its pairs, the baseline and the settings (``metadata.json``);
+the circuit diagram (:func:`headscope.report.circuit_figures.diagram_svg`: hover an edge for its
+effect and interval, a node for its class, rule and evidence); the head classes with every classed
+head's evidence and the rule it passed (``classes.csv``); the agreement of composition and path
+patching per receiver (``agreement.csv``, with the per-receiver panels: ``agreement.png`` when the
+run saved it, else drawn from the tables); the strongest path effects (``path.csv``, exact, the
+attribution estimate beside); the composition pairs with the largest z (``composition.csv``); how to
+read it all. A table the run lacks is said to be missing, not invented.
 """
 
 from __future__ import annotations

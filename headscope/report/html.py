@@ -360,8 +360,7 @@ def report_html(result: ScanResult, figures: bool = True) -> str:
 
 def summary_html(result: ScanResult) -> str:
     """The short form for a notebook: the model, and per behaviour chance, labelled heads and the
-    top
-    three heads (with intervals when the scan has them)."""
+    top three heads (with intervals when the scan has them)."""
     scores = result.scores
     md = result.metadata
     rows = []

@@ -183,8 +183,7 @@ def figure_slices(table: pd.DataFrame) -> list[dict]:
 
 def figure_name(s: dict) -> str:
     """The file of one slice's heatmap: ``z-all-denoising-exact.png``,
-    ``v-group-S2-noising-attribution.png``
-    (``position`` ``by-position`` for the grid)."""
+    ``v-group-S2-noising-attribution.png`` (``position`` ``by-position`` for the grid)."""
     mode = f"-{s['kv_mode']}" if s["activation"] in ("k", "v") else ""
     return f"{s['activation']}{mode}-{s['position']}-{s['direction']}-{s['estimator']}.png"
 

@@ -1,6 +1,5 @@
 """``--ray`` and ``--workers``: every mistake refused in one line before any model loads (no Ray
-import
-until Ray is needed)."""
+import until Ray is needed)."""
 
 from __future__ import annotations
 

@@ -2,9 +2,8 @@
 directory).
 
 * :func:`scan` scores a loaded model on probes and returns a :class:`~headscope.result.ScanResult`
-  that carries everything its run directory records (model, source, settings, versions, timings),
-  so :func:`~headscope.rundir.store.save_run` writes the same ``metadata.json`` however it is
-  called;
+  that carries everything its run directory records (model, source, settings, versions, timings), so
+  :func:`~headscope.rundir.store.save_run` writes the same ``metadata.json`` however it is called;
 * :func:`scan_to_dir` is the ``headscope scan`` command as a function: checks, load, probes, scan,
   atomic save.
 

@@ -119,8 +119,7 @@ def is_task_file(task) -> bool:
 
 def check_task(task) -> Task | str:
     """What a task argument is, checked without a model: a :class:`Task` (from a ``.jsonl`` /
-    ``.tsv``
-    file, read now) or a kit name; anything else gets one line (the nearest kit named)."""
+    ``.tsv`` file, read now) or a kit name; anything else gets one line (the nearest kit named)."""
     if isinstance(task, Task):
         return task
     if isinstance(task, (str, Path)):
