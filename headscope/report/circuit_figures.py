@@ -118,6 +118,33 @@ def classed(classes: pd.DataFrame) -> pd.DataFrame:
     return sub.assign(_rank=sub["class"].map(rank)).sort_values(["_rank", "layer", "head"])
 
 
+#: The class :func:`path_nodes` gives every head of a run without ``classes.csv``.
+IN_PATH = "in a path"
+
+
+def path_nodes(path: pd.DataFrame, threshold: float = 0.05, direction: str | None = None):
+    """A stand-in for ``classes.csv`` read from ``path.csv`` alone (a run with named receivers
+    writes no classes): every head at either end of an exact path effect of the drawn direction
+    with ``|effect| >= threshold`` (a sender, a head receiver, a member of a group receiver named
+    by its members), class :data:`IN_PATH`, so :func:`circuit_edges` keeps exactly those edges."""
+    if path.empty:
+        return pd.DataFrame(columns=["layer", "head", "class", "rule"])
+    direction = _direction(path, direction)
+    sub = path[(path["estimator"] == "exact") & (path["direction"].astype(str) == direction)]
+    sub = sub[sub["effect"].astype(float).abs() >= threshold]
+    heads = set(zip(sub["sender_layer"].astype(int), sub["sender_head"].astype(int), strict=True))
+    for name, la, h in zip(
+        sub["receiver"].astype(str), sub["receiver_layer"], sub["receiver_head"], strict=True
+    ):
+        if int(h) >= 0:
+            heads.add((int(la), int(h)))
+        elif _MEMBER.match(name):
+            heads |= {(int(a), int(b)) for a, b in _MEMBER.findall(name)}
+    rule = f"an end of an exact path effect with |effect| >= {threshold:g} (no classes.csv)"
+    rows = [{"layer": la, "head": h, "class": IN_PATH, "rule": rule} for la, h in sorted(heads)]
+    return pd.DataFrame(rows, columns=["layer", "head", "class", "rule"])
+
+
 def _direction(path: pd.DataFrame, direction: str | None) -> str:
     """The direction drawn: the one asked for, else the table's only one, else noising (section
     11's path patching: the sender's corrupt output into the clean run)."""
@@ -501,7 +528,11 @@ def circuit_diagram(
     ax.set_title(
         f"{_context(path, model, task, direction)}\ncircuit: exact path patching, "
         f"{len(edges)} edges with |effect| >= {threshold:g} (share of the clean-corrupt gap) "
-        f"among classed heads\n{_unclassed_note(classes, threshold)}",
+        + (
+            "\n(no classes.csv: the nodes are the paths' own heads)"
+            if set(nodes["class"]) == {IN_PATH}
+            else f"among classed heads\n{_unclassed_note(classes, threshold)}"
+        ),
         fontsize=9,
     )
     return fig

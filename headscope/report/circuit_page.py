@@ -24,7 +24,13 @@ from headscope.catalog import CIRCUIT_CLASSES as CLASSES
 from headscope.catalog import CLASS_EVIDENCE as EVIDENCE
 from headscope.catalog import interval_columns as interval_of
 from headscope.files import write_atomic
-from headscope.report.circuit_figures import LOGITS, agreement_figure, classed, diagram_svg
+from headscope.report.circuit_figures import (
+    LOGITS,
+    agreement_figure,
+    classed,
+    diagram_svg,
+    path_nodes,
+)
 from headscope.report.html import _e, _kv, _readable, _table, figure_uri, page
 from headscope.result import fmt
 
@@ -303,19 +309,33 @@ def circuit_page_html(got: dict, figures: bool = True, pngs: dict[str, str] | No
         "<nav>" + "".join(f'<a href="#{k}">{_e(v.lower())}</a>' for k, v in sections) + "</nav>",
         f'<h2 id="diagram">{sections[0][1]}</h2>',
     ]
-    if path is None or classes is None:
+    nodes = classes
+    if path is not None and classes is None:  # named receivers: no classes, the paths still draw
+        nodes = path_nodes(path, threshold)
+    if path is None or nodes is None:
         body.append(_missing("path.csv" if path is None else "classes.csv"))
-    else:
-        n_layers = int(meta.get("n_layers") or int(classes["layer"].max()) + 1)
+    elif nodes.empty:
         body.append(
-            '<p class="muted">Nodes: the heads that passed a class rule (x = layer). Edges: exact '
+            f"<p>No exact path effect reaches |effect| &gt;= {_e(f'{threshold:g}')} and this run "
+            "has no <code>classes.csv</code>: no circuit to draw.</p>"
+        )
+    else:
+        n_layers = int(meta.get("n_layers") or int(nodes["layer"].max()) + 1)
+        who = (
+            "the heads that passed a class rule"
+            if classes is not None
+            else f"every head at either end of an exact path effect of at least {threshold:g} "
+            "(this run wrote no classes.csv, so no head has a class)"
+        )
+        body.append(
+            f'<p class="muted">Nodes: {_e(who)} (x = layer). Edges: exact '
             f"path-patching effects with |effect| &gt;= {_e(f'{threshold:g}')} between two of "
             "them, into a group of heads (a dashed box: one path into all of them at once) or "
             "into the logits, width proportional to |effect|, pale where the effect's interval "
             "includes 0. Hover an edge for its effect and interval, a node for its class, rule "
             "and evidence.</p>"
         )
-        svg = diagram_svg(classes, path, n_layers, threshold, model=model, task=task)
+        svg = diagram_svg(nodes, path, n_layers, threshold, model=model, task=task)
         body.append(f'<div class="hs-diagram">{svg}</div>')
     body.append(f'<h2 id="classes">{sections[1][1]}</h2>')
     body.append(_missing("classes.csv") if classes is None else _classes(classes))

@@ -154,3 +154,30 @@ def test_a_missing_table_is_said_not_invented(tmp_path):
     assert read_circuit(d)["composition"] is None
     with pytest.raises(FileNotFoundError, match="no metadata.json"):
         read_circuit(tmp_path)
+
+
+def test_without_classes_the_diagram_is_drawn_from_path_csv_alone(tmp_path):
+    """Named receivers write no classes.csv: every head at an end of an exact edge above the
+    threshold is a node, and every such edge is drawn (none is dropped for lack of a class)."""
+    d = T.write_run(tmp_path / "run")
+    (d / "classes.csv").unlink()
+    page = write_circuit_page(d, figures=False, out=tmp_path / "page.html").read_text()
+    diagram = _section(page, "diagram")
+    assert "no classes.csv, so no head has a class" in diagram
+    svg = re.search(r"<svg .*?</svg>", diagram, re.S).group(0)
+    ids = [g.get("id") or "" for g in ET.fromstring(svg).iter(f"{SVG}g")]
+    edges = [r for r in T.ROWS if r[3] == r[3] and abs(r[3]) >= 0.05]  # NaN and below left out
+    assert len([i for i in ids if i.startswith("edge:")]) == len(edges) == 12
+    want = {r[0] for r in edges} | {r[1].split(".")[0] for r in edges if r[1] != "logits"}
+    assert {i.removeprefix("node:") for i in ids if i.startswith("node:")} == want
+    assert "This run has no <code>classes.csv</code>" in _section(page, "classes")
+
+
+def test_without_classes_or_an_edge_above_the_threshold_nothing_is_drawn(tmp_path):
+    d = T.write_run(tmp_path / "run")
+    (d / "classes.csv").unlink()
+    meta = json.loads((d / "metadata.json").read_text())
+    meta["settings"]["edge_threshold"] = 5.0
+    (d / "metadata.json").write_text(json.dumps(meta))
+    page = write_circuit_page(d, figures=False, out=tmp_path / "page.html").read_text()
+    assert "no circuit to draw" in _section(page, "diagram") and "<svg" not in page
