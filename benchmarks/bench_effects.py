@@ -47,8 +47,9 @@ def main() -> None:
 
     import headscope
     from headscope.effects.heads import EffectSettings, head_effects
-    from headscope.engines.extract import pad_batch
-    from headscope.scanner.runner import circuit_scores, scan
+    from headscope.engines.extract import pad_batch, score_probe
+    from headscope.scanner.config import ScanSettings
+    from headscope.scanner.runner import circuit_scores
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -79,13 +80,12 @@ def main() -> None:
     t_attr, attr, attr_t = timed("attribution")
     t_exact, exact, exact_t = timed("exact")
     t0 = time.perf_counter()
-    pattern = scan(model, probes)  # the pattern scores auto needs to choose heads
+    chosen = ScanSettings().metric_objects()  # the pattern scores auto needs to choose heads
+    pattern = [r for p in probes for r in score_probe(model, p, chosen, None).values()]
     t_pattern = time.perf_counter() - t0
     t0 = time.perf_counter()
     circuit_scores(model, probes, 8)
-    head_effects(
-        model, probes, EffectSettings(mode="auto", n_sequences=args.sequences), pattern.scores
-    )
+    head_effects(model, probes, EffectSettings(mode="auto", n_sequences=args.sequences), pattern)
     t_auto = time.perf_counter() - t0
 
     rows = {

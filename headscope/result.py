@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import math
 import re
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -208,3 +210,11 @@ def matrix(scores: pd.DataFrame, metric: str) -> pd.DataFrame:
             f"{', '.join(scores['metric'].unique())}."
         )
     return sub.pivot(index="layer", columns="head", values="score")
+
+
+@contextmanager
+def timed(timings: dict[str, float], key: str):
+    """Record the seconds the ``with`` block took as ``timings[key]`` (to the millisecond)."""
+    t0 = time.perf_counter()
+    yield
+    timings[key] = round(time.perf_counter() - t0, 3)

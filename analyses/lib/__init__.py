@@ -32,6 +32,8 @@ user would.
   from the last position, OV name copying, Wang et al.'s GPT-2 small IOI heads.
 * :mod:`lib.weight_importance`: induction scores per sequence, many single-head ablations resumed
   from one clean pass (a control distribution), resample ablation (notebook 05).
+* :mod:`lib.repeat_task`: the induction task as prompt pairs (``BOS + R + R[:m]``, and the same
+  with ``R`` redrawn) for patching and circuits (notebooks 05 and 09).
 
 Import the submodules directly (``from lib import copying``); nothing is imported here, so a
 missing or broken submodule never breaks the others. The independent recomputations

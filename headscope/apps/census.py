@@ -38,7 +38,7 @@ import pandas as pd
 
 from headscope.apps.settings import CensusSettings
 from headscope.models.placement import threads
-from headscope.result import COLUMNS, model_slug
+from headscope.result import COLUMNS, model_slug, timed
 from headscope.rundir.kinds import CENSUS
 from headscope.rundir.record import run_record
 from headscope.rundir.store import REPORT, check_out_dir, write_csv, write_run
@@ -134,10 +134,9 @@ def census(
     timings: dict[str, float] = {}
     scored: list[dict] = []
     for part in st.parts:  # every part runs before anything is written
-        t0 = time.perf_counter()
-        say(f"census: {part}")
-        scored += PARTS[part](ctx)
-        timings[f"{part}_s"] = round(time.perf_counter() - t0, 3)
+        with timed(timings, f"{part}_s"):
+            say(f"census: {part}")
+            scored += PARTS[part](ctx)
     frame = pd.DataFrame(scored)
     frame = frame[COLUMNS + [c for c in frame.columns if c not in COLUMNS]]
 

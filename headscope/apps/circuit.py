@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from headscope.apps.settings import CircuitSettings
 from headscope.errors import HeadscopeError
+from headscope.result import timed
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -131,23 +132,22 @@ def circuit(
     batches = make_batches(tt, config.batch_size, model.pad_id)
     runner = _Runner(model, tt, batches, config, say)
     timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    explicit = [Receiver.parse(r) for r in config.receivers]
-    senders = [parse_head(s) for s in config.senders] or None
-    classes = None
-    ioi = all(p in tt.positions for p in IOI_POSITIONS)
-    if explicit:
-        runner.run(explicit, senders)
-    elif ioi:
-        classes, evidence = _ioi(runner, model, tt, batches, config, evidence, senders, say)
-    else:
-        runner.run([Receiver("logits")], senders)
-        direct = runner.effects("logits")
-        top = sorted(((la, h) for (la, h) in direct if la > 0), key=lambda k: -abs(direct[k]))[
-            :TOP_DIRECT
-        ]
-        runner.run([Receiver("q", la, h, "END") for la, h in top], senders)
-    timings["path_s"] = round(time.perf_counter() - t0, 3)
+    with timed(timings, "path_s"):
+        explicit = [Receiver.parse(r) for r in config.receivers]
+        senders = [parse_head(s) for s in config.senders] or None
+        classes = None
+        ioi = all(p in tt.positions for p in IOI_POSITIONS)
+        if explicit:
+            runner.run(explicit, senders)
+        elif ioi:
+            classes, evidence = _ioi(runner, model, tt, batches, config, evidence, senders, say)
+        else:
+            runner.run([Receiver("logits")], senders)
+            direct = runner.effects("logits")
+            top = sorted(((la, h) for (la, h) in direct if la > 0), key=lambda k: -abs(direct[k]))[
+                :TOP_DIRECT
+            ]
+            runner.run([Receiver("q", la, h, "END") for la, h in top], senders)
     if config.attribution == "all":
         t1 = time.perf_counter()
         runner.attribute_all()

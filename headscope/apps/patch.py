@@ -40,7 +40,6 @@ Importing this module loads no torch (``headscope patch --help`` is instant); th
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +50,7 @@ from headscope.apps.settings import PatchSettings
 from headscope.effects.settings import PATCH_KV_MODES
 from headscope.errors import HeadscopeError, did_you_mean, setting
 from headscope.probes.tasks import END
+from headscope.result import timed
 from headscope.rundir.kinds import PATCH
 
 if TYPE_CHECKING:  # pragma: no cover - pandas is imported where a table is made or read
@@ -176,9 +176,10 @@ def patch(
     attribution = {}
     if est in ("attribution", "both", "auto"):
         say(f"patching: attribution estimates for every head ({', '.join(kinds)}; {n} pairs)")
-        t0 = time.perf_counter()
-        attribution = attribution_patching(model, batches, n, tt.metric, kinds, run_kv, pos, dirs)
-        timings["attribution_s"] = round(time.perf_counter() - t0, 3)
+        with timed(timings, "attribution_s"):
+            attribution = attribution_patching(
+                model, batches, n, tt.metric, kinds, run_kv, pos, dirs
+            )
     requests = []
     if est != "attribution":
         for d, k, m in combos:
@@ -203,9 +204,8 @@ def patch(
             f"patching: exact patches of {sum(len(r.units) * len(r.positions) for r in requests)} "
             "(head, position) pairs"
         )
-        t0 = time.perf_counter()
-        exact = exact_patching(model, batches, n, tt.metric, requests, baseline=base)
-        timings["exact_s"] = round(time.perf_counter() - t0, 3)
+        with timed(timings, "exact_s"):
+            exact = exact_patching(model, batches, n, tt.metric, requests, baseline=base)
     else:
         base = baseline_metrics(model, batches, n, tt.metric)
 
@@ -246,15 +246,14 @@ def patch(
     )
     dla = None
     if config.dla:
-        t0 = time.perf_counter()
-        dla = dla_table(
-            tt.name,
-            {p: direct_logit_attribution(model, batches, n, p) for p in ("clean", "corrupt")},
-            b,
-            level,
-            seed,
-        )
-        timings["dla_s"] = round(time.perf_counter() - t0, 3)
+        with timed(timings, "dla_s"):
+            dla = dla_table(
+                tt.name,
+                {p: direct_logit_attribution(model, batches, n, p) for p in ("clean", "corrupt")},
+                b,
+                level,
+                seed,
+            )
     baseline = baseline_table(tt.name, tt.metric, base, b, level, seed)
     example = {
         "pair": 0,

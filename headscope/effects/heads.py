@@ -18,12 +18,10 @@ Encoders' embedding target has no first-order signal, so encoders get exact effe
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -34,8 +32,7 @@ from headscope.effects.settings import ABLATIONS, MODES, EffectSettings
 from headscope.effects.targets import TARGETS, Target, targets_for
 from headscope.engines.extract import auto_batch_size
 from headscope.errors import HeadscopeError
-from headscope.metrics import REGISTRY
-from headscope.result import Probe, ScoreInfo
+from headscope.result import Probe, ScoreInfo, timed
 
 # auto: exact ablation for this share of heads, by |attribution| (at least 10)
 TOP_BY_ATTRIBUTION = 0.1
@@ -94,15 +91,15 @@ def head_effects(
     model,
     probes: Sequence[Probe],
     settings: EffectSettings = DEFAULT_SETTINGS,
-    pattern_scores: pd.DataFrame | None = None,
+    pattern: Sequence | None = None,
     say: Callable[[str], None] | None = None,
     timings: dict[str, float] | None = None,
 ) -> list[EffectScores]:
     """Every head's effect on each target whose probe is in ``probes`` (see the module docstring).
 
-    ``pattern_scores`` (the run's pattern table) chooses, in ``auto`` mode, which heads also get
-    exact ablation beside their attribution estimate. ``timings`` (a dict) receives the seconds
-    each step took.
+    ``pattern`` (the scan's pattern results, :func:`choose_heads`) chooses, in ``auto`` mode,
+    which heads also get exact ablation beside their attribution estimate. ``timings`` (a dict)
+    receives the seconds each step took.
     """
     timings = {} if timings is None else timings
     settings.validate()
@@ -120,20 +117,18 @@ def head_effects(
         attribution, counts, values = None, None, (None if settings.ablation == "mean" else 0.0)
         if settings.mode in ("auto", "attribution", "both") and target.output == "logits":
             say(f"effects: attribution for {len(all_heads)} heads on {target.name}")
-            t0 = time.perf_counter()
-            attribution, counts, means = attribution_effects(
-                model, probe, target, values, batch_size
-            )
-            values = means if values is None else values  # the same pass gave the means
-            timings[f"attribution_{target.name}_s"] = round(time.perf_counter() - t0, 3)
+            with timed(timings, f"attribution_{target.name}_s"):
+                attribution, counts, means = attribution_effects(
+                    model, probe, target, values, batch_size
+                )
+                values = means if values is None else values  # the same pass gave the means
         if values is None:
-            t0 = time.perf_counter()
-            values = head_means(model, probe, batch_size)
-            timings[f"means_{target.name}_s"] = round(time.perf_counter() - t0, 3)
+            with timed(timings, f"means_{target.name}_s"):
+                values = head_means(model, probe, batch_size)
         if settings.mode in ("exact", "both") or attribution is None:
             exact_heads = all_heads
         elif settings.mode == "auto":
-            exact_heads = choose_heads(attribution.sum(0), pattern_scores, target.probe)
+            exact_heads = choose_heads(attribution.sum(0), pattern, target.probe)
         else:
             exact_heads = []
         exact = {}
@@ -142,9 +137,8 @@ def head_effects(
                 f"effects: exact {settings.ablation}-ablation of {len(exact_heads)} heads on "
                 f"{target.name}"
             )
-            t0 = time.perf_counter()
-            exact = exact_effects(model, probe, target, exact_heads, values, batch_size)
-            timings[f"exact_{target.name}_s"] = round(time.perf_counter() - t0, 3)
+            with timed(timings, f"exact_{target.name}_s"):
+                exact = exact_effects(model, probe, target, exact_heads, values, batch_size)
         results.extend(_tables(model, target, attribution, counts, exact))
     return results
 
@@ -156,25 +150,24 @@ def batch_size_for(model, probe: Probe) -> int:
 
 
 def choose_heads(
-    attribution: Tensor, pattern_scores: pd.DataFrame | None, probe: str
+    attribution: Tensor, pattern: Sequence | None, probe: str
 ) -> list[tuple[int, int]]:
     """``auto``: the heads that get exact ablation: the top by |attribution| and by each pattern
-    score measured on ``probe`` (lowest first for ``below`` metrics, e.g. entropy), in layer
-    order."""
+    score measured on ``probe`` (``pattern``: the scan's per-score results, each with ``metric``
+    and a ``[layer, head]`` ``score``; lowest first for ``below`` metrics, e.g. entropy; ties go
+    to the lower (layer, head)), in layer order."""
     n_layers, n_heads = attribution.shape
     k = max(10, math.ceil(TOP_BY_ATTRIBUTION * n_layers * n_heads))
     flat = attribution.abs().flatten().argsort(descending=True)[:k]
     chosen = {(int(i) // n_heads, int(i) % n_heads) for i in flat}
-    if pattern_scores is not None and len(pattern_scores):
-        for metric, sub in pattern_scores[pattern_scores["probe"] == probe].groupby("metric"):
-            sub = sub[sub["score"].notna()]
-            below = metric in REGISTRY and REGISTRY[metric].below
-            top = (
-                sub.nsmallest(TOP_BY_PATTERN, "score")
-                if below
-                else sub.nlargest(TOP_BY_PATTERN, "score")
-            )
-            chosen |= {(int(r.layer), int(r.head)) for r in top.itertuples()}
+    for res in pattern or ():
+        if res.metric.probe != probe:
+            continue
+        score = np.asarray(res.score, dtype=np.float64).reshape(-1)
+        rows = np.flatnonzero(~np.isnan(score))
+        key = score[rows] if res.metric.below else -score[rows]
+        top = rows[np.argsort(key, kind="stable")[:TOP_BY_PATTERN]]
+        chosen |= {(int(i) // n_heads, int(i) % n_heads) for i in top}
     return sorted(chosen)
 
 

@@ -12,6 +12,5 @@ unigrams   unigram counts of the bundled prose per tokenizer (what ``rare_word``
 tasks      patching tasks: prompt pairs (clean, corrupt) with answer and wrong tokens, from code or
            JSONL / TSV, tokenized and checked (:class:`~headscope.probes.tasks.Task`)
 kits       the built-in tasks (ioi, capital, pronoun, copy_name) from ``headscope/data/tasks/``
-repeat_task  the induction task as prompt pairs: ``BOS + R + R[:m]``, and the same with R redrawn
 =========  =========================================================================================
 """

@@ -31,8 +31,18 @@ from headscope.report.circuit_figures import (
     diagram_svg,
     path_nodes,
 )
-from headscope.report.html import _e, _kv, _readable, _table, figure_uri, page
-from headscope.result import fmt
+from headscope.report.html import (
+    _ci,
+    _e,
+    _kv,
+    _num,
+    _readable,
+    _table,
+    figure_uri,
+    page,
+    recorded,
+    source_pairs,
+)
 
 REPORT = "report.html"
 TABLES = ("path.csv", "composition.csv", "agreement.csv", "classes.csv")
@@ -54,20 +64,6 @@ _EXTRA_STYLE = """
 .hs-diagram { overflow-x: auto; border: 1px solid #eee; padding: 0.4em; }
 .hs-diagram path.edge:hover { stroke-opacity: 1; } .hs-diagram circle.node:hover { stroke-width: 2; }
 """  # noqa: E501 (a template: its lines are the page's)
-
-
-def _n(x, digits: int = 3) -> str:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return f'<td class="num">{_e(x)}</td>'
-    return f'<td class="num">{_e(fmt(v, digits))}</td>'
-
-
-def _ci(lo, hi, digits: int = 3) -> str:
-    ok = lo is not None and lo == lo
-    text = f"[{fmt(float(lo), digits)}, {fmt(float(hi), digits)}]" if ok else ""
-    return f'<td class="num">{_e(text)}</td>'
 
 
 def read_circuit(run_dir: str | Path) -> dict:
@@ -98,19 +94,8 @@ def _settings(meta: dict) -> list[tuple[str, str]]:
         ("task", f"{meta.get('task', '?')}, {meta.get('n_pairs', '?')} pairs"),
         ("baseline", _readable(meta.get("baseline") or {})),
     ]
-    src = meta.get("source") or {}
-    pairs += [
-        (label, src[key])
-        for key, label in (("repo_id", "original"), ("weights_sha256", "weights sha256"))
-        if src.get(key)
-    ]
-    for key in ("settings", "seed", "device", "dtype", "versions", "timings", "files"):
-        if key in meta:
-            pairs.append((key, _readable(meta[key], seconds=key == "timings")))
-    for key in ("figures_skipped", "report_skipped"):
-        if meta.get(key):
-            pairs.append((key.replace("_", " "), _readable(meta[key])))
-    return pairs
+    pairs += source_pairs(meta.get("source") or {})
+    return pairs + recorded(meta, ("settings", "seed", "device", "dtype", "files"))
 
 
 def _missing(name: str) -> str:
@@ -138,7 +123,7 @@ def _classes(classes: pd.DataFrame) -> str:
     for r in nodes.to_dict("records"):
         cells = [f"<td>{_e(r['head_name'])}</td>", f"<td>{_e(r['class'])}</td>"]
         for c in evidence + extra:
-            cells.append(_n(r[c]))
+            cells.append(_num(r[c]))
             if c in with_ci:
                 low, high = interval_of(c)
                 cells.append(_ci(r.get(low), r.get(high)))
@@ -168,12 +153,12 @@ def _agreement(got: dict, figures: bool, pngs: dict[str, str]) -> str:
             f"<td>{_e(r.receiver)}</td>",
             f"<td>{_e(r.kind)}</td>",
             f'<td class="num">{int(r.n_senders)}</td>',
-            _n(r.spearman, 2),
+            _num(r.spearman, 2),
             _ci(r.spearman_ci_low, r.spearman_ci_high, 2),
             f'<td class="num">{int(r.top_k)}</td>',
-            _n(r.overlap, 0),
-            _n(r.overlap_chance, 2),
-            _n(r.p_overlap, 3),
+            _num(r.overlap, 0),
+            _num(r.overlap_chance, 2),
+            _num(r.p_overlap, 3),
         ]
         for r in agreement.itertuples()
     ]
@@ -231,11 +216,11 @@ def _paths(path: pd.DataFrame) -> str:
                 f"<td>{_e(r.receiver)}</td>",
                 f"<td>{_e(r.receiver_kind)}</td>",
                 f"<td>{_e(r.direction)}</td>",
-                _n(r.effect),
+                _num(r.effect),
                 _ci(r.ci_low, r.ci_high),
-                _n(r.delta),
+                _num(r.delta),
                 _ci(r.delta_ci_low, r.delta_ci_high),
-                _n(est) if est is not None else '<td class="num muted">not run</td>',
+                _num(est) if est is not None else '<td class="num muted">not run</td>',
                 f"<td>{_e(r.freeze_mlps)}</td>",
                 f'<td class="num">{int(r.n_pairs)}</td>',
             ]
@@ -255,11 +240,11 @@ def _composition(composition: pd.DataFrame) -> str:
             f"<td>{_e(r.sender)}</td>",
             f"<td>{_e(r.receiver)}</td>",
             f"<td>{_e(r.kind)}</td>",
-            _n(r.score, 4),
-            _n(r.null_mean, 4),
-            _n(r.null_sd, 4),
-            _n(r.z, 2),
-            _n(r.percentile, 3),
+            _num(r.score, 4),
+            _num(r.null_mean, 4),
+            _num(r.null_sd, 4),
+            _num(r.z, 2),
+            _num(r.percentile, 3),
             f'<td class="num">{int(r.n_null)}</td>',
         ]
         for r in top.itertuples()

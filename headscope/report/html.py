@@ -115,7 +115,19 @@ def _e(x) -> str:
 
 
 def _num(x, digits: int = 3) -> str:
-    return f'<td class="num">{_e(fmt(float(x), digits)) if x is not None else "NaN"}</td>'
+    """A number's cell (None: NaN; text that is no number: the text, escaped)."""
+    try:
+        text = "NaN" if x is None else fmt(float(x), digits)
+    except (TypeError, ValueError):
+        text = str(x)
+    return f'<td class="num">{_e(text)}</td>'
+
+
+def _ci(lo, hi, digits: int = 3) -> str:
+    """An interval's cell, empty where it is missing."""
+    ok = lo is not None and lo == lo
+    text = f"[{fmt(float(lo), digits)}, {fmt(float(hi), digits)}]" if ok else ""
+    return f'<td class="num">{_e(text)}</td>'
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -153,19 +165,35 @@ def _settings(result: ScanResult) -> list[tuple[str, str]]:
         ),
         ("source", src.get("source", "?")),
     ]
-    pairs += [
-        (label, src[key])
-        for key, label in (("repo_id", "original"), ("weights_sha256", "weights sha256"))
-        if src.get(key)
-    ]
+    pairs += source_pairs(src)
     for name, probe in (md.get("probes") or {}).items():
         pairs.append((f"probe {name}", _readable(probe)))
-    for key in ("engine", "device", "dtype", "seed", "bootstrap", "effects", "versions", "timings"):
-        if key in md:
-            pairs.append((key, _readable(md[key], seconds=key == "timings")))
+    pairs += recorded(md, ("engine", "device", "dtype", "seed", "bootstrap", "effects"))
     if md.get("settings_changed"):
         pairs.append(("settings changed from the defaults", _readable(md["settings_changed"])))
     return pairs
+
+
+def source_pairs(src: dict) -> list[tuple[str, str]]:
+    """The header rows that identify the weights of a run's ``source`` record."""
+    names = (
+        ("repo_id", "original"),
+        ("weights_sha256", "weights sha256"),
+        ("state_dict_sha256", "weights sha256 (in memory)"),
+    )
+    return [(label, src[key]) for key, label in names if src.get(key)]
+
+
+def recorded(meta: dict, keys: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The header rows of ``keys`` then versions and timings, as recorded in ``meta``, and what
+    the run skipped (figures, page)."""
+    pairs = [
+        (key.replace("_", " "), _readable(meta[key], seconds=key == "timings"))
+        for key in (*keys, "versions", "timings")
+        if key in meta
+    ]
+    skipped = ("figures_skipped", "report_skipped")
+    return pairs + [(k.replace("_", " "), _readable(meta[k])) for k in skipped if meta.get(k)]
 
 
 def _readable(value, seconds: bool = False) -> str:

@@ -14,7 +14,18 @@ from __future__ import annotations
 
 import pandas as pd
 
-from headscope.report.html import _e, _kv, _readable, _table, figure_uri, page
+from headscope.report.html import (
+    _ci,
+    _e,
+    _kv,
+    _num,
+    _readable,
+    _table,
+    figure_uri,
+    page,
+    recorded,
+    source_pairs,
+)
 from headscope.result import fmt
 
 TOP_K = 10
@@ -25,16 +36,6 @@ READ = {
     "noising": "share of the gap destroyed when the head's corrupt activation is put into the "
     "clean run",
 }
-
-
-def _n(x, digits: int = 3) -> str:
-    return f'<td class="num">{_e(fmt(float(x), digits)) if x is not None else "NaN"}</td>'
-
-
-def _ci(lo, hi, digits: int = 3) -> str:
-    ok = lo is not None and lo == lo
-    text = f"[{fmt(float(lo), digits)}, {fmt(float(hi), digits)}]" if ok else ""
-    return f'<td class="num">{_e(text)}</td>'
 
 
 def _settings(meta: dict) -> list[tuple[str, str]]:
@@ -48,15 +49,7 @@ def _settings(meta: dict) -> list[tuple[str, str]]:
         ),
         ("source", src.get("source", src.get("kind", "?"))),
     ]
-    pairs += [
-        (label, src[key])
-        for key, label in (
-            ("repo_id", "original"),
-            ("weights_sha256", "weights sha256"),
-            ("state_dict_sha256", "weights sha256 (in memory)"),
-        )
-        if src.get(key)
-    ]
+    pairs += source_pairs(src)
     pairs += [
         (
             "task",
@@ -65,20 +58,11 @@ def _settings(meta: dict) -> list[tuple[str, str]]:
         ),
         ("task provenance", _readable(meta.get("task_provenance") or {})),
     ]
-    for key in ("settings_changed", "seed", "device", "dtype", "versions", "timings"):
-        if key in meta:
-            pairs.append((key.replace("_", " "), _readable(meta[key], seconds=key == "timings")))
-    if meta.get("scan"):
-        scan = meta["scan"]
-        pairs.append(
-            (
-                "pattern scores from",
-                f"{scan.get('run_dir')} ({', '.join(scan.get('metrics') or [])})",
-            )
-        )
-    for key in ("figures_skipped", "report_skipped"):
-        if meta.get(key):
-            pairs.append((key.replace("_", " "), meta[key]))
+    scan = meta.get("scan")
+    if scan:
+        metrics = ", ".join(scan.get("metrics") or [])
+        pairs.append(("pattern scores from", f"{scan.get('run_dir')} ({metrics})"))
+    pairs += recorded(meta, ("settings_changed", "seed", "device", "dtype"))
     return pairs
 
 
@@ -90,7 +74,7 @@ def _baseline(baseline: pd.DataFrame) -> str:
             [
                 f"<td>{_e(r.prompt)}</td>",
                 f"<td>{_e(r.metric)}</td>",
-                _n(r.mean),
+                _num(r.mean),
                 _ci(r.ci_low, r.ci_high),
                 f'<td class="num">{_e(share)}</td>',
                 f'<td class="num">{int(r.n_pairs)}</td>',
@@ -131,24 +115,24 @@ def _slice(sub: pd.DataFrame, dla: pd.Series | None, scores: dict[str, pd.Series
     for r in main.itertuples():
         cells = [
             f"<td>{_e(r.head_name)}</td>",
-            _n(r.effect),
+            _num(r.effect),
             _ci(r.ci_low, r.ci_high),
-            _n(r.delta),
+            _num(r.delta),
             _ci(r.delta_ci_low, r.delta_ci_high),
         ]
         if len(other):
             o = other.loc[r.head_name] if r.head_name in other.index else None
             cells += (
-                [_n(o["effect"]), _ci(o["ci_low"], o["ci_high"])]
+                [_num(o["effect"]), _ci(o["ci_low"], o["ci_high"])]
                 if o is not None
                 else ['<td class="num muted">not run</td>', "<td></td>"]
             )
         if kv:
             cells.append(f"<td>{_e(r.query_heads)}</td>")
         if dla is not None and not kv:
-            cells.append(_n(dla.get(r.head_name, float("nan"))))
+            cells.append(_num(dla.get(r.head_name, float("nan"))))
         if not kv:
-            cells += [_n(s.get(r.head_name, float("nan"))) for s in scores.values()]
+            cells += [_num(s.get(r.head_name, float("nan"))) for s in scores.values()]
         rows.append(cells)
     return _table(header, rows)
 
@@ -162,9 +146,9 @@ def _dla(dla: pd.DataFrame, figures: bool) -> str:
     rows = [
         [
             f"<td>{_e(r.head_name)}</td>",
-            _n(r.dla),
+            _num(r.dla),
             _ci(r.ci_low, r.ci_high),
-            _n(corrupt.get(r.head_name, float("nan"))),
+            _num(corrupt.get(r.head_name, float("nan"))),
         ]
         for r in top.itertuples()
     ]

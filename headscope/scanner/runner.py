@@ -41,7 +41,7 @@ from headscope.models.sources import resolve
 from headscope.probes.defaults import build_probes, n_prompts
 from headscope.probes.pairs import NULL_PROBE, null_probe
 from headscope.report.tables import to_frame
-from headscope.result import Probe, ScanResult, model_slug
+from headscope.result import Probe, ScanResult, model_slug, timed
 from headscope.rundir.record import run_record
 from headscope.rundir.signals import interruptible
 from headscope.rundir.store import check_out_dir, save_run
@@ -143,9 +143,8 @@ def _scan(model, probes, config: ScanSettings, progress, say, interventions, sco
                 bar.close()
 
     for probe in probes:
-        t0 = time.perf_counter()
-        results.update(scored(probe, chosen, f"{probe.name} probe"))
-        timings[f"scan_{probe.name}_s"] = round(time.perf_counter() - t0, 3)
+        with timed(timings, f"scan_{probe.name}_s"):
+            results.update(scored(probe, chosen, f"{probe.name} probe"))
     ordered = [results[m.name] for m in chosen if m.name in results]
     metadata = {"engine": eng.name, "batch_size": config.batch_size or "auto"}
     nulls = {}
@@ -157,42 +156,41 @@ def _scan(model, probes, config: ScanSettings, progress, say, interventions, sco
         and repeat_metrics
         and not any(p.name == NULL_PROBE for p in probes)
     ):
-        t0 = time.perf_counter()
-        control = null_probe(repeat, model)
-        # the repeat metrics, read at the same positions of sequences with no repetition
-        nulls = {
-            name: r.score
-            for name, r in scored(
-                replace(control, name="repeat"), repeat_metrics, "positional null"
-            ).items()
-        }
-        probes = [*probes, control]
-        timings["scan_repeat_null_s"] = round(time.perf_counter() - t0, 3)
+        with timed(timings, "scan_repeat_null_s"):
+            control = null_probe(repeat, model)
+            # the repeat metrics, read at the same positions of sequences with no repetition
+            nulls = {
+                name: r.score
+                for name, r in scored(
+                    replace(control, name="repeat"), repeat_metrics, "positional null"
+                ).items()
+            }
+            probes = [*probes, control]
     if effects is not None:
-        t0 = time.perf_counter()
-        pattern = to_frame(model.name, model.n_layers, model.n_heads, ordered, thresholds)
-        extra = circuit_scores(
-            model,
-            [effects.subset(p) for p in probes],
-            effects.batch_size or 8,
-            say,
-            timings,
-            progress,
-        )
-        nulls.update({r.metric.name: r.null for r in extra if getattr(r, "null", None) is not None})
-        effect_results = head_effects(model, probes, effects, pattern, say, timings)
-        ordered += extra + effect_results
-        metadata["effects"] = {
-            "mode": effects.mode,
-            "ablation": effects.ablation,
-            "n_sequences": effects.n_sequences,
-            "exact_heads": {
-                r.metric.name: int((r.estimator == "exact").sum())
-                for r in effect_results
-                if r.metric.name.startswith("effect_")
-            },
-        }
-        timings["effects_s"] = round(time.perf_counter() - t0, 3)
+        with timed(timings, "effects_s"):
+            extra = circuit_scores(
+                model,
+                [effects.subset(p) for p in probes],
+                effects.batch_size or 8,
+                say,
+                timings,
+                progress,
+            )
+            nulls.update(
+                {r.metric.name: r.null for r in extra if getattr(r, "null", None) is not None}
+            )
+            effect_results = head_effects(model, probes, effects, list(ordered), say, timings)
+            ordered += extra + effect_results
+            metadata["effects"] = {
+                "mode": effects.mode,
+                "ablation": effects.ablation,
+                "n_sequences": effects.n_sequences,
+                "exact_heads": {
+                    r.metric.name: int((r.estimator == "exact").sum())
+                    for r in effect_results
+                    if r.metric.name.startswith("effect_")
+                },
+            }
     intervals, per_sequence = None, {}
     if config.bootstrap:
         intervals = {}
@@ -224,27 +222,26 @@ def _scan(model, probes, config: ScanSettings, progress, say, interventions, sco
     )
     views: dict = {}
     if config.examples:
-        t0 = time.perf_counter()
-        heads = pick_heads(frame)
-        try:
-            views = {
-                "heads": heads,
-                "examples": example_patterns(
-                    model,
-                    probes,
-                    heads,
-                    engine="hooks" if eng.reads_model_attention else "blocked",
-                    interventions=interventions,
-                ),
-            }
-        # the report's views are extras: never lose a finished scan to them
-        except Exception as exc:
-            metadata["examples_skipped"] = (
-                str(exc) if isinstance(exc, HeadscopeError) else f"{type(exc).__name__}: {exc}"
-            )
-            if say is not None:
-                say(f"no example patterns for the report: {exc}")
-        timings["examples_s"] = round(time.perf_counter() - t0, 3)
+        with timed(timings, "examples_s"):
+            heads = pick_heads(frame)
+            try:
+                views = {
+                    "heads": heads,
+                    "examples": example_patterns(
+                        model,
+                        probes,
+                        heads,
+                        engine="hooks" if eng.reads_model_attention else "blocked",
+                        interventions=interventions,
+                    ),
+                }
+            # the report's views are extras: never lose a finished scan to them
+            except Exception as exc:
+                metadata["examples_skipped"] = (
+                    str(exc) if isinstance(exc, HeadscopeError) else f"{type(exc).__name__}: {exc}"
+                )
+                if say is not None:
+                    say(f"no example patterns for the report: {exc}")
     return ScanResult(
         model_name=model.name,
         scores=frame,

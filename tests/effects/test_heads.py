@@ -3,13 +3,15 @@ refuses."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
 import headscope
 from headscope.effects.heads import EffectSettings, choose_heads, head_effects
+from headscope.metrics import get_metric
 
 
 @pytest.fixture(scope="module")
@@ -53,16 +55,24 @@ def test_auto_ablates_exactly_the_top_heads_and_estimates_the_rest(tiny_gpt2, pr
     }
     big = torch.zeros(10, 10)
     big[3, 4], big[7, 1] = 5.0, -6.0
-    scores = pd.DataFrame(
-        [
-            {"metric": "induction", "probe": "repeat", "layer": 9, "head": 9, "score": 0.9},
-            {"metric": "entropy", "probe": "text", "layer": 0, "head": 0, "score": 0.01},
-            {"metric": "induction", "probe": "repeat", "layer": 0, "head": 1, "score": 0.1},
-        ]
-    )
-    chosen = choose_heads(big, scores, "repeat")
-    assert len(chosen) == 12  # 10 by |attribution| (ties by index) + 2 induction heads
-    assert (3, 4) in chosen and (7, 1) in chosen and (9, 9) in chosen and (0, 0) not in chosen[:0]
+    big[1, :8] = torch.arange(1, 9) / 10  # 10 distinct non-zero |attribution|: the top 10
+
+    def result(name, cells):  # a pattern score of the 10 x 10 model, NaN but at `cells`
+        score = torch.full((10, 10), float("nan"))
+        for (la, h), v in cells.items():
+            score[la, h] = v
+        return SimpleNamespace(metric=get_metric(name), score=score)
+
+    scores = [
+        result("induction", {(9, 9): 0.9, (8, 8): 0.7, (5, 5): 0.5, (2, 2): 0.5, (0, 1): 0.1}),
+        result("entropy", {(0, 0): 0.01}),  # another probe: not read
+    ]
+    by_attribution = {(3, 4), (7, 1)} | {(1, h) for h in range(8)}
+    # + the top 3 induction heads, the tie at 0.5 going to the lower (layer, head)
+    assert choose_heads(big, scores, "repeat") == sorted(by_attribution | {(9, 9), (8, 8), (2, 2)})
+    entropy = [result("entropy", {(4, 4): 0.2, (6, 6): 0.1, (8, 8): 0.9, (3, 3): 0.15})]
+    # entropy is a below score: its lowest 3
+    assert choose_heads(big, entropy, "text") == sorted(by_attribution | {(6, 6), (3, 3), (4, 4)})
 
 
 def test_estimators_and_labels_in_the_table(tiny_gpt2, probes):

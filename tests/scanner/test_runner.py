@@ -144,5 +144,6 @@ def test_a_failure_of_the_report_views_never_loses_the_scan(tiny_gpt2, monkeypat
     )
     assert result.views == {} and result.scores["score"].notna().any()
     assert "softcap" in result.metadata["examples_skipped"] and said == [
-        "no example patterns for the report: " + result.metadata["examples_skipped"]
+        f"scanning 2 layers x 4 heads on cpu ({result.metadata['engine']} engine)",
+        "no example patterns for the report: " + result.metadata["examples_skipped"],
     ]

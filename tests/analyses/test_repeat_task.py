@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from headscope.errors import HeadscopeError
-from headscope.probes.repeat_task import repeat_task
+from lib.repeat_task import repeat_task
 
 
 def test_the_pairs_hold_an_induction_answer_only_in_the_clean_prompt(tiny_gqa_llama):
