@@ -57,6 +57,7 @@ AGREEMENT_NAMES = {
     "top_b": "top_path",
 }
 IOI_POSITIONS = ("IO", "S1", "S2", "END")
+CircuitConfig = CircuitSettings  # the name it had
 
 
 @dataclass
