@@ -148,16 +148,18 @@ def head_differences(runs: dict[str, pd.DataFrame], k: int | None = None) -> pd.
     common = [m for m in metric_order(runs) if all((s["metric"] == m).any() for s in runs.values())]
     parts = []
     with_ci = all({"ci_low", "ci_high"} <= set(s.columns) for s in runs.values())
-    for metric in common:
-        wide = pd.concat(
+
+    def side_by_side(metric: str, column: str) -> pd.DataFrame:  # [(layer, head), run]
+        return pd.concat(
             {
-                label: runs[label][runs[label]["metric"] == metric].set_index(["layer", "head"])[
-                    "score"
-                ]
-                for label in labels
+                la: runs[la][runs[la]["metric"] == metric].set_index(["layer", "head"])[column]
+                for la in labels
             },
             axis=1,
-        ).dropna()  # [(layer, head), run]
+        )
+
+    for metric in common:
+        wide = side_by_side(metric, "score").dropna()
         diff = (
             wide[labels[1]] - wide[labels[0]]
             if len(labels) == 2
@@ -166,24 +168,8 @@ def head_differences(runs: dict[str, pd.DataFrame], k: int | None = None) -> pd.
         part = wide.assign(diff=diff, abs_diff=diff.abs())
         # the runs' intervals do not all overlap: a difference beyond the sampling noise
         if with_ci:
-            lows = pd.concat(
-                {
-                    la: runs[la][runs[la]["metric"] == metric].set_index(["layer", "head"])[
-                        "ci_low"
-                    ]
-                    for la in labels
-                },
-                axis=1,
-            ).reindex(part.index)
-            highs = pd.concat(
-                {
-                    la: runs[la][runs[la]["metric"] == metric].set_index(["layer", "head"])[
-                        "ci_high"
-                    ]
-                    for la in labels
-                },
-                axis=1,
-            ).reindex(part.index)
+            lows = side_by_side(metric, "ci_low").reindex(part.index)
+            highs = side_by_side(metric, "ci_high").reindex(part.index)
             part["beyond_ci"] = (lows.max(axis=1) > highs.min(axis=1)) & lows.notna().all(axis=1)
         part = part.reset_index()
         part = part.sort_values(["abs_diff", "layer", "head"], ascending=[False, True, True])
