@@ -182,8 +182,9 @@ class SetHeads:
 
 def _one_head(value: Tensor | float) -> Tensor | float:
     """One head's value (``[dim_v]``, ``[batch, query, dim_v]`` or a float) as :class:`SetHeads`
-    broadcasts it over heads."""
-    if isinstance(value, Tensor) and value.dim() >= 2:
+    broadcasts it over heads; a ``[batch, query, 1, dim_v]`` value (the ``value`` of one
+    :func:`ReplaceHeadOutput`) is already that."""
+    if isinstance(value, Tensor) and 2 <= value.dim() <= 3:
         return value.unsqueeze(-2)  # [batch, query, 1, dim_v]
     return value
 

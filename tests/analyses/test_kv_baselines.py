@@ -9,8 +9,10 @@ import headscope
 import lib.kv_baselines as kb
 from headscope.apps import kvplan
 from headscope.errors import HeadscopeError
-from headscope.probes.long import long_text_probe
+from headscope.probes.long import long_text_probe, needle_probe
 from tests.oracles import conformance as conf
+
+LONG = ["sink", "streaming", "retrieval", "retrieval_soft"]
 
 
 @pytest.fixture(scope="module")
@@ -79,3 +81,42 @@ def test_rank_in_counts_ties_as_reached():
     # every possible set: the exact share, not a permutation estimate
     assert kb.rank_in([0.1, 0.2, 0.2, 0.4], 0.2, exhaustive=True)["p"] == 0.75
     assert kb.rank_in([0.3] * 18, 0.1, exhaustive=True)["p"] == 0.0
+
+
+def test_random_kv_losses_seed_s_is_kv_plans_random_kv_seed_s(llama):
+    """The notebook's loss-only draws are the command's random_kv conditions: seed s there is seed
+    s here, bit for bit, with the plan's number of KV heads dropped."""
+    text = long_text_probe(llama, 200, 2)
+    text.settings["band"] = [2, 16]
+    scores = headscope.scan(
+        llama,
+        [text, needle_probe(llama, [200], (0.5,), k=4)],
+        metrics=LONG,
+        bootstrap=0,
+        null=False,
+        examples=False,
+    ).scores
+    st = kvplan.PlanSettings(
+        budgets=(0.25, 1.0),
+        seeds=2,
+        sinks=2,
+        window=16,
+        seq_len=200,
+        n_texts=1,
+        depths=(0.5,),
+        needles_per_depth=1,
+        needle_tokens=4,
+    )
+    df = kvplan.kv_plan(llama, scores, st)
+    texts, _ = kvplan.plan_inputs(llama, st)
+    full_sums = df.attrs["text_sums"][0]
+    for b in (0.25, 1.0):
+        plan = df[(df.condition == "plan") & (df.budget == b)].iloc[0]
+        kv = df[(df.condition == "random_kv") & (df.budget == b)].reset_index(drop=True)
+        dist = kb.random_kv_losses(llama, texts, int(plan.kv_heads_dropped), 3, 2, 16, full_sums)
+        assert list(dist.seed) == [0, 1, 2]
+        assert list(dist.loss[:2]) == list(kv.loss)
+        assert list(dist.loss_delta[:2]) == list(kv.loss_delta)
+        assert (dist.heads_restricted == plan.kv_heads_dropped * 2).all()
+        rank = kb.rank_in(dist.loss_delta, plan.loss_delta)
+        assert rank["n"] == 3 and rank["p"] == (1 + rank["at_or_below"]) / 4

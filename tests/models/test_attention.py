@@ -42,6 +42,29 @@ def test_zero_and_mean_ablation_equal_a_plain_hook_on_the_output_projection(tiny
         assert (got - tiny_gpt2.logits(tokens)).abs().max() > 1e-4  # the ablation did something
 
 
+def test_a_per_position_value_and_one_heads_value_read_back_ablate_alike(tiny_gpt2):
+    tokens = torch.tensor([[0, 5, 6, 7, 8, 9], [0, 11, 12, 13, 14, 15]])
+    value = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(0))  # [batch, query, dim]
+    first = ReplaceHeadOutput(1, 2, value)
+    again = ReplaceHeadOutput(1, 2, first.value)  # what a notebook reads back and passes on
+    assert first.value.shape == again.value.shape == (2, 6, 1, 8)
+    got = tiny_gpt2.run(tokens, interventions=[again], output="logits")
+    proj = tiny_gpt2.hf.transformer.h[1].attn.c_proj
+    d_head = 8
+
+    def pre(_module, args):
+        x = args[0].clone()
+        x[..., 2 * d_head : 3 * d_head] = value
+        return (x,)
+
+    handle = proj.register_forward_pre_hook(pre)
+    try:
+        want = tiny_gpt2.logits(tokens)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+
+
 @pytest.fixture(scope="module")
 def tiny_gqa_llama():
     """A random Llama with grouped-query attention: 4 query heads share 2 KV heads."""
