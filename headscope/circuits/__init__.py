@@ -24,4 +24,10 @@
 * :mod:`headscope.circuits.classes`: the IOI head classes, each by an explicit rule.
 * :mod:`headscope.circuits.faithfulness`: what a head set carries alone (every other head
   mean-ablated), against random sets of its size.
+* :mod:`headscope.circuits.edge_graph`: the edge graph (writers, readers, who reads whom) and the
+  modules each node lives in.
+* :mod:`headscope.circuits.edge_runs`: one forward with each reader fed its own residual stream:
+  edges cut, gradients read.
+* :mod:`headscope.circuits.edge_scores`: every edge's EAP and EAP-IG score, exact edge patching.
+* :mod:`headscope.circuits.edge_circuits`: circuits of edges, their faithfulness curve, CPR, CMD.
 """

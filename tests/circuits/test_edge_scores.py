@@ -1,0 +1,272 @@
+"""Edge attribution and exact edge patching against closed forms and independent oracles:
+
+* EAP is the derivative of exact edge patching (central differences, float64);
+* EAP-IG with one step is denoising EAP with the sign of noising; its Riemann-sum error against
+  its integral shrinks as the steps grow;
+* every family the graph knows: the circuit of every edge is the clean run bit for bit, the
+  circuit of none the corrupt run;
+* on a tiny GPT-2, EAP equals transformer-lens 4.3's ``attribution_patch`` at edge granularity
+  (its position-resolved edges summed over positions) and a circuit's recovered share equals its
+  ``faithfulness``;
+* exact edge patching equals a plain-transformers recomputation (``tests/oracles/edge_oracle.py``)
+  on a tiny GPT-2 and a tiny grouped-query Llama;
+* cutting every edge out of one head is patching that head's output, exactly, where heads'
+  writes add up (Llama); under Gemma 3's norm on the attention output it is not, and the test
+  says by how much.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import headscope
+from headscope.circuits import edge_circuits as ec
+from headscope.circuits import edge_scores as es
+from headscope.circuits.edge_graph import FAMILIES, graph_of
+from headscope.effects.patching import Request, exact_patching, make_batches
+from headscope.errors import HeadscopeError
+from tests.oracles import conformance as conf
+from tests.oracles import edge_oracle
+from tests.patch_helpers import random_task
+
+
+def _batch(model, n_pairs=3, length=8, seed=0):
+    tt = random_task(model, n_pairs=n_pairs, length=length, seed=seed)
+    return make_batches(tt, n_pairs, model.pad_id)
+
+
+def _all_edges(model):
+    w, r = graph_of(model).edges()
+    return list(zip(w.tolist(), r.tolist(), strict=True))
+
+
+@pytest.fixture(scope="module")
+def gpt2_64(tiny_gpt2):
+    hf = copy.deepcopy(tiny_gpt2.hf).double()
+    return headscope.load_model(hf, tiny_gpt2.tokenizer, name="tiny-gpt2-f64")
+
+
+@pytest.mark.parametrize("which", ["gpt2_64", "tiny_gqa_llama64"])
+@pytest.mark.parametrize("direction", ["noising", "denoising"])
+def test_eap_is_the_derivative_of_exact_edge_patching(which, direction, request):
+    model = request.getfixturevalue(which)
+    batches = _batch(model)
+    edges = _all_edges(model)
+    g = graph_of(model)
+    eap = es.attribution(model, batches, 3, "logit_diff", "eap", direction)
+    assert eap[:, ~g.valid].isnan().all() and not eap[:, g.valid].isnan().any()
+    t = 1e-5
+    up = es.exact_edges(model, batches, 3, "logit_diff", edges, direction, t=t)
+    down = es.exact_edges(model, batches, 3, "logit_diff", edges, direction, t=-t)
+    fd = (up - down) / (2 * t)
+    w, r = zip(*edges, strict=True)
+    got = eap[:, list(w), list(r)]
+    assert fd.abs().max() > 1e-3  # the edges move the metric: the check has teeth
+    torch.testing.assert_close(got, fd, atol=1e-8, rtol=0)
+
+
+def test_eap_ig_one_step_and_its_riemann_sum(tiny_gqa_llama64):
+    model = tiny_gqa_llama64
+    batches = _batch(model)
+    args = (model, batches, 3, "logit_diff")
+    g = graph_of(model).valid
+    one = es.attribution(*args, "eap-ig", "noising", steps=1)
+    # one step: the gradient at the corrupt embeddings, i.e. denoising EAP, noising's sign
+    den = es.attribution(*args, "eap", "denoising")
+    torch.testing.assert_close(one[:, g], -den[:, g], atol=1e-12, rtol=0)
+    # the left Riemann sum converges to its integral like 1/steps
+    ref = es.attribution(*args, "eap-ig", "noising", steps=256)[:, g]
+    err = [
+        (es.attribution(*args, "eap-ig", "noising", steps=m)[:, g] - ref).abs().max().item()
+        for m in (1, 2, 4, 8, 16)
+    ]
+    assert all(a > b for a, b in zip(err, err[1:], strict=False)), err
+    assert err[-1] < err[0] / 6, err
+    # denoising: the same integral, the other sign
+    den_ig = es.attribution(*args, "eap-ig", "denoising", steps=4)
+    torch.testing.assert_close(
+        den_ig[:, g], -es.attribution(*args, "eap-ig", "noising", steps=4)[:, g]
+    )
+
+
+@pytest.mark.parametrize(
+    "family", [f for f in conf.FAMILIES if f.model_type in FAMILIES], ids=lambda f: f.model_type
+)
+def test_every_edge_is_the_clean_run_and_no_edge_the_corrupt_run(family):
+    hf, tok = conf.tiny_model(family)
+    model = headscope.load_model(hf, tok, name=f"tiny-{family.model_type}")
+    batches = _batch(model, length=9)
+    clean = {
+        s: es.record(model, batches[0], s, "logit_diff")[1].double() for s in ("clean", "corrupt")
+    }
+    valid = graph_of(model).valid
+    full, empty = ec.circuit_metrics(
+        model, batches, 3, "logit_diff", [valid.clone(), torch.zeros_like(valid)]
+    )
+    assert torch.equal(full, clean["clean"])  # nothing cut: the model's own forward
+    torch.testing.assert_close(empty, clean["corrupt"], atol=2e-5, rtol=0)
+    assert (clean["clean"] - clean["corrupt"]).abs().max() > 1e-3
+
+
+def _tl_index(g, node):
+    if node.kind == "embed":
+        return 0
+    if node.kind == "attn_head_out":
+        return g.head_writer(node.layer, node.head)
+    if node.kind == "mlp_out":
+        return g.mlp_writer(node.layer)
+    if node.kind == "logits":
+        return g.logits_reader
+    if node.kind == "mlp_in":
+        return g.mlp_reader(node.layer)
+    slot = {"q_input": 0, "k_input": g.n_heads, "v_input": g.n_heads + g.n_kv}[node.kind]
+    return g.attn_reader(node.layer, slot + node.head)
+
+
+def test_eap_and_faithfulness_equal_transformer_lens(tiny_gpt2):
+    ap = pytest.importorskip("transformer_lens.tools.analysis.attribution_patching")
+    model = tiny_gpt2
+    (batch,) = _batch(model, n_pairs=2, length=7, seed=3)
+    g = graph_of(model)
+    ours = es.attribution(model, [batch], 2, "logit_diff", "eap", "denoising").mean(0)
+    tl = torch.zeros(g.n_writers, g.n_readers, dtype=torch.float64)
+    results = []
+    for i in range(2):
+
+        def metric(logits, i=i):
+            return logits[0, -1, batch.answer[i]] - logits[0, -1, batch.wrong[i]]
+
+        res = ap.attribution_patch(
+            model.bridge,
+            batch.clean[i : i + 1],
+            batch.corrupt[i : i + 1],
+            metric,
+            ap.EdgeAttributionConfig(granularity="edge"),
+        )
+        results.append((metric, res))
+        for (u, v), s in res.edge_scores.items():  # per position: ours pools positions
+            tl[_tl_index(g, u), _tl_index(g, v)] += s / 2
+    valid = g.valid
+    assert tl[valid].abs().max() > 1e-3
+    torch.testing.assert_close(ours[valid], tl[valid], atol=1e-5, rtol=0)
+    # writer nodes: the sum of their edges, as transformer-lens aggregates them
+    nodes: dict[int, float] = {}
+    for n, s in results[0][1].node_scores.items():  # per position, pooled like the edges
+        nodes[_tl_index(g, n)] = nodes.get(_tl_index(g, n), 0.0) + s
+    one = es.attribution(model, [batch], 2, "logit_diff", "eap", "denoising")[0]
+    for w, s in nodes.items():
+        assert one[w].nansum().item() == pytest.approx(s, abs=1e-5)
+    # a fixed circuit (the top 25 edges): the share of the gap it recovers
+    circuit = ec.top_edges(ours, valid, 25)
+    metric, res = results[0]
+    tl_circuit = [(u, v) for (u, v) in res.edge_scores if circuit[_tl_index(g, u), _tl_index(g, v)]]
+    assert len(tl_circuit) == 25 * batch.clean.shape[1]
+    first = make_batches(random_task(model, 2, 7, seed=3), 2, model.pad_id)[0]
+    m = ec.circuit_metrics(
+        model, [first], 2, "logit_diff", [torch.zeros_like(valid), valid.clone(), circuit]
+    )[:, 0]  # rows: empty, full, the circuit; pair 0
+    faith = ap.faithfulness(model.bridge, batch.clean[:1], batch.corrupt[:1], metric, tl_circuit)
+    assert faith.full_metric == pytest.approx(m[1].item(), abs=1e-5)
+    assert faith.corrupt_metric == pytest.approx(m[0].item(), abs=1e-5)
+    tl_metric = faith.corrupt_metric + faith.recovered * (faith.full_metric - faith.corrupt_metric)
+    assert tl_metric == pytest.approx(m[2].item(), abs=1e-5)
+
+
+def _oracle_reader(g, r):
+    if r == g.logits_reader:
+        return ("logits",)
+    la, slot = divmod(r, g.attn_readers + 1)
+    if slot == g.attn_readers:
+        return ("mlp", la)
+    if slot < g.n_heads:
+        return ("q", la, slot)
+    s = slot - g.n_heads
+    return ("k" if s < g.n_kv else "v", la, s % g.n_kv)
+
+
+def _oracle_writer(g, w):
+    if w == 0:
+        return ("embed",)
+    la, h = divmod(w - 1, g.n_heads + 1)
+    return ("mlp", la) if h == g.n_heads else ("head", la, h)
+
+
+def check_against_oracle(model, edges, n_pairs=2, length=8):
+    (batch,) = _batch(model, n_pairs=n_pairs, length=length, seed=1)
+    g = graph_of(model)
+    got = es.exact_edges(model, [batch], n_pairs, "logit_diff", edges)
+    named = [(_oracle_writer(g, w), _oracle_reader(g, r)) for w, r in edges]
+    want = edge_oracle.edge_effects(
+        model.hf, batch.clean, batch.corrupt, batch.answer, batch.wrong, named, model.d_head
+    )
+    for j, w in enumerate(want):
+        torch.testing.assert_close(got[:, j], w.cpu(), atol=2e-5, rtol=1e-4)
+    assert got.abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("which", ["tiny_gpt2", "tiny_gqa_llama"])
+def test_exact_edge_patching_equals_a_plain_transformers_oracle(which, request):
+    model = request.getfixturevalue(which)
+    check_against_oracle(model, _all_edges(model))
+
+
+def test_cutting_a_heads_edges_is_patching_the_head_where_writes_add_up(
+    tiny_gqa_llama64, tiny_gemma3_dir
+):
+    def both(model, head):
+        batches = _batch(model)
+        g = graph_of(model)
+        keep = g.valid.clone()
+        keep[g.head_writer(*head)] = False  # every edge out of the head cut
+        edge = ec.circuit_metrics(model, batches, 3, "logit_diff", [keep])[0]
+        req = Request("noising", "z", "group", ("all",), (head,))
+        node = next(iter(exact_patching(model, batches, 3, "logit_diff", [req]).values()))
+        return edge, node
+
+    edge, node = both(tiny_gqa_llama64, (1, 2))
+    torch.testing.assert_close(edge, node, atol=1e-10, rtol=0)
+    # Gemma 3 normalises the attention output by its RMS: a head's write carries the scale of
+    # the run it comes from, so its edges patched together are not its output patched through
+    # the norm (the norm's scale recomputed); this is the size of that difference here
+    gemma = headscope.load_model(str(tiny_gemma3_dir))
+    edge, node = both(gemma, (1, 0))
+    base = es.record(gemma, _batch(gemma)[0], "clean", "logit_diff")[1].double()
+    gap = (node - base).abs().max()
+    assert gap > 1e-4 and (edge - node).abs().max() > 1e-6
+
+
+def test_bad_input_is_one_line(tiny_gqa_llama, tiny_bert):
+    model = tiny_gqa_llama
+    batches = _batch(model)
+    with pytest.raises(HeadscopeError, match="Unknown method 'acdc'"):
+        es.attribution(model, batches, 3, "logit_diff", "acdc")
+    with pytest.raises(HeadscopeError, match="Unknown direction"):
+        es.attribution(model, batches, 3, "logit_diff", "eap", "sideways")
+    with pytest.raises(HeadscopeError, match="at least one step"):
+        es.attribution(model, batches, 3, "logit_diff", "eap-ig", steps=0)
+    with pytest.raises(HeadscopeError, match="reads only writers before it"):
+        es.exact_edges(model, batches, 3, "logit_diff", [(graph_of(model).mlp_writer(2), 0)])
+    with pytest.raises(HeadscopeError, match="share of the edges between 0 and 1"):
+        ec.check_fraction(1.5)
+    with pytest.raises(HeadscopeError, match="not a family the edge graph knows"):
+        graph = es.anatomy(tiny_bert)  # noqa: F841
+
+
+def test_exact_edge_patching_equals_the_oracle_on_smollm2(smollm2):
+    g = graph_of(smollm2)
+    edges = [
+        g.edge_index(name)
+        for name in (
+            "embed->L0H3.q",
+            "L2H1->L9KV1.k",
+            "L5H4->L20KV0.v",
+            "MLP3->MLP4.in",
+            "L6H2->MLP6.in",
+            "L25H7->logits",
+            "MLP29->logits",
+        )
+    ]
+    check_against_oracle(smollm2, edges, n_pairs=2, length=10)
