@@ -28,13 +28,13 @@ modules::
     probes/        the inputs as token ids: pairs, repeat, long prose, needles, default probes
     engines/       how attention is read: fused, blocked, hooks (a registry); the kernel; extraction
     effects/       causal effects: exact ablation, attribution patching, counterfactual patching
-    circuits/      weights-based head scores (copying, composition); path patching; head classes
+    circuits/      weights-based head scores; path patching; head classes; the edge graph (EAP)
     census/        the head census's parts: syntax, no-op, successor, copy suppression, rare word
     scale/         a scan's batches sharded over Ray actors
     report/        tables, figures, the HTML page (never the model)
     rundir/        the run directory: atomic, --force rules, signals, load
     scanner/       a scan's settings, example patterns, the whole scan as one function
-    apps/          show, compare, kvplan, sweep, patch, circuit: the other commands as functions
+    apps/          show, compare, kvplan, sweep, patch, circuit, discover: the other commands
     cli/           the headscope command: one file per subcommand, wiring only
 
 Heavy imports (torch, transformers) happen only when these are first used.
@@ -65,6 +65,7 @@ _BY_MODULE = {
     "headscope.report.figures": ("heatmap", "summary_figure", "save_figures"),
     "headscope.apps.patch": ("patch",),
     "headscope.apps.circuit": ("circuit",),
+    "headscope.apps.discover": ("discover",),
     "headscope.probes.tasks": ("Task",),
 }
 _EXPORTS = {name: module for module, names in _BY_MODULE.items() for name in names}
@@ -104,6 +105,7 @@ _register_notebook_display()
 
 if TYPE_CHECKING:  # pragma: no cover
     from headscope.apps.circuit import circuit  # noqa: F401
+    from headscope.apps.discover import discover  # noqa: F401
     from headscope.apps.patch import patch  # noqa: F401
     from headscope.engines.extract import score_probe  # noqa: F401
     from headscope.engines.registry import engine_names, get_engine  # noqa: F401

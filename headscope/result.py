@@ -218,3 +218,29 @@ def timed(timings: dict[str, float], key: str):
     t0 = time.perf_counter()
     yield
     timings[key] = round(time.perf_counter() - t0, 3)
+
+
+@contextmanager
+def progress(total: int, label: str, say, steps: int = 10):
+    """A progress meter for one long step: yields ``tick(n)`` (n more of ``total`` done), which
+    tells ``say`` ``"label: done/total"`` about every ``1/steps`` of the way, and at the end.
+
+    >>> lines = []
+    >>> with progress(4, "eap", lines.append, steps=2) as tick:
+    ...     for _ in range(4):
+    ...         tick(1)
+    >>> lines
+    ['eap: 0/4', 'eap: 2/4', 'eap: 4/4']
+    """
+    state = {"done": 0, "told": 0}
+    every = max(1, total // max(1, steps))
+    say(f"{label}: 0/{total}")
+
+    def tick(n: int = 1) -> None:
+        state["done"] += n
+        if state["done"] - state["told"] >= every and state["done"] < total:
+            state["told"] = state["done"]
+            say(f"{label}: {state['done']}/{total}")
+
+    yield tick
+    say(f"{label}: {total}/{total}")

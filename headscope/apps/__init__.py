@@ -13,5 +13,6 @@ census           the head census of one model as a run directory (docs/census.md
 patch            counterfactual patching of every head on a task's prompt pairs, as a run directory
 circuit          which head feeds which on a task: path patching, composition, IOI head classes
 circuit_run      a circuit run's directory: written whole, read back, the command's whole job
+discover         a task's circuit in the edge graph: every edge scored, exact edges, the curve
 ===============  ================================================================================
 """

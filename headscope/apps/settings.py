@@ -6,6 +6,7 @@ frozen object, checked when made; its fields are the command's options). Light: 
 TaskSettings       what patch and circuit share: the task's pairs, the metric, intervals, placement
 PatchSettings      ``headscope patch``: what is patched, where, which way, how estimated
 CircuitSettings    ``headscope circuit``: receivers, senders, direction, composition, class rules
+DiscoverSettings   ``headscope discover``: edge scores, exact edges, the faithfulness curve
 CensusSettings     ``headscope census``: which parts, the syntax part's sentences, the nulls
 PlanSettings       ``headscope kvplan``: budgets, the sink + window band, how a plan is verified
 =================  ================================================================================
@@ -236,6 +237,76 @@ class CircuitSettings(TaskSettings):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not v >= 0:
                 raise HeadscopeError(f"{setting(name)} must be a number >= 0, got {v!r}.")
+
+
+#: Edge scores (headscope.circuits.edge_scores.METHODS without exact) and circuit ablations.
+EDGE_METHODS = ("eap", "eap-ig")
+EDGE_ABLATIONS = ("corrupt", "mean", "zero")
+
+
+@dataclass(frozen=True)
+class DiscoverSettings(TaskSettings):
+    """Everything a circuit discovery (every edge scored, the circuit pruned) is made with."""
+
+    methods: tuple = opt(
+        EDGE_METHODS,
+        "Edge scores, comma-separated: eap (a forward and a backward) and/or eap-ig (integrated "
+        "gradients over --steps interpolated inputs).",
+        kind="csv",
+        choices=EDGE_METHODS,
+    )
+    steps: int = opt(5, "EAP-IG's interpolation steps.")
+    direction: str = opt(
+        "noising",
+        "noising (the corrupt prompt's writer into the clean run) or denoising (the reverse).",
+        choices=PATCH_DIRECTIONS,
+    )
+    exact: int = opt(
+        100, "Edges patched exactly: the top N by each score (0: none), plus any of --edges."
+    )
+    edges: tuple | None = opt(
+        None,
+        "Edges also patched exactly, comma-separated writer->reader (L0H1->L3H2.q).",
+        kind="csv",
+    )
+    sizes: int = opt(20, "Circuit sizes on the faithfulness curve (log-spaced shares of edges).")
+    smallest: float = opt(0.001, "The curve's smallest circuit, as a share of the edges.")
+    n_random: int = opt(10, "Random edge orders whose curves a ranking must beat.")
+    ablation: str = opt(
+        "corrupt",
+        "What an edge outside a circuit carries: corrupt (the corrupt prompt's writer), mean "
+        "(its mean over the corrupt prompts at that position) or zero.",
+        choices=EDGE_ABLATIONS,
+    )
+    circuit_share: float = opt(
+        0.01, "The circuit saved (circuit.json, the diagram): this share of the top edges."
+    )
+
+    def normalise(self) -> None:
+        super().normalise()
+        self.put("methods", as_tuple(self.methods) or ())
+        self.put("edges", as_tuple(self.edges) or ())
+        for name in ("direction", "ablation"):
+            self.put(name, str(getattr(self, name)).strip().lower())
+
+    def check(self) -> None:
+        super().check()
+        if not self.methods:
+            raise HeadscopeError(f"{setting('methods')} is empty; give eap and/or eap-ig.")
+        for m in self.methods:
+            check_choice("methods", m, EDGE_METHODS)
+        check_choice("direction", self.direction, PATCH_DIRECTIONS)
+        check_choice("ablation", self.ablation, EDGE_ABLATIONS)
+        at_least("steps", self.steps)
+        at_least("sizes", self.sizes, 2)
+        at_least("exact", self.exact, 0)
+        at_least("n_random", self.n_random, 0)
+        for name in ("smallest", "circuit_share"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not 0 < v <= 1:
+                raise HeadscopeError(
+                    f"{setting(name)} is a share of the edges in (0, 1] (0.01 = 1%), got {v!r}."
+                )
 
 
 # ------------------------------------------------------------------------------ census

@@ -14,6 +14,7 @@ sweep      ``headscope sweep``
 census     ``headscope census``
 patch      ``headscope patch``
 circuit    ``headscope circuit``
+discover   ``headscope discover``
 models     ``headscope models``
 metrics    ``headscope metrics``
 engines    ``headscope engines``

@@ -29,6 +29,7 @@ COMMANDS = {
     "census": "headscope.cli.census:census",
     "patch": "headscope.cli.patch:patch",
     "circuit": "headscope.cli.circuit:circuit",
+    "discover": "headscope.cli.discover:discover",
     "models": "headscope.cli.models:models",
     "metrics": "headscope.cli.metrics:metrics",
     "engines": "headscope.cli.engines:engines",

@@ -12,6 +12,8 @@ patching   a patching run's heatmaps, per-position grid and direct-logit-attribu
 patch_page  a patching run's ``report.html``: baseline, top heads, pattern scores beside effects
 circuit_figures  a circuit run's diagram (a figure, and its SVG for the page) and agreement panels
 circuit_page  a circuit run's ``report.html``: diagram, head classes, agreement, path effects
+discover_figures  a discovery run's faithfulness curve and circuit, from its tables
+discover_page  a discovery run's ``report.html``: the curve, CPR and CMD, top edges, agreement
 kvplan     a KV plan's summary, figure and ``kvplan.md``, from its table
 compare    runs side by side: the score distributions and the per-head difference figures
 sweep      a sweep's figures, from its atlas alone

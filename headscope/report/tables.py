@@ -418,6 +418,10 @@ def task_summary(result, out) -> str:
                 lines.append(f"  {cls}: {', '.join(sub['head_name'])}")
         lines.append(f"wrote {out}/ (path.csv, composition.csv, report.html)")
         return "\n".join(lines)
+    if hasattr(result, "edges"):  # a discovery run
+        lines += discovery_lines(result)
+        lines.append(f"wrote {out}/ (edges.csv, curve.csv, circuit.json, report.html)")
+        return "\n".join(lines)
     t = result.table
     named = t[~t["position"].astype(str).str.isdigit()]
     for (act, mode, direction, position), sub in named.groupby(
@@ -429,3 +433,27 @@ def task_summary(result, out) -> str:
         lines.append(f"  {act}{kv} {direction} at {position} ({est}): {top}")
     lines.append(f"wrote {out}/ (patching.csv, report.html)")
     return "\n".join(lines)
+
+
+def discovery_lines(result) -> list[str]:
+    """A discovery's top edges by each score, the exact ones beside them, CPR and CMD."""
+    meta, e = result.metadata, result.edges
+    lines = []
+    for col in ("eap_ig", "eap", "exact"):
+        if col in e.columns and e[col].notna().any():
+            top = e.reindex(e[col].abs().sort_values(ascending=False).index).head(5)
+            lines.append(
+                f"  top edges by {col}: "
+                + ", ".join(f"{r.edge} {getattr(r, col):+.3f}" for r in top.itertuples())
+            )
+    cpr, cmd = meta.get("cpr"), meta.get("cmd")
+    if cpr and cmd:
+        p = meta.get("cpr_rank_p", float("nan"))
+        lines.append(
+            f"  faithfulness (top by {meta.get('ranked_by')}): CPR {cpr[0]:.3f} "
+            f"[{cpr[1]:.3f}, {cpr[2]:.3f}] (random orders p = {p:.3f}), "
+            f"CMD {cmd[0]:.3f} [{cmd[1]:.3f}, {cmd[2]:.3f}]"
+        )
+    c = result.circuit
+    lines.append(f"  circuit: {c['n_edges']} of {c['of_edges']} edges, f = {c['faithfulness']:.3f}")
+    return lines

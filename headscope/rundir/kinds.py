@@ -39,6 +39,7 @@ class RunKind:
 SCAN = RunKind("scan", RUN_FORMAT, "scores.csv", "run directory")
 PATCH = RunKind("patch", "headscope-patching/1", "patching.csv", "patching run")
 CIRCUIT = RunKind("circuit", "headscope-circuit/1", "path.csv", "circuit run")
+DISCOVER = RunKind("discover", "headscope-discover/1", "edges.csv", "discovery run")
 # a census may replace a scan's run directory (both hold scores.csv), never the reverse
 CENSUS = RunKind("census", "headscope-census/1", "scores.csv", "census run", (RUN_FORMAT,))
 KVPLAN = RunKind(
@@ -51,6 +52,6 @@ KVPLAN = RunKind(
 )
 
 #: By command.
-KINDS = {k.command: k for k in (SCAN, PATCH, CIRCUIT, CENSUS, KVPLAN)}
+KINDS = {k.command: k for k in (SCAN, PATCH, CIRCUIT, DISCOVER, CENSUS, KVPLAN)}
 #: By run format.
 FORMATS = {k.run_format: k for k in KINDS.values()}

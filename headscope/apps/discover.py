@@ -1,0 +1,440 @@
+"""``headscope.discover(model, task, ...)`` and ``headscope discover``: find a task's circuit in the
+edge graph (docs/discover.md). Every edge scored (EAP, EAP-IG), the top edges by each score and any
+named ones patched exactly, the faithfulness curve of the top edges against random circuits, one
+circuit saved.
+
+    result = headscope.discover(model, "ioi", methods=("eap", "eap-ig"), exact=100)
+    result.edges.sort_values("eap_ig", key=abs).tail()   # a row per edge
+    save_discovery(result, "runs/ioi-edges")
+
+The run directory (written whole, the ``--force`` rules of :mod:`headscope.rundir.store`)::
+
+    OUT/
+      edges.csv        a row per edge: writer, reader, its kind and layers, each score's mean
+                       over pairs with its interval (eap, eap_ig, exact where measured), rank
+      nodes.csv        a row per writer: the sum of its edges' scores per method (its node score),
+                       with intervals; beside a head, the scan's pattern scores with --scan
+      curve.csv        the faithfulness curve: a row per (order, size): share and number of
+                       edges kept, f with its interval (the ranking), every random order's f
+      agreement.csv    per pair of scores, over the exactly patched edges: Spearman rho with its
+                       interval, the top-k overlap against chance
+      circuit.json     the chosen circuit: its edges with their scores, its share and its f
+      baseline.csv     clean and corrupt metric with intervals; share correct
+      tokens.jsonl     one line per pair: clean and corrupt ids, answer and wrong, positions
+      metadata.json    model, source, task, settings, versions, timings; CPR and CMD with
+                       intervals and against the random orders
+      curve.png        the curve, the random orders' curves behind it
+      circuit.png      the chosen circuit drawn from edges.csv (layers bottom to top)
+      report.html      the page (:mod:`headscope.report.discover_page`), from the files above
+
+Importing this module loads no torch (``headscope discover --help`` is instant).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from headscope.apps.runs import check_model, task_run_to_dir
+from headscope.apps.settings import CIRCUIT_PAIRS, DiscoverSettings
+from headscope.result import progress, timed
+
+if TYPE_CHECKING:  # pragma: no cover - pandas is imported where a table is made or read
+    import pandas as pd
+
+
+@dataclass
+class DiscoverResult:
+    """What :func:`discover` returns (and :func:`load_discovery` reads back, without
+    ``per_pair``: ``{method: [pair, writer, reader]}``, ``exact`` ``[pair, edge]``)."""
+
+    task: str
+    model: str
+    metric: str
+    edges: pd.DataFrame
+    nodes: pd.DataFrame
+    curve: pd.DataFrame
+    agreement: pd.DataFrame
+    circuit: dict
+    baseline: pd.DataFrame
+    tokens: object
+    metadata: dict = field(default_factory=dict)
+    per_pair: dict = field(default_factory=dict, repr=False)
+
+
+def column(method: str) -> str:
+    """A score's column name (``eap-ig`` -> ``eap_ig``)."""
+    return method.replace("-", "_")
+
+
+def mean_ci(x, resamples: int, level: float, seed: int, chunk: int = 4096):
+    """``(mean, low, high)`` over pairs of every column of ``x`` (``[pair, n]``, float64): the
+    percentile bootstrap of :func:`~headscope.effects.patch_table.mean_interval`, in chunks."""
+    import numpy as np
+    import torch
+
+    from headscope.uncertainty import draw_weights
+
+    x = x.double()
+    mean = x.mean(0).numpy()
+    if not resamples:
+        nan = np.full(x.shape[1], np.nan)
+        return mean, nan, nan.copy()
+    w = draw_weights(x.shape[0], resamples, seed) / x.shape[0]
+    a = (1 - level) / 2
+    q = torch.tensor([a, 1 - a], dtype=torch.float64)
+    lo, hi = [], []
+    for start in range(0, x.shape[1], chunk):
+        b = torch.quantile(w @ x[:, start : start + chunk], q, dim=0)
+        lo.append(b[0])
+        hi.append(b[1])
+    return mean, torch.cat(lo).numpy(), torch.cat(hi).numpy()
+
+
+def discover(
+    model,
+    task,
+    config: DiscoverSettings | None = None,
+    *,
+    pattern: pd.DataFrame | None = None,
+    say: Callable[[str], None] | None = None,
+    **settings,
+) -> DiscoverResult:
+    """Score every edge of ``model``'s graph on ``task`` and find its circuit (module docstring).
+    ``config`` or keyword ``settings``: the fields of
+    :class:`~headscope.apps.settings.DiscoverSettings`; ``pattern``: a scan's pattern scores put
+    beside the head nodes; ``say`` hears progress lines."""
+    import torch
+
+    from headscope.circuits import edge_circuits as ec
+    from headscope.circuits import edge_scores as es
+    from headscope.circuits.edge_graph import anatomy, graph_of
+    from headscope.effects.patch_table import baseline_table
+    from headscope.effects.patching import baseline_metrics, make_batches
+    from headscope.probes.kits import tokenize_task
+    from headscope.rundir.record import run_record
+
+    config = DiscoverSettings.configure(config, settings)
+    say = say or (lambda _m: None)
+    timings: dict[str, float] = {}
+    check_model(model)
+    anatomy(model)  # one line for a family the graph does not know, before any forward
+    graph = graph_of(model)
+    named = [graph.edge_index(e) for e in config.edges]
+    tt = tokenize_task(
+        task, model, config.metric, config.n_pairs, config.seed, config.templates,
+        draw=config.n_pairs or CIRCUIT_PAIRS,
+    )  # fmt: skip
+    batches = make_batches(tt, config.batch_size, model.pad_id)
+    n, metric = len(tt), tt.metric
+    b, level, seed = config.bootstrap, config.ci, config.seed
+    with timed(timings, "baseline_s"):
+        base = baseline_metrics(model, batches, n, metric)
+    scores: dict[str, torch.Tensor] = {}
+    for m in config.methods:
+        with (
+            timed(timings, f"{column(m)}_s"),
+            progress(n, f"{m} over {graph.n_edges} edges", say) as tick,
+        ):
+            scores[m] = es.attribution(
+                model, batches, n, metric, m, config.direction, config.steps, on_progress=tick
+            )
+    valid = graph.valid
+    means = {m: s.mean(0) for m, s in scores.items()}
+    chosen: list[tuple[int, int]] = list(dict.fromkeys(named))
+    for m in config.methods:
+        order = ec.ranking(means[m], valid)[: config.exact]
+        chosen += [(int(c) // graph.n_readers, int(c) % graph.n_readers) for c in order]
+    chosen = list(dict.fromkeys(chosen))
+    exact = None
+    if chosen:
+        with (
+            timed(timings, "exact_s"),
+            progress(n, f"exact patching of {len(chosen)} edges", say) as tick,
+        ):
+            exact = es.exact_edges(
+                model, batches, n, metric, chosen, config.direction,
+                rows_per_forward=None, on_progress=tick,
+            )  # fmt: skip
+    rank_by = "eap-ig" if "eap-ig" in scores else config.methods[0]
+    shares = ec.fractions(config.sizes, config.smallest)
+    n_curve = (len(shares) * (1 + config.n_random) + 2) * len(batches)
+    with timed(timings, "curve_s"), progress(n_curve, "faithfulness curve (forwards)", say) as tick:
+        curve = ec.faithfulness_curve(
+            model, batches, n, metric, means[rank_by], shares, config.n_random, config.ablation,
+            seed, b, level, on_progress=tick,
+        )  # fmt: skip
+    k = max(1, round(config.circuit_share * graph.n_edges))
+    circuit_mask = ec.top_edges(means[rank_by], valid, k)
+    with timed(timings, "circuit_s"):
+        m_c = ec.circuit_metrics(model, batches, n, metric, [circuit_mask], config.ablation)[0]
+    f_c = float(
+        (m_c.mean() - curve["m_empty"].mean()) / (curve["m_full"].mean() - curve["m_empty"].mean())
+    )
+    edges = edge_table(graph, scores, chosen, exact, b, level, seed)
+    nodes = node_table(graph, scores, b, level, seed, pattern)
+    circuit = circuit_record(
+        graph, circuit_mask, means[rank_by], rank_by, config.circuit_share, f_c
+    )
+    meta = run_record(
+        model,
+        config,
+        run_kind="discover",
+        task=tt.name,
+        task_provenance=tt.provenance,
+        metric=metric,
+        n_pairs=n,
+        n_edges=graph.n_edges,
+        ranked_by=rank_by,
+        cpr=list(curve["cpr"]),
+        cmd=list(curve["cmd"]),
+        random_cpr=[float(x) for x in curve["random_cpr"]],
+        random_cmd=[float(x) for x in curve["random_cmd"]],
+        cpr_rank_p=_rank_p(curve["cpr"][0], curve["random_cpr"], higher=True),
+        cmd_rank_p=_rank_p(curve["cmd"][0], curve["random_cmd"], higher=False),
+        gqa_group=model.n_heads // model.n_kv_heads,
+        timings=timings,
+    )
+    return DiscoverResult(
+        tt.name,
+        model.name,
+        metric,
+        edges,
+        nodes,
+        curve_table(curve, rank_by),
+        agreement_table(graph, scores, chosen, exact, config, seed),
+        circuit,
+        baseline_table(tt.name, metric, base, b, level, seed),
+        tt,
+        meta,
+        {**scores, "exact": exact, "exact_edges": chosen, "curve": curve},
+    )
+
+
+def _rank_p(value: float, draws, higher: bool) -> float:
+    """One-sided permutation p-value of ``value`` among random ``draws`` (NaN without draws)."""
+    import numpy as np
+
+    draws = np.asarray(draws, dtype=float)
+    if not len(draws):
+        return float("nan")
+    as_good = (draws >= value) if higher else (draws <= value)
+    return float((1 + as_good.sum()) / (1 + len(draws)))
+
+
+# ------------------------------------------------------------------------------ the tables
+
+
+def edge_table(graph, scores: dict, chosen, exact, resamples, level, seed) -> pd.DataFrame:
+    import numpy as np
+    import pandas as pd
+
+    w, r = graph.edges()
+    out = pd.DataFrame(
+        {
+            "edge": [graph.edge_name(a, c) for a, c in zip(w.tolist(), r.tolist(), strict=True)],
+            "writer": [graph.writer_name(a) for a in w.tolist()],
+            "reader": [graph.reader_name(c) for c in r.tolist()],
+        }
+    )
+    out["reader_kind"] = [x.rsplit(".", 1)[-1] if "." in x else x for x in out["reader"]]
+    out["writer_layer"] = [graph.writer_layer(a) for a in w.tolist()]
+    out["reader_layer"] = [graph.reader_layer(c) for c in r.tolist()]
+    for m, s in scores.items():
+        col = column(m)
+        mean, lo, hi = mean_ci(s[:, w, r], resamples, level, seed)
+        out[col], out[f"{col}_low"], out[f"{col}_high"] = mean, lo, hi
+        out[f"{col}_rank"] = (-np.abs(mean)).argsort(kind="stable").argsort(kind="stable") + 1
+    out["exact"] = out["exact_low"] = out["exact_high"] = np.nan
+    if exact is not None:
+        index = {(a, c): i for i, (a, c) in enumerate(zip(w.tolist(), r.tolist(), strict=True))}
+        rows = [index[e] for e in chosen]
+        mean, lo, hi = mean_ci(exact, resamples, level, seed)
+        out.loc[rows, "exact"], out.loc[rows, "exact_low"], out.loc[rows, "exact_high"] = (
+            mean,
+            lo,
+            hi,
+        )
+    return out
+
+
+def node_table(graph, scores: dict, resamples, level, seed, pattern=None) -> pd.DataFrame:
+    import pandas as pd
+
+    rows = []
+    for wi in range(graph.n_writers):
+        name = graph.writer_name(wi)
+        la = graph.writer_layer(wi)
+        head = (wi - 1) % (graph.n_heads + 1) if wi else -1
+        kind = "embed" if wi == 0 else ("mlp" if head == graph.n_heads else "head")
+        rows.append(
+            {"node": name, "kind": kind, "layer": la, "head": head if kind == "head" else -1}
+        )
+    out = pd.DataFrame(rows)
+    for m, s in scores.items():
+        col = column(m)
+        per = s.nansum(2)  # [pair, writer]: a writer's node score, the sum of its edges
+        out[col], out[f"{col}_low"], out[f"{col}_high"] = mean_ci(per, resamples, level, seed)
+    if pattern is not None and len(pattern):
+        wide = pattern.pivot_table(index="head_name", columns="metric", values="score")
+        out = out.merge(wide, left_on="node", right_index=True, how="left")
+    return out
+
+
+def curve_table(curve: dict, rank_by: str) -> pd.DataFrame:
+    import pandas as pd
+
+    rows = []
+    for d, f in enumerate(curve["f"]):
+        for i, (share, k) in enumerate(zip(curve["shares"], curve["n_edges"], strict=True)):
+            rows.append(
+                {
+                    "order": f"top by {rank_by}" if d == 0 else "random",
+                    "draw": d,
+                    "share": share,
+                    "n_edges": k,
+                    "f": float(f[i]),
+                    "f_low": float(curve["f_low"][i]) if d == 0 else float("nan"),
+                    "f_high": float(curve["f_high"][i]) if d == 0 else float("nan"),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def agreement_table(graph, scores: dict, chosen, exact, config, seed) -> pd.DataFrame:
+    """Spearman and top-k overlap between every two scores, over the exactly patched edges."""
+    import pandas as pd
+
+    from headscope.circuits.agreement import rank_agreement
+
+    if exact is None or len(chosen) < 3:
+        return pd.DataFrame(columns=["a", "b", "n", "rho", "rho_low", "rho_high", "k", "overlap"])
+    names = [graph.edge_name(a, c) for a, c in chosen]
+    w, r = (list(x) for x in zip(*chosen, strict=True))
+    series = {m: pd.Series(s.mean(0)[w, r].numpy(), index=names) for m, s in scores.items()}
+    series["exact"] = pd.Series(exact.mean(0).numpy(), index=names)
+    keys = list(series)
+    rows = []
+    for i, a in enumerate(keys):
+        for bb in keys[i + 1 :]:
+            got = rank_agreement(
+                series[a],
+                series[bb],
+                k=min(20, len(names)),
+                n_boot=config.bootstrap or 200,
+                seed=seed,
+            )
+            rows.append(
+                {"a": a, "b": bb, **{k: v for k, v in got.items() if k not in ("top_a", "top_b")}}
+            )
+    return pd.DataFrame(rows)
+
+
+def circuit_record(graph, mask, scores, rank_by: str, share: float, f: float) -> dict:
+    w, r = mask.nonzero(as_tuple=True)
+    edges = sorted(
+        (
+            {
+                "edge": graph.edge_name(a, c),
+                "writer": graph.writer_name(a),
+                "reader": graph.reader_name(c),
+                "score": float(scores[a, c]),
+            }
+            for a, c in zip(w.tolist(), r.tolist(), strict=True)
+        ),
+        key=lambda e: -abs(e["score"]),
+    )
+    return {
+        "ranked_by": rank_by,
+        "share": share,
+        "n_edges": len(edges),
+        "of_edges": graph.n_edges,
+        "faithfulness": f,
+        "edges": edges,
+    }
+
+
+# ------------------------------------------------------------------------------ the run directory
+
+
+def save_discovery(
+    result: DiscoverResult, out: str | Path, *, figures: bool = True, figure_formats=None, **options
+) -> Path:
+    """Write ``result`` to the run directory ``out`` (module docstring), published whole
+    (:func:`headscope.rundir.store.write_run`)."""
+    from headscope.rundir.kinds import DISCOVER
+    from headscope.rundir.store import write_csv, write_run
+
+    def tables(tmp: Path) -> None:
+        for name in ("edges", "nodes", "curve", "agreement", "baseline"):
+            write_csv(getattr(result, name), tmp / f"{name}.csv")
+        (tmp / "circuit.json").write_text(json.dumps(result.circuit, indent=1) + "\n")
+        result.tokens.write_jsonl(tmp / "tokens.jsonl")
+
+    def draw(tmp: Path) -> None:
+        from headscope.report.discover_figures import save_discover_figures
+
+        save_discover_figures(tmp, result.metadata, formats=figure_formats)
+
+    def page(tmp: Path) -> None:
+        from headscope.report.discover_page import discover_page_html
+
+        (tmp / "report.html").write_text(discover_page_html(tmp, figures), encoding="utf-8")
+
+    base = result.baseline.set_index("prompt")
+    record = dict(
+        result.metadata,
+        model=result.model,
+        task=result.task,
+        metric=result.metric,
+        baseline={p: base.loc[p].drop("task").to_dict() for p in base.index},
+    )
+    result.metadata = write_run(
+        out, DISCOVER, tables, record, figures=draw if figures else None, page=page, **options
+    )
+    return Path(out)
+
+
+def load_discovery(path: str | Path) -> DiscoverResult:
+    """Read a discovery run directory back (tables, tokens, metadata; no per-pair values)."""
+    from headscope.probes.tasks import TokenizedTask
+    from headscope.rundir.kinds import DISCOVER
+    from headscope.rundir.store import read_record, read_table
+
+    path = Path(path)
+    meta = read_record(path, DISCOVER)
+    tokens = TokenizedTask.read_jsonl(path / "tokens.jsonl", meta.get("task", ""), meta["metric"])
+    return DiscoverResult(
+        meta.get("task", ""),
+        meta.get("model", ""),
+        meta.get("metric", ""),
+        read_table(path, "edges.csv", ("edge", "writer", "reader", "reader_kind")),
+        read_table(path, "nodes.csv", ("node", "kind")),
+        read_table(path, "curve.csv", ("order",)),
+        read_table(path, "agreement.csv", ("a", "b")),
+        json.loads((path / "circuit.json").read_text()),
+        read_table(path, "baseline.csv", ("prompt",)),
+        tokens,
+        meta,
+    )
+
+
+def discover_to_dir(model_name, task, out: str | Path, config=None, **options) -> DiscoverResult:
+    """``headscope discover``: check everything, load ``model_name``, discover, save the run to
+    ``out`` (:func:`headscope.apps.runs.task_run_to_dir`; ``options``: ``scan``, ``tokenizer``,
+    ``force``, ``figures``, ``say``, ``figure_formats`` and any setting). Refused in one line
+    before the model loads: a setting, the task, ``--scan``, ``out``, the model's name; before any
+    forward: a family the edge graph does not know (an encoder among them), a named edge whose
+    reader is not after its writer, a task whose pairs fail their checks."""
+    from headscope.rundir.kinds import DISCOVER
+
+    return task_run_to_dir(
+        DISCOVER, DiscoverSettings, _work, save_discovery, model_name, task, out, config, **options
+    )
+
+
+def _work(model, task, config, pattern, say) -> DiscoverResult:
+    return discover(model, task, config, pattern=pattern, say=say)

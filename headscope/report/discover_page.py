@@ -1,0 +1,167 @@
+"""The page of a discovery run (``report.html``), from its files alone: what was run, the baseline,
+the faithfulness curve with CPR and CMD against random circuits, the chosen circuit, the top edges
+by each score beside their exact effect, how the scores agree, the top nodes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from headscope.report.html import (
+    _ci,
+    _e,
+    _kv,
+    _num,
+    _table,
+    figure_uri,
+    page,
+    recorded,
+    source_pairs,
+)
+
+TOP = 20
+
+READ = {
+    "noising": "a score is the change in the metric when the edge's writer comes from the corrupt "
+    "prompt in the clean run (exact), or its first-order estimate (EAP, EAP-IG)",
+    "denoising": "a score is the change in the metric when the edge's writer comes from the clean "
+    "prompt in the corrupt run (exact), or its first-order estimate (EAP, EAP-IG)",
+}
+
+
+def _settings(meta: dict) -> list[tuple[str, str]]:
+    st = meta.get("settings", {})
+    pairs = [
+        ("model", str(meta.get("model", "?"))),
+        ("task", f"{meta.get('task', '?')} ({meta.get('n_pairs', '?')} pairs)"),
+        ("metric", str(meta.get("metric", "?"))),
+        (
+            "graph",
+            f"{meta.get('n_edges', '?')} edges (positions pooled; keys and values per KV head)",
+        ),
+        ("direction", str(st.get("direction", "?"))),
+        ("circuits run with", f"every edge outside them from: {st.get('ablation', '?')}"),
+    ]
+    pairs += source_pairs(meta.get("source", {}) or {})
+    return pairs + recorded(meta, ("device", "dtype", "seed", "bootstrap"))
+
+
+def _edges(edges: pd.DataFrame, by: str) -> str:
+    cols = [c for c in ("eap", "eap_ig", "exact") if c in edges.columns]
+    top = edges.reindex(edges[by].abs().sort_values(ascending=False).index).head(TOP)
+    header = ["edge"]
+    for c in cols:
+        header += [c.replace("_", "-"), "95% CI"]
+    rows = []
+    for _, r in top.iterrows():
+        cells = [f"<td>{_e(r['edge'])}</td>"]
+        for c in cols:
+            cells += [_num(r[c]), _ci(r[f"{c}_low"], r[f"{c}_high"])]
+        rows.append(cells)
+    return _table(header, rows)
+
+
+def _agreement(agree: pd.DataFrame | None) -> str:
+    if agree is None or not len(agree):
+        return '<p class="muted">No edge was patched exactly.</p>'
+    rows = [
+        [
+            f"<td>{_e(r['a'])} vs {_e(r['b'])}</td>",
+            _num(r["n"], 0),
+            _num(r["rho"]),
+            _ci(r["rho_low"], r["rho_high"]),
+            f"<td>{int(r['overlap'])} of {int(r['k'])}</td>",
+            _num(r["overlap_chance"], 2),
+        ]
+        for _, r in agree.iterrows()
+    ]
+    return _table(["scores", "edges", "Spearman rho", "95% CI", "top-k overlap", "chance"], rows)
+
+
+def discover_page_html(run_dir: Path, figures: bool = True) -> str:
+    from headscope.report.discover_figures import circuit_figure, curve_figure
+
+    run_dir = Path(run_dir)
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    edges = pd.read_csv(run_dir / "edges.csv")
+    curve = pd.read_csv(run_dir / "curve.csv")
+    circuit = json.loads((run_dir / "circuit.json").read_text())
+    baseline = pd.read_csv(run_dir / "baseline.csv")
+    agree_path = run_dir / "agreement.csv"
+    agree = pd.read_csv(agree_path) if agree_path.is_file() else None
+    nodes = pd.read_csv(run_dir / "nodes.csv")
+    title = f"headscope discover: {meta.get('model', '?')} on {meta.get('task', '?')}"
+    by = str(meta.get("ranked_by", "eap")).replace("-", "_")
+    direction = meta.get("settings", {}).get("direction", "noising")
+    body = [f"<h1>{_e(title)}</h1>", _kv(_settings(meta)), "<h2>Baseline</h2>"]
+    body.append(
+        _table(
+            ["prompt", "mean", "95% CI", "share correct"],
+            [
+                [
+                    f"<td>{_e(r['prompt'])}</td>",
+                    _num(r["mean"]),
+                    _ci(r["ci_low"], r["ci_high"]),
+                    _num(r["share_correct"], 2),
+                ]
+                for _, r in baseline.iterrows()
+            ],
+        )  # fmt: skip
+    )
+    cpr, cmd = meta.get("cpr") or [float("nan")] * 3, meta.get("cmd") or [float("nan")] * 3
+    rc, rm = meta.get("random_cpr") or [], meta.get("random_cmd") or []
+    body.append("<h2>Faithfulness</h2>")
+    body.append(
+        '<p class="muted">f(C) = (m(C) - m(empty)) / (m(full) - m(empty)), the metric averaged '
+        "over pairs; the circuits are the top edges by |"
+        + _e(by.replace("_", "-"))
+        + "| at each size. CPR: the area under f over the share of edges kept; CMD: the area "
+        "between f and 1 (both trapezoids from the empty circuit). Random orders of the edges, "
+        "each a curve of nested circuits like the ranking's, are what the ranking must beat.</p>"
+    )
+    rows = [
+        ["<td>CPR</td>", _num(cpr[0]), _ci(cpr[1], cpr[2]),
+         _num(sum(rc) / len(rc) if rc else None), _num(meta.get("cpr_rank_p"))],
+        ["<td>CMD</td>", _num(cmd[0]), _ci(cmd[1], cmd[2]),
+         _num(sum(rm) / len(rm) if rm else None), _num(meta.get("cmd_rank_p"))],
+    ]  # fmt: skip
+    body.append(
+        _table(
+            ["area", "ranking", "95% CI", f"random orders' mean ({len(rc)})", "p (as good)"], rows
+        )
+    )
+    if figures:
+        body.append(f'<img alt="faithfulness curve" src="{figure_uri(curve_figure(curve, meta))}">')
+    body.append("<h2>The circuit</h2>")
+    body.append(
+        f"<p>{circuit['n_edges']} of {circuit['of_edges']} edges (the top "
+        f"{100 * circuit['share']:g}% by |{_e(circuit['ranked_by'])}|): f = "
+        f"{circuit['faithfulness']:.3f}. Its edges are in circuit.json.</p>"
+    )
+    if figures:
+        body.append(f'<img alt="circuit" src="{figure_uri(circuit_figure(circuit, meta))}">')
+    body.append(f'<h2>Top edges</h2><p class="muted">{_e(READ.get(direction, ""))}.</p>')
+    body.append(_edges(edges, by))
+    if edges["exact"].notna().any():
+        body.append("<h3>By exact effect</h3>")
+        body.append(_edges(edges[edges["exact"].notna()], "exact"))
+    body.append("<h2>Do the scores agree?</h2>")
+    body.append('<p class="muted">Over the edges patched exactly (the top ones by each score).</p>')
+    body.append(_agreement(agree))
+    body.append("<h2>Top nodes</h2>")
+    body.append("<p class=\"muted\">A writer's node score is the sum of its edges' scores.</p>")
+    top = nodes.reindex(nodes[by].abs().sort_values(ascending=False).index).head(TOP)
+    extra = [c for c in ("induction", "previous_token", "duplicate_token", "copying") if c in top]
+    body.append(
+        _table(
+            ["node", by.replace("_", "-"), "95% CI", *extra],
+            [
+                [f"<td>{_e(r['node'])}</td>", _num(r[by]), _ci(r[f"{by}_low"], r[f"{by}_high"])]
+                + [_num(r[c]) for c in extra]
+                for _, r in top.iterrows()
+            ],
+        )
+    )
+    return page(title, body)

@@ -1,0 +1,133 @@
+"""``headscope discover`` as a user meets it: a run directory whose tables hold what the functions
+compute, its summary, and one line (exit 2, nothing left behind) for every bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+import headscope
+from headscope.apps.discover import load_discovery
+from headscope.apps.settings import DiscoverSettings
+from headscope.circuits import edge_scores as es
+from headscope.circuits.edge_graph import graph_of
+from headscope.cli.main import main
+from headscope.effects.patching import make_batches
+from headscope.probes.kits import tokenize_task
+from tests.conftest import write_task
+
+FAST = ["--bootstrap", "50", "--n-random", "2", "--sizes", "6", "--exact", "10", "--quiet"]
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_writes_a_discovery_run_whose_tables_are_the_functions(tmp_path, tiny_gpt2_dir, good_task):
+    out = tmp_path / "run"
+    res = run("discover", str(tiny_gpt2_dir), "--task", good_task, "--out", str(out), *FAST)
+    assert res.exit_code == 0, res.output
+    names = {p.name for p in out.iterdir()}
+    assert {"edges.csv", "nodes.csv", "curve.csv", "agreement.csv", "circuit.json"} <= names
+    assert {"baseline.csv", "tokens.jsonl", "metadata.json", "report.html"} <= names
+    assert {"curve.png", "circuit.png"} <= names
+    assert "top edges by eap_ig" in res.stdout and "CPR" in res.stdout
+    model = headscope.load_model(str(tiny_gpt2_dir))
+    g = graph_of(model)
+    edges = pd.read_csv(out / "edges.csv")
+    assert len(edges) == g.n_edges and edges["edge"].is_unique
+    # the saved scores are the functions' on the same pairs (noising, every pair one batch)
+    tt = tokenize_task(good_task, model, None, None, 0, None)
+    batches = make_batches(tt, 32, model.pad_id)
+    eap = es.attribution(model, batches, len(tt), "logit_diff", "eap").mean(0)
+    w, r = g.edges()
+    assert edges["eap"].to_numpy() == pytest.approx(eap[w, r].numpy(), abs=1e-9)
+    exact = edges[edges["exact"].notna()]
+    assert 10 <= len(exact) <= 20  # the top 10 by each score, merged
+    pick = [g.edge_index(e) for e in exact["edge"]]
+    want = es.exact_edges(model, batches, len(tt), "logit_diff", pick).mean(0)
+    assert exact["exact"].to_numpy() == pytest.approx(want.numpy(), abs=1e-9)
+    curve = pd.read_csv(out / "curve.csv")
+    assert len(curve) == 6 * 3 and curve["share"].max() == 1.0
+    assert curve[curve["share"] == 1.0]["f"].to_numpy() == pytest.approx(1.0)
+    circuit = json.loads((out / "circuit.json").read_text())
+    assert circuit["n_edges"] == round(0.01 * g.n_edges) or circuit["n_edges"] == 1
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["run_format"] == "headscope-discover/1" and len(meta["random_cpr"]) == 2
+    assert meta["cpr"][1] <= meta["cpr"][0] <= meta["cpr"][2]
+    back = load_discovery(out)
+    assert back.circuit == circuit and len(back.edges) == g.n_edges
+
+
+def test_named_edges_are_patched_exactly(tmp_path, tiny_gpt2_dir, good_task):
+    out = tmp_path / "run"
+    res = run(
+        "discover", str(tiny_gpt2_dir), "--task", good_task, "--out", str(out), "--no-figures",
+        "--methods", "eap", "--exact", "0", "--edges", "L0H1->L1H2.q,MLP0->logits", *FAST[:-3],
+        "--quiet",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    edges = pd.read_csv(out / "edges.csv").set_index("edge")
+    assert edges["exact"].notna().sum() == 2
+    assert "eap_ig" not in edges.columns
+    assert edges.loc[["L0H1->L1H2.q", "MLP0->logits"], "exact"].notna().all()
+
+
+def test_help_lists_every_setting():
+    res = run("discover", "--help")
+    assert res.exit_code == 0
+    for f in dataclasses.fields(DiscoverSettings):
+        assert "--" + f.name.replace("_", "-") in res.output, f.name
+
+
+def _refused(res, *words):
+    assert res.exit_code == 2, res.output
+    line = res.stderr.strip()
+    assert "\n" not in line and line.startswith("headscope: error:"), line
+    for w in words:
+        assert w in line, (w, line)
+
+
+@pytest.mark.parametrize(
+    "case", ["method", "size", "share", "below", "unknown", "lengths", "encoder", "exists"]
+)
+def test_bad_input_exits_2_with_one_line_and_leaves_nothing(
+    case, tmp_path, tiny_gpt2_dir, tiny_bert_dir, words, good_task
+):
+    a, b = words[:2]
+    out = tmp_path / "run"
+    model, task, extra, expect = str(tiny_gpt2_dir), good_task, [], []
+    if case == "method":
+        extra, expect = ["--methods", "acdc"], ["Unknown methods (--methods) 'acdc'", "eap-ig"]
+    elif case == "size":
+        extra, expect = ["--smallest", "1.5"], ["share of the edges in (0, 1]"]
+    elif case == "share":
+        extra, expect = ["--circuit-share", "0"], ["share of the edges in (0, 1]"]
+    elif case == "below":
+        extra, expect = ["--edges", "L1H0->L0H2.q"], ["L0H2.q does not read L1H0"]
+    elif case == "unknown":
+        extra, expect = ["--edges", "L0H9->logits"], ["No writer 'L0H9'"]
+    elif case == "lengths":
+        task = write_task(
+            tmp_path / "t.jsonl",
+            [{"clean": f"the {a}", "corrupt": f"the {a} {a} {a}", "answer": " " + a,
+              "wrong": " " + b}],
+        )  # fmt: skip
+        expect = ["Pair 0", "different lengths"]
+    elif case == "encoder":
+        model, expect = str(tiny_bert_dir), ["encoder"]
+    elif case == "exists":
+        out.mkdir()
+        (out / "mine.txt").write_text("keep me")
+        expect = ["already exists"]
+    res = run("discover", model, "--task", task, "--out", str(out), *extra, *FAST)
+    _refused(res, *expect)
+    if case == "exists":
+        assert (out / "mine.txt").read_text() == "keep me" and len(list(out.iterdir())) == 1
+    else:
+        assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
