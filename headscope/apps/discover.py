@@ -159,6 +159,8 @@ def discover(
                 model, batches, n, metric, chosen, config.direction,
                 rows_per_forward=None, on_progress=tick,
             )  # fmt: skip
+    with timed(timings, "saturation_s"):
+        sat = es.saturation(model, batches, "clean" if config.direction == "noising" else "corrupt")
     rank_by = "eap-ig" if "eap-ig" in scores else config.methods[0]
     shares = ec.fractions(config.sizes, config.smallest)
     n_curve = (len(shares) * (1 + config.n_random) + 2) * len(batches)
@@ -174,8 +176,8 @@ def discover(
     f_c = float(
         (m_c.mean() - curve["m_empty"].mean()) / (curve["m_full"].mean() - curve["m_empty"].mean())
     )
-    edges = edge_table(graph, scores, chosen, exact, b, level, seed)
-    nodes = node_table(graph, scores, b, level, seed, pattern)
+    edges = edge_table(graph, scores, chosen, exact, b, level, seed, sat)
+    nodes = node_table(graph, scores, b, level, seed, pattern, sat)
     circuit = circuit_record(
         graph, circuit_mask, means[rank_by], rank_by, config.circuit_share, f_c
     )
@@ -205,7 +207,7 @@ def discover(
         edges,
         nodes,
         curve_table(curve, rank_by),
-        agreement_table(graph, scores, chosen, exact, config, seed),
+        agreement_table(graph, scores, chosen, exact, config, seed, edges),
         circuit,
         baseline_table(tt.name, metric, base, b, level, seed),
         tt,
@@ -228,7 +230,22 @@ def _rank_p(value: float, draws, higher: bool) -> float:
 # ------------------------------------------------------------------------------ the tables
 
 
-def edge_table(graph, scores: dict, chosen, exact, resamples, level, seed) -> pd.DataFrame:
+def head_saturation(graph, name: str, sat) -> float:
+    """The saturation of the head a writer or reader name belongs to (a KV head's: its query
+    heads' largest); NaN for the embedding, an MLP, the logits."""
+    import re
+
+    if m := re.match(r"L(\d+)H(\d+)", name):
+        return float(sat[int(m[1]), int(m[2])])
+    if m := re.match(r"L(\d+)KV(\d+)", name):
+        g = graph.n_heads // graph.n_kv
+        return float(sat[int(m[1]), int(m[2]) * g : (int(m[2]) + 1) * g].max())
+    return float("nan")
+
+
+def edge_table(
+    graph, scores: dict, chosen, exact, resamples, level, seed, sat=None
+) -> pd.DataFrame:
     import numpy as np
     import pandas as pd
 
@@ -243,6 +260,11 @@ def edge_table(graph, scores: dict, chosen, exact, resamples, level, seed) -> pd
     out["reader_kind"] = [x.rsplit(".", 1)[-1] if "." in x else x for x in out["reader"]]
     out["writer_layer"] = [graph.writer_layer(a) for a in w.tolist()]
     out["reader_layer"] = [graph.reader_layer(c) for c in r.tolist()]
+    if sat is not None:  # share of saturated queries of the heads at each end
+        for end in ("writer", "reader"):
+            names = pd.unique(out[end])
+            by = {x: head_saturation(graph, x, sat) for x in names}
+            out[f"{end}_saturation"] = out[end].map(by)
     for m, s in scores.items():
         col = column(m)
         mean, lo, hi = mean_ci(s[:, w, r], resamples, level, seed)
@@ -261,7 +283,7 @@ def edge_table(graph, scores: dict, chosen, exact, resamples, level, seed) -> pd
     return out
 
 
-def node_table(graph, scores: dict, resamples, level, seed, pattern=None) -> pd.DataFrame:
+def node_table(graph, scores: dict, resamples, level, seed, pattern=None, sat=None) -> pd.DataFrame:
     import pandas as pd
 
     rows = []
@@ -274,6 +296,8 @@ def node_table(graph, scores: dict, resamples, level, seed, pattern=None) -> pd.
             {"node": name, "kind": kind, "layer": la, "head": head if kind == "head" else -1}
         )
     out = pd.DataFrame(rows)
+    if sat is not None:
+        out["saturation"] = [head_saturation(graph, x, sat) for x in out["node"]]
     for m, s in scores.items():
         col = column(m)
         per = s.nansum(2)  # [pair, writer]: a writer's node score, the sum of its edges
@@ -304,8 +328,17 @@ def curve_table(curve: dict, rank_by: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def agreement_table(graph, scores: dict, chosen, exact, config, seed) -> pd.DataFrame:
-    """Spearman and top-k overlap between every two scores, over the exactly patched edges."""
+#: an estimate disagrees with the exact effect when off by more than this share of it (or signed
+#: the other way); a head "saturates" when more than half its queries put > 0.9 on one key
+DISAGREE, SATURATED_SHARE = 0.5, 0.5
+
+
+def agreement_table(graph, scores: dict, chosen, exact, config, seed, edges=None) -> pd.DataFrame:
+    """Spearman and top-k overlap between every two scores, over the exactly patched edges; for
+    an estimate against the exact effect, how many edges it gets wrong (off by more than
+    :data:`DISAGREE` of the exact effect) and how often a head at either end saturates
+    (:data:`SATURATED_SHARE` of its queries above 0.9 on one key) among those and among the
+    rest."""
     import pandas as pd
 
     from headscope.circuits.agreement import rank_agreement
@@ -327,10 +360,25 @@ def agreement_table(graph, scores: dict, chosen, exact, config, seed) -> pd.Data
                 n_boot=config.bootstrap or 200,
                 seed=seed,
             )
-            rows.append(
-                {"a": a, "b": bb, **{k: v for k, v in got.items() if k not in ("top_a", "top_b")}}
-            )
+            row = {"a": a, "b": bb, **{k: v for k, v in got.items() if k not in ("top_a", "top_b")}}
+            if bb == "exact" and edges is not None and "writer_saturation" in edges:
+                row.update(_disagreement(series[a], series[bb], edges))
+            rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _disagreement(est, exact, edges) -> dict:
+    import numpy as np
+
+    e = edges.set_index("edge").loc[est.index]
+    sat = np.fmax(e["writer_saturation"].to_numpy(), e["reader_saturation"].to_numpy())
+    saturated = np.nan_to_num(sat, nan=0.0) > SATURATED_SHARE
+    wrong = (est - exact).abs().to_numpy() > DISAGREE * exact.abs().to_numpy()
+    return {
+        "n_disagree": int(wrong.sum()),
+        "saturated_disagree": float(saturated[wrong].mean()) if wrong.any() else float("nan"),
+        "saturated_agree": float(saturated[~wrong].mean()) if (~wrong).any() else float("nan"),
+    }
 
 
 def circuit_record(graph, mask, scores, rank_by: str, share: float, f: float) -> dict:

@@ -204,3 +204,30 @@ def exact_edges(
         if on_progress is not None:
             on_progress(len(batch.index))
     return out
+
+
+SATURATED = 0.9  # attention mass on one key above which a query is saturated (AtP*, Kramár 2024)
+
+
+def saturation(
+    model, batches: Sequence[Batch], side: str = "clean", threshold: float = SATURATED
+) -> Float[Tensor, "layer head"]:
+    """Each head's share of real query positions after the first (over ``side``'s prompts) whose
+    attention puts more than ``threshold`` on one key: where a first-order estimate through the
+    softmax can fail (the pattern barely moves until it flips). The first query sees one key and
+    is left out."""
+    from headscope.effects.stages import explicit_handler
+
+    hits = torch.zeros(model.n_layers, model.n_heads, dtype=torch.float64)
+    count = 0.0
+    for batch in batches:
+        acts: dict = {}
+        model.run(batch.tokens(side), batch.mask, handler=explicit_handler(acts, ("pattern",)))
+        real = batch.mask.to(model.device).clone()
+        real[:, 0] = False  # one key to attend to: saturated by construction
+        real = real[:, None, :]  # [b, 1, query]
+        for la in range(model.n_layers):
+            top = acts[la]["pattern"].amax(-1) > threshold  # [b, head, query]
+            hits[la] += (top & real).sum((0, 2)).double().cpu()
+        count += float(real.sum())
+    return hits / count

@@ -66,8 +66,10 @@ def _edges(edges: pd.DataFrame, by: str) -> str:
 def _agreement(agree: pd.DataFrame | None) -> str:
     if agree is None or not len(agree):
         return '<p class="muted">No edge was patched exactly.</p>'
-    rows = [
-        [
+    extra = "n_disagree" in agree.columns
+    rows = []
+    for _, r in agree.iterrows():
+        cells = [
             f"<td>{_e(r['a'])} vs {_e(r['b'])}</td>",
             _num(r["n"], 0),
             _num(r["rho"]),
@@ -75,9 +77,18 @@ def _agreement(agree: pd.DataFrame | None) -> str:
             f"<td>{int(r['overlap'])} of {int(r['k'])}</td>",
             _num(r["overlap_chance"], 2),
         ]
-        for _, r in agree.iterrows()
-    ]
-    return _table(["scores", "edges", "Spearman rho", "95% CI", "top-k overlap", "chance"], rows)
+        if extra:
+            ok = r["n_disagree"] == r["n_disagree"]
+            cells += [
+                _num(r["n_disagree"], 0) if ok else "<td></td>",
+                _num(r["saturated_disagree"], 2) if ok else "<td></td>",
+                _num(r["saturated_agree"], 2) if ok else "<td></td>",
+            ]
+        rows.append(cells)
+    header = ["scores", "edges", "Spearman rho", "95% CI", "top-k overlap", "chance"]
+    if extra:
+        header += ["off by > 50%", "saturated: of those", "saturated: of the rest"]
+    return _table(header, rows)
 
 
 def discover_page_html(run_dir: Path, figures: bool = True) -> str:
@@ -148,7 +159,12 @@ def discover_page_html(run_dir: Path, figures: bool = True) -> str:
         body.append("<h3>By exact effect</h3>")
         body.append(_edges(edges[edges["exact"].notna()], "exact"))
     body.append("<h2>Do the scores agree?</h2>")
-    body.append('<p class="muted">Over the edges patched exactly (the top ones by each score).</p>')
+    body.append(
+        '<p class="muted">Over the edges patched exactly (the top ones by each score). An '
+        "estimate is off when it misses the exact effect by more than half of it; a head at an "
+        "edge's end saturates when more than half its queries put over 0.9 of their attention on "
+        "one key (where a first-order estimate through the softmax can fail).</p>"
+    )
     body.append(_agreement(agree))
     body.append("<h2>Top nodes</h2>")
     body.append("<p class=\"muted\">A writer's node score is the sum of its edges' scores.</p>")

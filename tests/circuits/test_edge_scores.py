@@ -270,3 +270,20 @@ def test_exact_edge_patching_equals_the_oracle_on_smollm2(smollm2):
         )
     ]
     check_against_oracle(smollm2, edges, n_pairs=2, length=10)
+
+
+def test_saturation_equals_the_models_own_attention_weights():
+    family = next(f for f in conf.FAMILIES if f.model_type == "llama")
+    hf, tok = conf.tiny_model(family)
+    model = headscope.load_model(hf, tok, name="tiny-llama-eager")
+    batches = _batch(model, n_pairs=3, length=9)
+    for threshold in (0.3, 0.5, 0.9):
+        got = es.saturation(model, batches, "clean", threshold)
+        with torch.no_grad():
+            att = hf(input_ids=batches[0].clean, output_attentions=True).attentions
+        want = torch.stack(
+            [(a[:, :, 1:].amax(-1) > threshold).double().mean((0, 2)) for a in att]
+        )  # [layer, head], queries 1.. (equal lengths: no padding)
+        torch.testing.assert_close(got, want)
+    assert (es.saturation(model, batches, "clean", 0.0) == 1).all()
+    assert 0 < es.saturation(model, batches, "clean", 0.5).mean() < 1  # the check has teeth
