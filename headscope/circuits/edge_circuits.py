@@ -30,7 +30,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from headscope.circuits.edge_graph import anatomy, graph_of
-from headscope.circuits.edge_runs import Cut, EdgeForward
+from headscope.circuits.edge_runs import Cut, EdgeForward, writer_major
 from headscope.circuits.edge_scores import record
 from headscope.effects.patching import Batch, read_rows
 from headscope.errors import HeadscopeError
@@ -135,6 +135,7 @@ def circuit_metrics(
             if ablation == "mean":
                 k = min(n, means.shape[0])
                 repl[:, :k] = means[:k].to(repl)
+        repl = writer_major(repl)
         for i, c in enumerate(circuits):
             ef = EdgeForward(model, an, graph, cut=Cut(valid & ~c, repl))
             with ef():

@@ -45,7 +45,8 @@ GradHook = Callable[[slice | int, Tensor], None]
 @dataclass
 class Cut:
     """Cut the edges where ``cut[w, r]`` is True (a ``[writer, reader]`` mask, the same for every
-    row), each writer replaced by ``replacement[:, :, w]`` (``[rows, pos, writer, d_model]``)."""
+    row), each writer replaced by ``replacement[:, :, w]`` (``[rows, pos, writer, d_model]``, or
+    already writer-major: ``[writer, rows * pos * d_model]``, see :func:`writer_major`)."""
 
     cut: Bool[Tensor, "writer reader"]
     replacement: Float[Tensor, "row pos writer d_model"]
@@ -95,6 +96,25 @@ def _project(y: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
     return out.reshape(*out.shape[:2], -1)
 
 
+def writer_major(x: Tensor) -> Tensor:
+    """``[rows, pos, writer, d_model]`` as ``[writer, rows * pos * d_model]`` (a Cut's layout)."""
+    return x.permute(2, 0, 1, 3).reshape(x.shape[2], -1)
+
+
+def _sum_rows(mask: Tensor, x: Tensor) -> Tensor:
+    """``[n, cols]``: for each column ``c`` of ``mask`` (``[w, n]``), the sum of the rows ``w`` of
+    ``x`` (``[w, cols]``) it marks; sparse when few are marked, one product otherwise."""
+    w, n = mask.shape
+    marked = int(mask.sum())
+    if marked * 4 < w * n:
+        idx = mask.T.nonzero().T  # [2, marked]: (column, row)
+        m = torch.sparse_coo_tensor(
+            idx, torch.ones(marked, dtype=x.dtype), (n, w), check_invariants=False
+        )
+        return torch.sparse.mm(m, x)
+    return mask.T.to(x.dtype) @ x
+
+
 def _stream(args: tuple, kwargs: dict) -> Tensor:
     return args[0] if args else kwargs["hidden_states"]
 
@@ -125,6 +145,12 @@ class EdgeForward:
         self.record = record or cut is not None
         self.cut, self.single, self.on_grad, self.embed = cut, single, on_grad, embed
         self.writers: Tensor | None = None
+        self.cut_only = cut is not None and not record  # no [rows, pos, writer, d] copy kept
+        self._diff: Tensor | None = None
+        self._total: Tensor | None = None
+        if cut is not None:  # [writer, rows * pos * d_model]
+            r = cut.replacement
+            self._repl = r if r.dim() == 2 else r.permute(2, 0, 1, 3).reshape(r.shape[2], -1)
         self._stash: dict[tuple[int, str], Tensor] = {}
         self._weights = [head_weights(an, la, graph) for la in range(graph.n_layers)]
         if cut is not None:
@@ -134,10 +160,19 @@ class EdgeForward:
 
     def _keep(self, first: int, values: Tensor) -> None:
         """Writers ``first ..`` of every row get ``values`` (``[rows, pos, n, d_model]``)."""
-        if self.writers is None:
-            rows, pos = values.shape[:2]
-            self.writers = values.new_zeros(rows, pos, self.graph.n_writers, values.shape[-1])
-        self.writers[:, :, first : first + values.shape[2]] = values.detach()
+        rows, pos, n, d = values.shape
+        if self.record and not self.cut_only:
+            if self.writers is None:
+                self.writers = values.new_empty(rows, pos, self.graph.n_writers, d)
+            self.writers[:, :, first : first + n] = values.detach()
+        if self.cut is not None:  # live - replacement, writer-major, and its running sum
+            if self._diff is None:
+                self._diff = values.new_empty(self.graph.n_writers, rows * pos * d)
+                self._total = values.new_zeros(rows * pos * d)
+            got = values.detach().permute(2, 0, 1, 3).reshape(n, -1)
+            got = got - self._repl[first : first + n].to(got)
+            self._diff[first : first + n] = got
+            self._total += got.sum(0)
 
     def head_writes(self, layer: int, z: Tensor, out: Tensor) -> Tensor:
         """``[rows, pos, head, d_model]``: each head's write from the output projection's input
@@ -156,41 +191,67 @@ class EdgeForward:
 
     # -------------------------------------------------------------------------- readers
 
-    def _correction(self, readers: slice | int, stream: Tensor) -> Tensor | None:
-        """What to subtract from ``stream`` for ``readers`` (``[rows, pos, n, d_model]`` for a
-        slice, ``[rows, pos, d_model]`` for one), or None when nothing is cut there."""
+    def _cut(self, readers: slice | int, stream: Tensor):
+        """A :class:`Cut`'s copies for ``readers``: ``(x [rows, pos, u, d_model], inv [n])``, reader
+        ``i`` reading copy ``inv[i]`` (readers with nothing cut share the stream itself, those with
+        everything cut share the replacements' stream); None when nothing is cut here. One reader
+        (an int): ``x`` is ``[rows, pos, d_model]`` and ``inv`` None."""
         one = isinstance(readers, int)
-        if self.cut is not None:
-            n_in = int(self._n_in[readers if one else readers.start])
-            k = self.cut.cut[:n_in, readers]  # [n_in] or [n_in, n]
-            ws = k.nonzero()[:, 0].unique()  # the writers cut somewhere here
-            if len(ws) == 0:
-                return None
-            d = self.writers[:, :, ws] - self.cut.replacement[:, :, ws].to(stream)
-            kf = k[ws].to(stream.dtype)
-            return torch.einsum("bpwd,w->bpd" if one else "bpwd,wc->bpcd", d, kf)
-        if self.single is not None:
-            r = self.single.reader.to(stream.device)
-            if one:
-                hit = r == readers
-                if not hit.any():
-                    return None
-                return self.single.delta.to(stream) * hit[:, None, None]
-            slot = r - readers.start
-            hit = (slot >= 0) & (slot < readers.stop - readers.start)
+        n_in = int(self._n_in[readers if one else readers.start])
+        k = self.cut.cut[:n_in, readers]  # [n_in] or [n_in, n]: True = cut
+        k = k[:, None] if one else k
+        per = k.sum(0)  # [n]: edges cut into each reader
+        if not per.any():
+            return None
+        rows, pos, d = stream.shape[0], stream.shape[1], stream.shape[-1]
+
+        def flat(t: Tensor) -> Tensor:  # [m, rows * pos * d] -> [rows, pos, m, d]
+            return t.view(-1, rows, pos, d).permute(1, 2, 0, 3).to(stream.dtype)
+
+        copies, inv = [], torch.empty(k.shape[1], dtype=torch.long)
+        for which, value in (
+            (per == 0, lambda: stream[:, :, None]),
+            (per == n_in, lambda: stream[:, :, None] - flat(self._total[None])),
+        ):
+            if which.any():
+                inv[which] = sum(c.shape[2] for c in copies)
+                copies.append(value())
+        mixed = ((per > 0) & (per < n_in)).nonzero()[:, 0]
+        if len(mixed):
+            km = k[:, mixed]
+            n_cut = int(km.sum())
+            if n_cut <= km.numel() - n_cut:  # sum the cut edges
+                corr = _sum_rows(km, self._diff[:n_in])
+            else:  # everything minus the kept edges
+                corr = self._total[None] - _sum_rows(~km, self._diff[:n_in])
+            inv[mixed] = sum(c.shape[2] for c in copies) + torch.arange(len(mixed))
+            copies.append(stream[:, :, None] - flat(corr))
+        x = torch.cat(copies, 2) if len(copies) > 1 else copies[0]
+        return (x[:, :, 0], None) if one else (x, inv)
+
+    def _single(self, readers: slice | int, stream: Tensor) -> Tensor | None:
+        """A :class:`Single`'s correction for ``readers`` (None: nothing here)."""
+        r = self.single.reader.to(stream.device)
+        if isinstance(readers, int):
+            hit = r == readers
             if not hit.any():
                 return None
-            corr = stream.new_zeros(
-                *stream.shape[:2], readers.stop - readers.start, stream.shape[-1]
-            )
-            idx = hit.nonzero()[:, 0]
-            corr[idx, :, slot[idx]] = self.single.delta.to(stream)[idx]
-            return corr
-        return None
+            return self.single.delta.to(stream) * hit[:, None, None]
+        slot = r - readers.start
+        hit = (slot >= 0) & (slot < readers.stop - readers.start)
+        if not hit.any():
+            return None
+        corr = stream.new_zeros(*stream.shape[:2], readers.stop - readers.start, stream.shape[-1])
+        idx = hit.nonzero()[:, 0]
+        corr[idx, :, slot[idx]] = self.single.delta.to(stream)[idx]
+        return corr
 
-    def _split(self, readers: slice | int, stream: Tensor) -> Tensor | None:
-        """The readers' own copies of ``stream`` (None: leave the layer as it is)."""
-        corr = self._correction(readers, stream)
+    def _split(self, readers: slice | int, stream: Tensor):
+        """The readers' own copies of ``stream``: ``(x, inv)`` as :meth:`_cut` gives them (``inv``
+        None: one copy per reader), or None to leave the layer as it is."""
+        if self.cut is not None:
+            return self._cut(readers, stream)
+        corr = self._single(readers, stream) if self.single is not None else None
         if corr is None and self.on_grad is None:
             return None
         if isinstance(readers, int):
@@ -201,7 +262,7 @@ class EdgeForward:
             x = x - corr if corr is not None else x
         if self.on_grad is not None and x.requires_grad:
             x.register_hook(lambda g, readers=readers: self.on_grad(readers, g))
-        return x
+        return x, None
 
     # -------------------------------------------------------------------------- hooks
 
@@ -228,10 +289,13 @@ class EdgeForward:
             return (args, kwargs) if replace else None
 
         def ln1(module, args, la):
-            x = self._split(g.attn_slice(la), args[0])
-            if x is None:
+            got = self._split(g.attn_slice(la), args[0])
+            if got is None:
                 return None
-            y = module.forward(x)  # [rows, pos, H + 2 KV, d_model]: the norm, copy by copy
+            x, inv = got
+            y = module.forward(x)  # [rows, pos, copies, d_model]: the norm, copy by copy
+            if inv is not None:
+                y = y[:, :, inv.to(y.device)]  # [rows, pos, H + 2 KV, d_model]
             w = self._weights[la]
             self._stash[(la, "q")] = _project(y[:, :, :H], w["q"], w["bq"])
             self._stash[(la, "k")] = _project(y[:, :, H : H + KV], w["k"], w["bk"])
@@ -255,16 +319,16 @@ class EdgeForward:
                 self._keep(g.head_writer(la, 0), self.head_writes(la, args[0], out))
 
         def ln2(module, args, la):
-            x = self._split(g.mlp_reader(la), args[0])
-            return None if x is None else (x, *args[1:])
+            got = self._split(g.mlp_reader(la), args[0])
+            return None if got is None else (got[0], *args[1:])
 
         def mlp(module, args, out, la):
             if self.record:
                 self._keep(g.mlp_writer(la), out[:, :, None])
 
         def final(module, args):
-            x = self._split(g.logits_reader, args[0])
-            return None if x is None else (x, *args[1:])
+            got = self._split(g.logits_reader, args[0])
+            return None if got is None else (got[0], *args[1:])
 
         try:
             blocks = self.model.blocks()

@@ -57,9 +57,9 @@ def _place(name: str, n_heads: int, n_kv: int, n_layers: int) -> tuple[float, fl
         return (n_heads - 1) / 2, float(n_layers)
     if m := re.fullmatch(r"L(\d+)H(\d+)(\.q)?", name):
         return float(m[2]), float(m[1])
-    if m := re.fullmatch(r"L(\d+)KV(\d+)\.[kv]", name):
+    if m := re.fullmatch(r"L(\d+)KV(\d+)\.([kv])", name):
         g = n_heads // max(n_kv, 1)
-        return int(m[2]) * g + (g - 1) / 2, int(m[1]) - 0.3
+        return int(m[2]) * g + (g - 1) / 2, int(m[1]) - (0.25 if m[3] == "k" else 0.5)
     if m := re.fullmatch(r"MLP(\d+)(\.in)?", name):
         return float(n_heads) + 0.5, int(m[1]) + 0.35
     raise ValueError(name)
@@ -92,7 +92,10 @@ def circuit_figure(circuit: dict, meta: dict) -> Figure:
     ax.set_xlabel("head (MLP: right of the heads; KV head: below its group)")
     ax.set_ylabel("layer")
     handles = [Line2D([], [], color=c, label=k) for k, c in KIND_COLOURS.items()]
-    ax.legend(handles=handles, fontsize=7, loc="upper right", title="reads", title_fontsize=7)
+    ax.legend(
+        handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), title="reads",
+        title_fontsize=7,
+    )  # fmt: skip
     ax.set_title(
         f"{circuit.get('n_edges', 0)} edges of {circuit.get('of_edges', '?')} (top "
         f"{100 * circuit.get('share', 0):g}% by {circuit.get('ranked_by', '?')}), f = "
