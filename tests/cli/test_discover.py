@@ -131,3 +131,20 @@ def test_bad_input_exits_2_with_one_line_and_leaves_nothing(
     else:
         assert not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_a_scan_beside_puts_its_pattern_scores_beside_the_head_nodes(
+    tmp_path, tiny_gpt2_dir, good_task, runs
+):
+    out = tmp_path / "run"
+    res = run(
+        "discover", str(tiny_gpt2_dir), "--task", good_task, "--out", str(out), "--no-figures",
+        "--methods", "eap", "--scan", str(runs["gpt2"]), *FAST,
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    nodes = pd.read_csv(out / "nodes.csv").set_index("node")
+    scan = pd.read_csv(runs["gpt2"] / "scores.csv")
+    want = scan[scan["metric"] == "induction"].set_index("head_name")["score"]
+    assert nodes.loc[want.index, "induction"].to_numpy() == pytest.approx(want.to_numpy())
+    assert pd.isna(nodes.loc["embed", "induction"]) and pd.isna(nodes.loc["MLP0", "induction"])
+    assert json.loads((out / "metadata.json").read_text())["scan"]["model"]
