@@ -21,7 +21,18 @@ from headscope.report.figures import effect_scatter, heatmap
 from headscope.rundir.store import check_out_dir
 
 SVG = "{http://www.w3.org/2000/svg}"
-DRAWING = ("scan", "plot", "show", "compare", "kvplan", "sweep", "census", "patch", "circuit")
+DRAWING = (
+    "scan",
+    "plot",
+    "show",
+    "compare",
+    "kvplan",
+    "sweep",
+    "census",
+    "patch",
+    "circuit",
+    "discover",
+)
 
 
 def _scores() -> pd.DataFrame:

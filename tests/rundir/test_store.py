@@ -289,9 +289,10 @@ def test_a_census_is_interrupted_as_a_scan_is(phase, tmp_path, tiny_gpt2_dir):
 
 
 def test_every_command_writes_through_the_one_writer(tiny_gpt2, good_task, tmp_path, monkeypatch):
-    """scan, patch, circuit, census and kvplan's plan each call write_run once, with their kind."""
+    """scan, patch, circuit, discover, census and kvplan's plan each call write_run once, with their
+    kind."""
     import headscope.rundir.store as rd
-    from headscope.apps import census, circuit_run, kvplan, patch
+    from headscope.apps import census, circuit_run, discover, kvplan, patch
     from headscope.rundir.kinds import KINDS
 
     kinds = []
@@ -311,12 +312,16 @@ def test_every_command_writes_through_the_one_writer(tiny_gpt2, good_task, tmp_p
         tiny_gpt2, tt, bootstrap=0, receivers=("logits",), senders=("L0H0",), composition=False
     )
     circuit_run.save_circuit(paths, tmp_path / "circuit", figures=False)
+    found = headscope.discover(
+        tiny_gpt2, tt, bootstrap=0, methods=("eap",), exact=0, sizes=2, n_random=0
+    )
+    discover.save_discovery(found, tmp_path / "discover", figures=False)
     settings = census.CensusSettings(parts=("rare_word",), n_prompts=2, bootstrap=10)
     census.census(tiny_gpt2, tmp_path / "census", settings, figures=False)
     from tests.apps.test_kvplan import _plan_table
 
     kvplan.save(_plan_table(), tmp_path / "plan", kvplan.PlanSettings(), "tiny", {}, {})
-    assert kinds == ["scan", "patch", "circuit", "census", "kvplan"]
+    assert kinds == ["scan", "patch", "circuit", "discover", "census", "kvplan"]
     assert set(kinds) == set(KINDS)
 
 
