@@ -9,10 +9,9 @@ import headscope
 import lib.kv_baselines as kb
 from headscope.apps import kvplan
 from headscope.errors import HeadscopeError
-from headscope.probes.long import long_text_probe, needle_probe
+from headscope.probes.long import long_text_probe
+from tests.apps.test_kvplan import small_plan
 from tests.oracles import conformance as conf
-
-LONG = ["sink", "streaming", "retrieval", "retrieval_soft"]
 
 
 @pytest.fixture(scope="module")
@@ -86,28 +85,7 @@ def test_rank_in_counts_ties_as_reached():
 def test_random_kv_losses_seed_s_is_kv_plans_random_kv_seed_s(llama):
     """The notebook's loss-only draws are the command's random_kv conditions: seed s there is seed
     s here, bit for bit, with the plan's number of KV heads dropped."""
-    text = long_text_probe(llama, 200, 2)
-    text.settings["band"] = [2, 16]
-    scores = headscope.scan(
-        llama,
-        [text, needle_probe(llama, [200], (0.5,), k=4)],
-        metrics=LONG,
-        bootstrap=0,
-        null=False,
-        examples=False,
-    ).scores
-    st = kvplan.PlanSettings(
-        budgets=(0.25, 1.0),
-        seeds=2,
-        sinks=2,
-        window=16,
-        seq_len=200,
-        n_texts=1,
-        depths=(0.5,),
-        needles_per_depth=1,
-        needle_tokens=4,
-    )
-    df = kvplan.kv_plan(llama, scores, st)
+    df, st = small_plan(llama)
     texts, _ = kvplan.plan_inputs(llama, st)
     full_sums = df.attrs["text_sums"][0]
     for b in (0.25, 1.0):

@@ -106,7 +106,9 @@ def test_restricted_greedy_decoding_matches_restricted_full_forwards(llama, monk
     assert got != llama.greedy(prompt, 6)
 
 
-def test_kv_plan_runs_every_condition(llama):
+def small_plan(llama):
+    """``(table, settings)``: a kv plan of the tiny Llama at budgets 0.25 and 1 with 2 seeds (a
+    200-token text, one needle), scored by a scan of the same probes."""
     text = long_text_probe(llama, 200, 2)
     text.settings["band"] = [2, 16]
     scores = headscope.scan(
@@ -129,6 +131,11 @@ def test_kv_plan_runs_every_condition(llama):
         needle_tokens=4,
     )
     df = kvplan.kv_plan(llama, scores, st)
+    return df, st
+
+
+def test_kv_plan_runs_every_condition(llama):
+    df, st = small_plan(llama)
     assert list(df.condition) == [
         "full",
         "streaming_all",
