@@ -16,8 +16,15 @@ intervention here:
 * :class:`Single` (exact edge patching: each row of a repeated batch cuts one edge, whose writer
   is below its reader, so ``live_w`` is the base run's and the forward starts at the reader's
   layer from the base run's kept residual stream);
-* gradients: every reader's copy is a separate tensor whose gradient is ``d metric / d x_r``,
-  what edge attribution patching (EAP) reads.
+* gradients (``on_grad``, nothing cut): ``d metric / d x_r`` for every reader, what edge
+  attribution patching (EAP) reads, from one unmodified forward and backward. An MLP's or the
+  logits' reader is its norm's whole input, so a copy of the stream in front of that norm carries
+  its gradient. A head's query, key or value reader is one slice of a projection after the layer's
+  shared norm: its gradient is the gradient at that slice of the projection's output, taken back
+  through the slice's weights (``g_r W_r``, unsummed over heads) and through the norm's
+  vector-Jacobian product at the run's own input (:func:`norm_vjp`, every reader at once). That
+  is the chain rule of the copies a cut makes, without running the norm and the backward once
+  per reader.
 
 How a layer's readers get their copies without running the layer once per reader: the copies go
 through the layer's own input norm (a norm acts on the last axis, whatever is in front), then each
@@ -88,9 +95,9 @@ def head_weights(an: Anatomy, layer: int, graph: EdgeGraph) -> dict[str, Tensor]
 
 
 def _project(y: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
-    """``[rows, pos, n, d_model]`` copies through their own heads' ``[n, d_head, d_model]`` weights:
-    ``[rows, pos, n * d_head]``."""
-    out = torch.einsum("bpnd,ned->bpne", y, w)
+    """``[n, rows, pos, d_model]`` copies through their own heads' ``[n, d_head, d_model]``
+    weights: ``[rows, pos, n * d_head]``."""
+    out = torch.einsum("nbpd,ned->bpne", y, w)
     if b is not None:
         out = out + b
     return out.reshape(*out.shape[:2], -1)
@@ -101,18 +108,60 @@ def writer_major(x: Tensor) -> Tensor:
     return x.permute(2, 0, 1, 3).reshape(x.shape[2], -1)
 
 
-def _sum_rows(mask: Tensor, x: Tensor) -> Tensor:
-    """``[n, cols]``: for each column ``c`` of ``mask`` (``[w, n]``), the sum of the rows ``w`` of
-    ``x`` (``[w, cols]``) it marks; sparse when few are marked, one product otherwise."""
-    w, n = mask.shape
-    marked = int(mask.sum())
-    if marked * 4 < w * n:
-        idx = mask.T.nonzero().T  # [2, marked]: (column, row)
-        m = torch.sparse_coo_tensor(
-            idx, torch.ones(marked, dtype=x.dtype), (n, w), check_invariants=False
-        )
-        return torch.sparse.mm(m, x)
-    return mask.T.to(x.dtype) @ x
+def _corrections(cut: Tensor, diff: Tensor) -> Tensor:
+    """``[n, cols]``: for each reader (a column of ``cut``, ``[w, n]``), the sum of the rows of
+    ``diff`` it cuts (``diff``: ``[more than w, cols]``, its last row the sum of the first
+    ``w``). Memory decides the way: a dense product reads every row once; a sparse one reads a
+    row per term, each reader summing the smaller of its cut edges and its kept ones (``total -
+    kept``), so it is used only when that makes few terms."""
+    w, n = cut.shape
+    flip = cut.sum(0) * 2 > w  # more cut than kept
+    marks = torch.where(flip, ~cut, cut)
+    terms = int(marks.sum()) + int(flip.sum())
+    if 3 * terms >= w + n:
+        return cut.T.to(diff.dtype) @ diff[:w]
+    col, row = marks.T.nonzero().T
+    sign = torch.where(flip[col], -1.0, 1.0)
+    total = flip.nonzero()[:, 0]
+    idx = torch.stack([torch.cat([col, total]), torch.cat([row, torch.full_like(total, -1)])])
+    idx[1] %= diff.shape[0]  # -1: the last row, the total
+    vals = torch.cat([sign, torch.ones(len(total))]).to(diff.dtype)
+    m = torch.sparse_coo_tensor(idx, vals, (n, diff.shape[0]), check_invariants=False)
+    return torch.sparse.mm(m, diff)
+
+
+def norm_vjp(norm, x: Tensor, gain_offset: float = 0.0) -> Callable[[Tensor], Tensor]:
+    """The vector-Jacobian product of the norm module ``norm`` at its input ``x`` (``[rows, pos,
+    d_model]``), for many cotangents at once: ``u`` ``[rows, pos, n, d_model]`` (gradients at
+    the norm's output) to ``[rows, pos, n, d_model]`` (at its input). An RMS norm ``y = g x s``,
+    ``s = (mean x^2 + eps)^-1/2``, gives ``s g u - s^3 x mean(x g u)``; a layer norm ``y = g x^ +
+    b``, ``x^ = (x - mean x) s``, gives ``s (g u - mean(g u) - x^ mean(x^ g u))``. A norm of
+    another kind (or without a readable epsilon): ``torch.func.vjp`` of its own forward."""
+    name = type(norm).__name__
+    eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
+    kind = "layer" if name.endswith("LayerNorm") else "rms" if "RMSNorm" in name else None
+    if kind is None or eps is None:
+        _, fn = torch.func.vjp(norm.forward, x.detach())
+        return lambda u: torch.func.vmap(fn, in_dims=2, out_dims=2)(u)[0]
+    dt = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
+    x = x.detach().to(dt)
+    w = getattr(norm, "weight", None)
+    gain = None if w is None else w.detach().to(dt) + gain_offset
+    if kind == "layer":
+        x = x - x.mean(-1, keepdim=True)
+    s = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)  # [rows, pos, 1]
+    xh = x * s if kind == "layer" else x  # what the projection of u is taken against
+
+    def vjp(u: Tensor) -> Tensor:
+        ub = u.to(dt) * gain if gain is not None else u.to(dt)
+        c = torch.einsum("bpnd,bpd->bpn", ub, xh)[..., None] / x.shape[-1]
+        if kind == "layer":
+            out = (ub - ub.mean(-1, keepdim=True) - xh[:, :, None] * c) * s[:, :, None]
+        else:
+            out = ub * s[:, :, None] - (c * s[:, :, None] ** 3) * x[:, :, None]
+        return out.to(u.dtype)
+
+    return vjp
 
 
 def _stream(args: tuple, kwargs: dict) -> Tensor:
@@ -146,6 +195,10 @@ class EdgeForward:
         self.cut, self.single, self.on_grad, self.embed = cut, single, on_grad, embed
         self.writers: Tensor | None = None
         self.cut_only = cut is not None and not record  # no [rows, pos, writer, d] copy kept
+        if on_grad is not None and (cut is not None or single is not None):
+            raise ValueError("on_grad reads an unpatched forward's gradients: no cut, no single.")
+        self.tap = on_grad is not None
+        self._vjp: dict[int, Callable] = {}
         self._diff: Tensor | None = None
         self._total: Tensor | None = None
         if cut is not None:  # [writer, rows * pos * d_model]
@@ -165,13 +218,19 @@ class EdgeForward:
             if self.writers is None:
                 self.writers = values.new_empty(rows, pos, self.graph.n_writers, d)
             self.writers[:, :, first : first + n] = values.detach()
-        if self.cut is not None:  # live - replacement, writer-major, and its running sum
+        if (
+            self.cut is not None
+        ):  # live - replacement, writer-major; its running sum in the last row
             if self._diff is None:
-                self._diff = values.new_empty(self.graph.n_writers, rows * pos * d)
-                self._total = values.new_zeros(rows * pos * d)
-            got = values.detach().permute(2, 0, 1, 3).reshape(n, -1)
-            got = got - self._repl[first : first + n].to(got)
-            self._diff[first : first + n] = got
+                self._diff = values.new_empty(self.graph.n_writers + 1, rows * pos * d)
+                self._total = self._diff[-1]
+                self._total.zero_()
+            got = self._diff[first : first + n]
+            torch.sub(
+                values.detach().permute(2, 0, 1, 3),
+                self._repl[first : first + n].view(n, rows, pos, d).to(values),
+                out=got.view(n, rows, pos, d),
+            )
             self._total += got.sum(0)
 
     def head_writes(self, layer: int, z: Tensor, out: Tensor) -> Tensor:
@@ -192,10 +251,11 @@ class EdgeForward:
     # -------------------------------------------------------------------------- readers
 
     def _cut(self, readers: slice | int, stream: Tensor):
-        """A :class:`Cut`'s copies for ``readers``: ``(x [rows, pos, u, d_model], inv [n])``, reader
-        ``i`` reading copy ``inv[i]`` (readers with nothing cut share the stream itself, those with
-        everything cut share the replacements' stream); None when nothing is cut here. One reader
-        (an int): ``x`` is ``[rows, pos, d_model]`` and ``inv`` None."""
+        """A :class:`Cut`'s copies for ``readers``: ``(x [copies, rows, pos, d_model], inv [n])``,
+        reader ``i`` reading copy ``inv[i]`` (readers with nothing cut share the stream itself,
+        those with everything cut the replacements' stream; each other reader sums the smaller of
+        its cut and its kept edges); None when nothing is cut here. One reader (an int): ``x`` is
+        ``[rows, pos, d_model]`` and ``inv`` None."""
         one = isinstance(readers, int)
         n_in = int(self._n_in[readers if one else readers.start])
         k = self.cut.cut[:n_in, readers]  # [n_in] or [n_in, n]: True = cut
@@ -205,32 +265,29 @@ class EdgeForward:
             return None
         rows, pos, d = stream.shape[0], stream.shape[1], stream.shape[-1]
 
-        def flat(t: Tensor) -> Tensor:  # [m, rows * pos * d] -> [rows, pos, m, d]
-            return t.view(-1, rows, pos, d).permute(1, 2, 0, 3).to(stream.dtype)
+        def flat(t: Tensor) -> Tensor:  # [m, rows * pos * d] -> [m, rows, pos, d]
+            return t.view(-1, rows, pos, d).to(stream.dtype)
 
-        copies, inv = [], torch.empty(k.shape[1], dtype=torch.long)
-        for which, value in (
-            (per == 0, lambda: stream[:, :, None]),
-            (per == n_in, lambda: stream[:, :, None] - flat(self._total[None])),
-        ):
-            if which.any():
-                inv[which] = sum(c.shape[2] for c in copies)
-                copies.append(value())
-        mixed = ((per > 0) & (per < n_in)).nonzero()[:, 0]
+        none, every = per == 0, per == n_in
+        mixed = (~none & ~every).nonzero()[:, 0]
+        u = int(none.any()) + int(every.any()) + len(mixed)
+        x = stream.new_empty(u, *stream.shape)
+        inv, at = torch.empty(k.shape[1], dtype=torch.long), 0
+        if none.any():
+            inv[none], at = at, at + 1
+            x[0] = stream
+        if every.any():
+            inv[every], at = at, at + 1
+            torch.sub(stream, flat(self._total[None])[0], out=x[at - 1])
         if len(mixed):
-            km = k[:, mixed]
-            n_cut = int(km.sum())
-            if n_cut <= km.numel() - n_cut:  # sum the cut edges
-                corr = _sum_rows(km, self._diff[:n_in])
-            else:  # everything minus the kept edges
-                corr = self._total[None] - _sum_rows(~km, self._diff[:n_in])
-            inv[mixed] = sum(c.shape[2] for c in copies) + torch.arange(len(mixed))
-            copies.append(stream[:, :, None] - flat(corr))
-        x = torch.cat(copies, 2) if len(copies) > 1 else copies[0]
-        return (x[:, :, 0], None) if one else (x, inv)
+            inv[mixed] = at + torch.arange(len(mixed))
+            corr = _corrections(k[:, mixed], self._diff)  # rows :n_in and the total
+            torch.sub(stream[None], flat(corr), out=x[at:])
+        return (x[0], None) if one else (x, inv)
 
     def _single(self, readers: slice | int, stream: Tensor) -> Tensor | None:
-        """A :class:`Single`'s correction for ``readers`` (None: nothing here)."""
+        """A :class:`Single`'s correction for ``readers`` (``[n, rows, pos, d_model]``, or ``[rows,
+        pos, d_model]`` for one reader; None: nothing here)."""
         r = self.single.reader.to(stream.device)
         if isinstance(readers, int):
             hit = r == readers
@@ -241,9 +298,9 @@ class EdgeForward:
         hit = (slot >= 0) & (slot < readers.stop - readers.start)
         if not hit.any():
             return None
-        corr = stream.new_zeros(*stream.shape[:2], readers.stop - readers.start, stream.shape[-1])
+        corr = stream.new_zeros(readers.stop - readers.start, *stream.shape)
         idx = hit.nonzero()[:, 0]
-        corr[idx, :, slot[idx]] = self.single.delta.to(stream)[idx]
+        corr[slot[idx], idx] = self.single.delta.to(stream)[idx]
         return corr
 
     def _split(self, readers: slice | int, stream: Tensor):
@@ -251,18 +308,36 @@ class EdgeForward:
         None: one copy per reader), or None to leave the layer as it is."""
         if self.cut is not None:
             return self._cut(readers, stream)
-        corr = self._single(readers, stream) if self.single is not None else None
-        if corr is None and self.on_grad is None:
-            return None
-        if isinstance(readers, int):
-            x = stream - corr if corr is not None else stream.clone()
-        else:
-            n = readers.stop - readers.start
-            x = stream[:, :, None, :].expand(-1, -1, n, -1)
-            x = x - corr if corr is not None else x
-        if self.on_grad is not None and x.requires_grad:
-            x.register_hook(lambda g, readers=readers: self.on_grad(readers, g))
-        return x, None
+        one = isinstance(readers, int)
+        if self.single is not None:
+            corr = self._single(readers, stream)
+            if corr is None:
+                return None
+            return (stream - corr if one else stream[None] - corr), None
+        if self.on_grad is not None and one:  # an MLP's or the logits' reader: a copy's gradient
+            x = stream.clone()
+            if x.requires_grad:
+                x.register_hook(lambda g, readers=readers: self.on_grad(readers, g))
+            return x, None
+        return None
+
+    def _tap(self, layer: int, kinds: tuple[str, ...], g: Tensor) -> None:
+        """The gradient ``g`` at layer ``layer``'s projection output (``kinds``' slices side by
+        side) as each reader's gradient at its copy of the stream in front of the norm."""
+        graph, w = self.graph, self._weights[layer]
+        H, KV = graph.n_heads, graph.n_kv
+        start = graph.attn_slice(layer).start
+        at = {"q": (0, H), "k": (H, KV), "v": (H + KV, KV)}
+        rows, pos = g.shape[:2]
+        col = 0
+        for kind in kinds:
+            first, n = at[kind]
+            width = w[kind].shape[0] * w[kind].shape[1]
+            gk = g[..., col : col + width].reshape(rows, pos, n, -1)
+            col += width
+            u = torch.einsum("bpne,ned->bpnd", gk, w[kind].to(gk))  # after the norm
+            dx = self._vjp[layer](u)
+            self.on_grad(slice(start + first, start + first + n), dx)
 
     # -------------------------------------------------------------------------- hooks
 
@@ -289,17 +364,22 @@ class EdgeForward:
             return (args, kwargs) if replace else None
 
         def ln1(module, args, la):
+            if self.tap:  # the norm's vector-Jacobian product at this run's input, for _tap
+                x = args[0]
+                if x.requires_grad:
+                    self._vjp[la] = norm_vjp(module, x, an.gain_offset)
+                return None
             got = self._split(g.attn_slice(la), args[0])
             if got is None:
                 return None
             x, inv = got
-            y = module.forward(x)  # [rows, pos, copies, d_model]: the norm, copy by copy
+            y = module.forward(x)  # [copies, rows, pos, d_model]: the norm, copy by copy
             if inv is not None:
-                y = y[:, :, inv.to(y.device)]  # [rows, pos, H + 2 KV, d_model]
+                y = y[inv.to(y.device)]  # [H + 2 KV, rows, pos, d_model]
             w = self._weights[la]
-            self._stash[(la, "q")] = _project(y[:, :, :H], w["q"], w["bq"])
-            self._stash[(la, "k")] = _project(y[:, :, H : H + KV], w["k"], w["bk"])
-            self._stash[(la, "v")] = _project(y[:, :, H + KV :], w["v"], w["bv"])
+            self._stash[(la, "q")] = _project(y[:H], w["q"], w["bq"])
+            self._stash[(la, "k")] = _project(y[H : H + KV], w["k"], w["bk"])
+            self._stash[(la, "v")] = _project(y[H + KV :], w["v"], w["bv"])
             return None
 
         def projection(mod, la, kinds):
@@ -313,6 +393,10 @@ class EdgeForward:
 
             mod.forward = forward
             patched.append(mod)
+
+        def tap(module, args, out, la, kinds):
+            if out.requires_grad:
+                out.register_hook(lambda grad: self._tap(la, kinds, grad))
 
         def o_proj(module, args, out, la):
             if self.record:
@@ -337,15 +421,20 @@ class EdgeForward:
                 handles.append(
                     an.ln1[la].register_forward_pre_hook(lambda m, a, la=la: ln1(m, a, la))
                 )
-                if an.fused:
-                    projection(an.q_proj[la], la, ("q", "k", "v"))
-                else:
-                    for kind, mod in (
-                        ("q", an.q_proj[la]),
-                        ("k", an.k_proj[la]),
-                        ("v", an.v_proj[la]),
-                    ):
-                        projection(mod, la, (kind,))
+                mods = (
+                    [(an.q_proj[la], ("q", "k", "v"))]
+                    if an.fused
+                    else [(an.q_proj[la], ("q",)), (an.k_proj[la], ("k",)), (an.v_proj[la], ("v",))]
+                )
+                for mod, kinds in mods:
+                    if self.tap:
+                        handles.append(
+                            mod.register_forward_hook(
+                                lambda m, a, o, la=la, kinds=kinds: tap(m, a, o, la, kinds)
+                            )
+                        )
+                    else:
+                        projection(mod, la, kinds)
                 handles.append(
                     an.o_proj[la].register_forward_hook(lambda m, a, o, la=la: o_proj(m, a, o, la))
                 )
@@ -363,3 +452,4 @@ class EdgeForward:
             for mod in patched:
                 mod.__dict__.pop("forward", None)
             self._stash.clear()
+            self._vjp.clear()

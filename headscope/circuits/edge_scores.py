@@ -80,24 +80,23 @@ class GradSum:
         else:  # [b, pos, n, d] -> [b, n, pos * d]
             self.sum[:, readers] += self.weight * g.permute(0, 2, 1, 3).reshape(b, g.shape[2], -1)
 
-    def scores(self, delta: Float[Tensor, "b pos writer d_model"]) -> Tensor:
+    def scores(self, delta: Float[Tensor, "b pos writer d_model"], chunks: int = 6) -> Tensor:
         """``[b, writer, reader]`` (float64): ``Δ_w · g_r`` summed over positions, every edge (0
-        off the graph)."""
+        off the graph). The readers go in ``chunks`` runs of consecutive readers, each one batched
+        product over the writers its last reader reads (a few large products are faster than one
+        per group of readers; the cells above a reader's staircase are computed and zeroed)."""
         graph = self.graph
         b, p, n_w, d = delta.shape
         dt = delta.permute(0, 2, 1, 3).reshape(b, n_w, p * d).to(self.sum.dtype)  # [b, W, pos*d]
         out = torch.zeros(b, n_w, graph.n_readers, dtype=torch.float64)
         n_in = graph.writers_before().tolist()
-        start = 0
-        while start < graph.n_readers:  # readers reading the same writers: one product
-            stop = start
-            while stop < graph.n_readers and n_in[stop] == n_in[start]:
-                stop += 1
-            k = n_in[start]
+        step = -(-graph.n_readers // chunks)
+        for start in range(0, graph.n_readers, step):
+            stop = min(start + step, graph.n_readers)
+            k = n_in[stop - 1]  # the most any reader of the run reads
             got = torch.bmm(dt[:, :k], self.sum[:, start:stop].transpose(1, 2))  # [b, k, n]
             out[:, :k, start:stop] = got.double().cpu()
-            start = stop
-        return out
+        return out.masked_fill_(~graph.valid, 0.0)
 
 
 def _grad_pass(model, ef: EdgeForward, batch: Batch, side: str, metric: str) -> None:
@@ -118,7 +117,8 @@ def attribution(
 ) -> Float[Tensor, "pair writer reader"]:
     """Every edge's ``eap`` or ``eap-ig`` score on every pair (module docstring). Cost per batch:
     EAP, one forward of the source and one forward and backward of the base; EAP-IG, a forward of
-    each prompt and ``steps`` forwards and backwards; then one product per group of readers."""
+    the clean prompt and ``steps`` forwards and backwards (the first of them the corrupt prompt's,
+    which also records its writers); then a few batched products."""
     check_method(method)
     check_direction(direction)
     if method == "exact":
@@ -130,20 +130,23 @@ def attribution(
     valid = graph.valid
     base_side, src_side = _sides(direction)
     for batch in batches:
-        src, _ = record(model, batch, src_side, metric)
         if method == "eap":
+            src, _ = record(model, batch, src_side, metric)
             grads = GradSum(graph)
             ef = EdgeForward(model, an, graph, record=True, on_grad=grads)
             _grad_pass(model, ef, batch, base_side, metric)
             base = ef.writers
-        else:
-            base, _ = record(model, batch, base_side, metric)
-            clean, corrupt = (base, src) if direction == "noising" else (src, base)
+        else:  # step 0 is the corrupt prompt itself, and its pass records the corrupt writers
             grads = GradSum(graph, 1.0 / steps)
-            for k in range(steps):
+            ef = EdgeForward(model, an, graph, record=True, on_grad=grads)
+            _grad_pass(model, ef, batch, "corrupt", metric)
+            corrupt = ef.writers
+            clean, _ = record(model, batch, "clean", metric)
+            for k in range(1, steps):
                 embed = corrupt[:, :, 0] + (k / steps) * (clean[:, :, 0] - corrupt[:, :, 0])
                 ef = EdgeForward(model, an, graph, on_grad=grads, embed=embed)
                 _grad_pass(model, ef, batch, "clean", metric)
+            src, base = (corrupt, clean) if direction == "noising" else (clean, corrupt)
         got = grads.scores(src - base)
         out[batch.index] = torch.where(valid, got, torch.nan)
         if on_progress is not None:

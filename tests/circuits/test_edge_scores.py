@@ -3,7 +3,8 @@
 * EAP is the derivative of exact edge patching (central differences, float64);
 * EAP-IG with one step is denoising EAP with the sign of noising; its Riemann-sum error against
   its integral shrinks as the steps grow;
-* every family the graph knows: the circuit of every edge is the clean run bit for bit, the
+* every family the graph knows: EAP is the derivative of exact edge patching (each norm's
+  gradient is taken by hand); the circuit of every edge is the clean run bit for bit, the
   circuit of none the corrupt run;
 * on a tiny GPT-2, EAP equals transformer-lens 4.3's ``attribution_patch`` at edge granularity
   (its position-resolved edges summed over positions) and a circuit's recovered share equals its
@@ -109,6 +110,45 @@ def test_every_edge_is_the_clean_run_and_no_edge_the_corrupt_run(family):
     assert torch.equal(full, clean["clean"])  # nothing cut: the model's own forward
     torch.testing.assert_close(empty, clean["corrupt"], atol=2e-5, rtol=0)
     assert (clean["clean"] - clean["corrupt"]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    "family", [f for f in conf.FAMILIES if f.model_type in FAMILIES], ids=lambda f: f.model_type
+)
+def test_eap_is_the_derivative_of_exact_edge_patching_in_every_family(family, monkeypatch):
+    """Every norm the gradients are taken back through by hand (RMS, Gemma's 1 + w, GPT-2's and
+    OLMo's layer norms), against central differences of exact edge patching in float64."""
+    softmax = torch.nn.functional.softmax  # eager attention's float32 softmax, in float64
+
+    def softmax64(x, dim=None, dtype=None, **kw):
+        return softmax(x, dim=dim, dtype=torch.float64 if x.dtype == torch.float64 else dtype, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "softmax", softmax64)
+    hf, tok = conf.tiny_model(family)
+    hf = hf.double()
+    for mod in hf.modules():  # the norms that compute in float32 whatever their input, in float64
+        name = type(mod).__name__
+        if "RMSNorm" in name:
+            eps = getattr(mod, "eps", getattr(mod, "variance_epsilon", None))
+            off = 1.0 if name.startswith("Gemma") else 0.0
+            mod.forward = lambda x, mod=mod, eps=eps, off=off: (
+                (mod.weight + off) * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+            )
+        elif name == "OlmoLayerNorm":
+            mod.forward = lambda x, mod=mod: torch.nn.functional.layer_norm(
+                x, mod.normalized_shape, None, None, 1e-5
+            )
+    model = headscope.load_model(hf, tok, name=f"tiny-{family.model_type}-f64")
+    batches = _batch(model, length=9)
+    edges = _all_edges(model)
+    eap = es.attribution(model, batches, 3, "logit_diff", "eap")
+    t = 1e-5
+    up = es.exact_edges(model, batches, 3, "logit_diff", edges, t=t)
+    down = es.exact_edges(model, batches, 3, "logit_diff", edges, t=-t)
+    fd = (up - down) / (2 * t)
+    w, r = zip(*edges, strict=True)
+    assert fd.abs().max() > 1e-3
+    torch.testing.assert_close(eap[:, list(w), list(r)], fd, atol=1e-7, rtol=0)
 
 
 def _tl_index(g, node):
