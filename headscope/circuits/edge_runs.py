@@ -130,38 +130,39 @@ def _corrections(cut: Tensor, diff: Tensor) -> Tensor:
     return torch.sparse.mm(m, diff)
 
 
-def norm_vjp(norm, x: Tensor, gain_offset: float = 0.0) -> Callable[[Tensor], Tensor]:
+def norm_vjp(norm, x: Tensor, gain_offset: float = 0.0) -> tuple[Callable, bool]:
     """The vector-Jacobian product of the norm module ``norm`` at its input ``x`` (``[rows, pos,
-    d_model]``), for many cotangents at once: ``u`` ``[rows, pos, n, d_model]`` (gradients at
-    the norm's output) to ``[rows, pos, n, d_model]`` (at its input). An RMS norm ``y = g x s``,
-    ``s = (mean x^2 + eps)^-1/2``, gives ``s g u - s^3 x mean(x g u)``; a layer norm ``y = g x^ +
-    b``, ``x^ = (x - mean x) s``, gives ``s (g u - mean(g u) - x^ mean(x^ g u))``. A norm of
-    another kind (or without a readable epsilon): ``torch.func.vjp`` of its own forward."""
+    d_model]``), for many cotangents at once, and whether it applies the norm's gain itself.
+
+    ``vjp(u)``: ``u`` ``[n, rows, pos, d_model]``, gradients at the norm's output (already times
+    the gain when the second value is False) to ``[n, rows, pos, d_model]`` at its input (``u``
+    is overwritten). An RMS norm ``y = g x s``, ``s = (mean x^2 + eps)^-1/2``, gives ``s (g u - s^2
+    x mean(x g u))``; a layer norm ``y = g x^ + b``, ``x^ = (x - mean x) s``, gives ``s (g u -
+    mean(g u) - x^ mean(x^ g u))``. A norm of another kind (or without a readable epsilon):
+    ``torch.func.vjp`` of its own forward, which applies its gain."""
     name = type(norm).__name__
     eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
     kind = "layer" if name.endswith("LayerNorm") else "rms" if "RMSNorm" in name else None
     if kind is None or eps is None:
         _, fn = torch.func.vjp(norm.forward, x.detach())
-        return lambda u: torch.func.vmap(fn, in_dims=2, out_dims=2)(u)[0]
+        return (lambda u: torch.func.vmap(fn)(u)[0]), True
     dt = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
     x = x.detach().to(dt)
-    w = getattr(norm, "weight", None)
-    gain = None if w is None else w.detach().to(dt) + gain_offset
     if kind == "layer":
         x = x - x.mean(-1, keepdim=True)
     s = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)  # [rows, pos, 1]
     xh = x * s if kind == "layer" else x  # what the projection of u is taken against
+    k = s.pow(2) if kind == "rms" else torch.ones_like(s)  # xh k = x s^2 (rms), x^ (layer)
+    d = x.shape[-1]
 
     def vjp(u: Tensor) -> Tensor:
-        ub = u.to(dt) * gain if gain is not None else u.to(dt)
-        c = torch.einsum("bpnd,bpd->bpn", ub, xh)[..., None] / x.shape[-1]
+        out_dtype, u = u.dtype, u.to(dt)
+        c = torch.einsum("nbpd,bpd->nbp", u, xh)[..., None] * (k / d)  # [n, rows, pos, 1]
         if kind == "layer":
-            out = (ub - ub.mean(-1, keepdim=True) - xh[:, :, None] * c) * s[:, :, None]
-        else:
-            out = ub * s[:, :, None] - (c * s[:, :, None] ** 3) * x[:, :, None]
-        return out.to(u.dtype)
+            u = u - u.mean(-1, keepdim=True)
+        return u.addcmul_(c, xh, value=-1).mul_(s).to(out_dtype)
 
-    return vjp
+    return vjp, False
 
 
 def _stream(args: tuple, kwargs: dict) -> Tensor:
@@ -174,7 +175,7 @@ class EdgeForward:
     ``record``: fill ``self.writers`` (``[rows, pos, writer, d_model]``, detached) with every
     writer's value. ``cut`` / ``single``: the interventions above. ``on_grad(readers, g)``: split
     every reader and call it with each reader's gradient during the backward (``readers``: a slice
-    of the reader axis and ``g`` ``[rows, pos, n, d_model]``, or one reader and ``[rows, pos,
+    of the reader axis and ``g`` ``[n, rows, pos, d_model]``, or one reader and ``[rows, pos,
     d_model]``). ``embed``: block 0's input replaced (integrated gradients' interpolation).
     """
 
@@ -198,7 +199,8 @@ class EdgeForward:
         if on_grad is not None and (cut is not None or single is not None):
             raise ValueError("on_grad reads an unpatched forward's gradients: no cut, no single.")
         self.tap = on_grad is not None
-        self._vjp: dict[int, Callable] = {}
+        self._vjp: dict[int, tuple[Callable, bool]] = {}
+        self._tap_w: dict[tuple, Tensor] = {}
         self._diff: Tensor | None = None
         self._total: Tensor | None = None
         if cut is not None:  # [writer, rows * pos * d_model]
@@ -323,21 +325,36 @@ class EdgeForward:
 
     def _tap(self, layer: int, kinds: tuple[str, ...], g: Tensor) -> None:
         """The gradient ``g`` at layer ``layer``'s projection output (``kinds``' slices side by
-        side) as each reader's gradient at its copy of the stream in front of the norm."""
-        graph, w = self.graph, self._weights[layer]
+        side) as each reader's gradient at its copy of the stream in front of the norm (handed
+        to ``on_grad`` reader-major, ``[n, rows, pos, d_model]``)."""
+        graph = self.graph
         H, KV = graph.n_heads, graph.n_kv
         start = graph.attn_slice(layer).start
         at = {"q": (0, H), "k": (H, KV), "v": (H + KV, KV)}
+        vjp, own_gain = self._vjp[layer]
         rows, pos = g.shape[:2]
         col = 0
         for kind in kinds:
             first, n = at[kind]
-            width = w[kind].shape[0] * w[kind].shape[1]
-            gk = g[..., col : col + width].reshape(rows, pos, n, -1)
+            w = self._taps(layer, kind, own_gain).to(g)  # [n, d_head, d_model]
+            width = w.shape[0] * w.shape[1]
+            gk = g[..., col : col + width].reshape(rows * pos, n, -1).transpose(0, 1)
             col += width
-            u = torch.einsum("bpne,ned->bpnd", gk, w[kind].to(gk))  # after the norm
-            dx = self._vjp[layer](u)
-            self.on_grad(slice(start + first, start + first + n), dx)
+            u = torch.bmm(gk, w).view(n, rows, pos, -1)  # at the norm's output (times its gain)
+            self.on_grad(slice(start + first, start + first + n), vjp(u))
+
+    def _taps(self, layer: int, kind: str, own_gain: bool) -> Tensor:
+        """The ``kind`` projection's per-head weights, times the norm's gain unless the norm's
+        vector-Jacobian product applies it."""
+        key = (layer, kind, own_gain)
+        if key not in self._tap_w:
+            w = self._weights[layer][kind]
+            norm = self.an.ln1[layer]
+            gain = getattr(norm, "weight", None)
+            if not own_gain and gain is not None:
+                w = w * (gain.detach() + self.an.gain_offset).to(w)
+            self._tap_w[key] = w
+        return self._tap_w[key]
 
     # -------------------------------------------------------------------------- hooks
 

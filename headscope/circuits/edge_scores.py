@@ -72,13 +72,13 @@ class GradSum:
         self.graph, self.weight, self.sum = graph, weight, None
 
     def __call__(self, readers: slice | int, g: Tensor) -> None:
-        b, p = g.shape[:2]
+        if isinstance(readers, int):  # [b, pos, d]
+            g = g[None]
+            readers = slice(readers, readers + 1)
+        n, b, p, d = g.shape  # reader-major
         if self.sum is None:
-            self.sum = g.new_zeros(b, self.graph.n_readers, p * g.shape[-1])
-        if isinstance(readers, int):
-            self.sum[:, readers] += self.weight * g.reshape(b, -1)
-        else:  # [b, pos, n, d] -> [b, n, pos * d]
-            self.sum[:, readers] += self.weight * g.permute(0, 2, 1, 3).reshape(b, g.shape[2], -1)
+            self.sum = g.new_zeros(b, self.graph.n_readers, p * d)
+        self.sum[:, readers].view(b, n, p, d).add_(g.transpose(0, 1), alpha=self.weight)
 
     def scores(self, delta: Float[Tensor, "b pos writer d_model"], chunks: int = 6) -> Tensor:
         """``[b, writer, reader]`` (float64): ``Δ_w · g_r`` summed over positions, every edge (0
