@@ -17,10 +17,12 @@ The run directory (written whole, the ``--force`` rules of :mod:`headscope.rundi
       curve.csv        the faithfulness curve: a row per (order, size): share and number of
                        edges kept, f with its interval (the ranking), every random order's f
       agreement.csv    per pair of scores, over the exactly patched edges: Spearman rho with its
-                       interval, the top-k overlap against chance
+                       interval, the top-k overlap against chance (k: 20, or half the edges
+                       patched when fewer than 40, so that the overlap can miss)
       circuit.json     the chosen circuit: its edges with their scores, its share and its f
       baseline.csv     clean and corrupt metric with intervals; share correct
       tokens.jsonl     one line per pair: clean and corrupt ids, answer and wrong, positions
+      held_out.jsonl   with --held-out N: the pairs the curve and the circuit were measured on
       metadata.json    model, source, task, settings, versions, timings; CPR and CMD with
                        intervals and against the random orders
       curve.png        the curve, the random orders' curves behind it
@@ -63,6 +65,7 @@ class DiscoverResult:
     tokens: object
     metadata: dict = field(default_factory=dict)
     per_pair: dict = field(default_factory=dict, repr=False)
+    held_out: object = None  # the pairs the curve was measured on, with --held-out
 
 
 def column(method: str) -> str:
@@ -114,7 +117,7 @@ def discover(
     from headscope.circuits.edge_graph import anatomy, graph_of
     from headscope.effects.patch_table import baseline_table
     from headscope.effects.patching import baseline_metrics, make_batches
-    from headscope.probes.kits import tokenize_task
+    from headscope.probes.kits import held_out_task, tokenize_task
     from headscope.rundir.record import run_record
 
     config = DiscoverSettings.configure(config, settings)
@@ -130,6 +133,12 @@ def discover(
     )  # fmt: skip
     batches = make_batches(tt, config.batch_size, model.pad_id)
     n, metric = len(tt), tt.metric
+    held = curve_batches = None
+    if config.held_out:
+        held = held_out_task(task, model, tt, config.held_out, config.metric, config.seed,
+                             config.templates)  # fmt: skip
+        curve_batches = make_batches(held, config.batch_size, model.pad_id)
+    n_curve, curve_batches = (len(held), curve_batches) if held else (n, batches)
     b, level, seed = config.bootstrap, config.ci, config.seed
     with timed(timings, "baseline_s"):
         base = baseline_metrics(model, batches, n, metric)
@@ -163,16 +172,18 @@ def discover(
         sat = es.saturation(model, batches, "clean" if config.direction == "noising" else "corrupt")
     rank_by = "eap-ig" if "eap-ig" in scores else config.methods[0]
     shares = ec.fractions(config.sizes, config.smallest)
-    n_curve = (len(shares) * (1 + config.n_random) + 2) * len(batches)
-    with timed(timings, "curve_s"), progress(n_curve, "faithfulness curve (forwards)", say) as tick:
+    runs = ec.curve_runs(graph.n_edges, shares, config.n_random) * len(curve_batches)
+    with timed(timings, "curve_s"), progress(runs, "faithfulness curve (forwards)", say) as tick:
         curve = ec.faithfulness_curve(
-            model, batches, n, metric, means[rank_by], shares, config.n_random, config.ablation,
-            seed, b, level, on_progress=tick,
+            model, curve_batches, n_curve, metric, means[rank_by], shares, config.n_random,
+            config.ablation, seed, b, level, on_progress=tick,
         )  # fmt: skip
     k = max(1, round(config.circuit_share * graph.n_edges))
     circuit_mask = ec.top_edges(means[rank_by], valid, k)
     with timed(timings, "circuit_s"):
-        m_c = ec.circuit_metrics(model, batches, n, metric, [circuit_mask], config.ablation)[0]
+        m_c = ec.circuit_metrics(
+            model, curve_batches, n_curve, metric, [circuit_mask], config.ablation
+        )[0]
     f_c = float(
         (m_c.mean() - curve["m_empty"].mean()) / (curve["m_full"].mean() - curve["m_empty"].mean())
     )
@@ -189,6 +200,8 @@ def discover(
         task_provenance=tt.provenance,
         metric=metric,
         n_pairs=n,
+        curve_pairs=n_curve,
+        curve_on="held-out pairs" if held else "the ranking's pairs",
         n_edges=graph.n_edges,
         ranked_by=rank_by,
         cpr=list(curve["cpr"]),
@@ -213,6 +226,7 @@ def discover(
         tt,
         meta,
         {**scores, "exact": exact, "exact_edges": chosen, "curve": curve},
+        held,
     )
 
 
@@ -356,7 +370,7 @@ def agreement_table(graph, scores: dict, chosen, exact, config, seed, edges=None
             got = rank_agreement(
                 series[a],
                 series[bb],
-                k=min(20, len(names)),
+                k=min(20, len(names) // 2),
                 n_boot=config.bootstrap or 200,
                 seed=seed,
             )
@@ -421,6 +435,8 @@ def save_discovery(
             write_csv(getattr(result, name), tmp / f"{name}.csv")
         (tmp / "circuit.json").write_text(json.dumps(result.circuit, indent=1) + "\n")
         result.tokens.write_jsonl(tmp / "tokens.jsonl")
+        if result.held_out is not None:
+            result.held_out.write_jsonl(tmp / "held_out.jsonl")
 
     def draw(tmp: Path) -> None:
         from headscope.report.discover_figures import save_discover_figures
@@ -454,7 +470,9 @@ def load_discovery(path: str | Path) -> DiscoverResult:
 
     path = Path(path)
     meta = read_record(path, DISCOVER)
-    tokens = TokenizedTask.read_jsonl(path / "tokens.jsonl", meta.get("task", ""), meta["metric"])
+    task, metric = meta.get("task", ""), meta["metric"]
+    tokens = TokenizedTask.read_jsonl(path / "tokens.jsonl", task, metric)
+    held = path / "held_out.jsonl"
     return DiscoverResult(
         meta.get("task", ""),
         meta.get("model", ""),
@@ -467,6 +485,7 @@ def load_discovery(path: str | Path) -> DiscoverResult:
         read_table(path, "baseline.csv", ("prompt",)),
         tokens,
         meta,
+        held_out=TokenizedTask.read_jsonl(held, task, metric) if held.exists() else None,
     )
 
 

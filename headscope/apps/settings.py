@@ -281,6 +281,11 @@ class DiscoverSettings(TaskSettings):
     circuit_share: float = opt(
         0.01, "The circuit saved (circuit.json, the diagram): this share of the top edges."
     )
+    held_out: int = opt(
+        0,
+        "Measure the curve and the saved circuit on N other pairs, none of the ranking's: a "
+        "kit's drawn with seed + 1, a file's next N. [0: on the ranking's own pairs]",
+    )
 
     def normalise(self) -> None:
         super().normalise()
@@ -301,6 +306,7 @@ class DiscoverSettings(TaskSettings):
         at_least("sizes", self.sizes, 2)
         at_least("exact", self.exact, 0)
         at_least("n_random", self.n_random, 0)
+        at_least("held_out", self.held_out, 0)
         for name in ("smallest", "circuit_share"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not 0 < v <= 1:

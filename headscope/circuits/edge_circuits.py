@@ -146,6 +146,18 @@ def circuit_metrics(
     return out
 
 
+def _sizes(n_edges: int, shares: Sequence[float]) -> list[int]:
+    """Edges kept at each share: at least one for a share above 0."""
+    return [max(1, round(s * n_edges)) if s > 0 else 0 for s in shares]
+
+
+def curve_runs(n_edges: int, shares: Sequence[float], n_random: int) -> int:
+    """The circuits :func:`faithfulness_curve` runs per batch: the empty and the full circuit
+    once, and every order's circuit at each share strictly between them."""
+    inner = sum(0 < k < n_edges for k in _sizes(n_edges, shares))
+    return 2 + inner * (1 + n_random)
+
+
 def areas(shares: Sequence[float], f: Sequence[float]) -> tuple[float, float]:
     """``(CPR, CMD)``: the areas under ``f`` and under ``|1 - f|`` over the shares of edges kept
     (trapezoids, from share 0 where ``f = 0``).
@@ -182,17 +194,24 @@ def faithfulness_curve(
     shares = list(shares) if shares is not None else fractions()
     for s in shares:
         check_fraction(s)
-    n_edges = [max(1, round(s * graph.n_edges)) if s > 0 else 0 for s in shares]
+    n_edges = _sizes(graph.n_edges, shares)
     rng = np.random.default_rng(seed)
     flat = ranking(scores, valid)
     orders = [flat] + [flat[torch.from_numpy(rng.permutation(len(flat)))] for _ in range(n_random)]
+    # every order's circuit of no edge is the empty one, of every edge the full one: run once
     circuits = [torch.zeros_like(valid), valid.clone()]  # empty, full
-    circuits += [circuit_of(order[:k], valid) for order in orders for k in n_edges]
+    at = []  # [draw][size] -> index into circuits
+    for order in orders:
+        at.append([])
+        for k in n_edges:
+            if 0 < k < graph.n_edges:
+                circuits.append(circuit_of(order[:k], valid))
+            at[-1].append(len(circuits) - 1 if 0 < k < graph.n_edges else int(k > 0))
     m = circuit_metrics(
         model, batches, n_pairs, metric, circuits, ablation, on_progress=on_progress
     )  # [circuit, pair]
     empty, full = m[0], m[1]
-    per = m[2:].view(len(orders), len(n_edges), n_pairs)  # [draw, size, pair]
+    per = m[torch.tensor(at)]  # [draw, size, pair]
     if (full.mean() - empty.mean()).abs() < 1e-12:
         raise HeadscopeError(
             "The full model and the empty circuit score the same on these pairs, so "

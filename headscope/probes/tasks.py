@@ -303,15 +303,21 @@ class TokenizedTask:
         """The first ``n`` pairs (all for None)."""
         if n is None or n >= len(self):
             return self
+        return self.select(range(n))
+
+    def select(self, index: Sequence[int]) -> TokenizedTask:
+        """The pairs at ``index``, in that order (provenance kept)."""
+        index = list(index)
+        pick = lambda xs: [xs[i] for i in index]  # noqa: E731
         return TokenizedTask(
             self.name,
-            self.clean[:n],
-            self.corrupt[:n],
-            self.answer[:n],
-            self.wrong[:n],
-            {k: v[:n] for k, v in self.positions.items()},
+            pick(self.clean),
+            pick(self.corrupt),
+            pick(self.answer),
+            pick(self.wrong),
+            {k: pick(v) for k, v in self.positions.items()},
             self.metric,
-            self.info[:n],
+            pick(self.info) if self.info else [],
             self.provenance,
         )
 

@@ -98,7 +98,7 @@ def circuit_figure(circuit: dict, meta: dict) -> Figure:
     )  # fmt: skip
     ax.set_title(
         f"{circuit.get('n_edges', 0)} edges of {circuit.get('of_edges', '?')} (top "
-        f"{100 * circuit.get('share', 0):g}% by {circuit.get('ranked_by', '?')}), f = "
+        f"{100 * circuit.get('share', 0):.3g}% by {circuit.get('ranked_by', '?')}), f = "
         f"{circuit.get('faithfulness', float('nan')):.3f}",
         fontsize=9,
     )

@@ -132,6 +132,13 @@ def discover_page_html(run_dir: Path, figures: bool = True) -> str:
         "between f and 1 (both trapezoids from the empty circuit). Random orders of the edges, "
         "each a curve of nested circuits like the ranking's, are what the ranking must beat.</p>"
     )
+    held = meta.get("curve_on") == "held-out pairs"
+    body.append(
+        f"<p>Measured on {meta.get('curve_pairs', meta.get('n_pairs', '?'))} "
+        + ("held-out pairs, none of those that ranked the edges (held_out.jsonl).</p>" if held
+           else "pairs, the same that ranked the edges: an in-sample curve (--held-out N measures"
+           " it on other pairs).</p>")
+    )  # fmt: skip
     rows = [
         ["<td>CPR</td>", _num(cpr[0]), _ci(cpr[1], cpr[2]),
          _num(sum(rc) / len(rc) if rc else None), _num(meta.get("cpr_rank_p"))],
@@ -148,7 +155,7 @@ def discover_page_html(run_dir: Path, figures: bool = True) -> str:
     body.append("<h2>The circuit</h2>")
     body.append(
         f"<p>{circuit['n_edges']} of {circuit['of_edges']} edges (the top "
-        f"{100 * circuit['share']:g}% by |{_e(circuit['ranked_by'])}|): f = "
+        f"{100 * circuit['share']:.3g}% by |{_e(circuit['ranked_by'])}|): f = "
         f"{circuit['faithfulness']:.3f}. Its edges are in circuit.json.</p>"
     )
     if figures:

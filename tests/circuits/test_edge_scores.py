@@ -327,3 +327,39 @@ def test_saturation_equals_the_models_own_attention_weights():
         torch.testing.assert_close(got, want)
     assert (es.saturation(model, batches, "clean", 0.0) == 1).all()
     assert 0 < es.saturation(model, batches, "clean", 0.5).mean() < 1  # the check has teeth
+
+
+# few kept (sparse, flipped), half (dense), few cut (sparse)
+@pytest.mark.parametrize("kept", [0.02, 0.5, 0.98])
+def test_cut_corrections_are_the_masked_sum_of_the_cut_rows(kept):
+    from headscope.circuits.edge_runs import _corrections
+
+    g = torch.Generator().manual_seed(0)
+    w, n, cols = 40, 7, 12
+    diff = torch.randn(w, cols, generator=g, dtype=torch.float64)
+    diff = torch.cat([diff, diff.sum(0, keepdim=True)])  # the last row: the total
+    cut = torch.rand(w, n, generator=g) > kept
+    cut[:, 0], cut[:, 1] = True, False  # one reader with everything cut, one with nothing
+    want = torch.stack([diff[:w][cut[:, i]].sum(0) for i in range(n)])
+    torch.testing.assert_close(_corrections(cut, diff), want, atol=1e-12, rtol=0)
+
+
+def test_faithfulness_curve_runs_the_full_and_empty_circuits_once(tiny_gqa_llama):
+    model = tiny_gqa_llama
+    batches = _batch(model)
+    g = graph_of(model)
+    scores = torch.randn(g.n_writers, g.n_readers, generator=torch.Generator().manual_seed(1))
+    shares = [0.01, 0.2, 1.0]
+    runs = []
+    curve = ec.faithfulness_curve(
+        model, batches, 3, "logit_diff", scores, shares, n_random=2, resamples=20,
+        on_progress=runs.append,
+    )  # fmt: skip
+    assert len(runs) == ec.curve_runs(g.n_edges, shares, 2) == 2 + 2 * 3
+    per = curve["metrics"]  # [draw, size, pair]: share 1 is the full circuit for every order
+    for d in range(3):
+        torch.testing.assert_close(per[d, -1], curve["m_full"], atol=0, rtol=0)
+    want = ec.circuit_metrics(
+        model, batches, 3, "logit_diff", [ec.top_edges(scores, g.valid, round(0.2 * g.n_edges))]
+    )[0]
+    torch.testing.assert_close(per[0, 1], want, atol=1e-12, rtol=0)

@@ -8,11 +8,13 @@ import json
 
 import pandas as pd
 import pytest
+import torch
 from click.testing import CliRunner
 
 import headscope
 from headscope.apps.discover import load_discovery
 from headscope.apps.settings import DiscoverSettings
+from headscope.circuits import edge_circuits as ec
 from headscope.circuits import edge_scores as es
 from headscope.circuits.edge_graph import graph_of
 from headscope.cli.main import main
@@ -77,6 +79,32 @@ def test_named_edges_are_patched_exactly(tmp_path, tiny_gpt2_dir, good_task):
     assert edges.loc[["L0H1->L1H2.q", "MLP0->logits"], "exact"].notna().all()
 
 
+def test_held_out_pairs_measure_the_curve_and_the_circuit(tmp_path, tiny_gpt2_dir, good_task):
+    out = tmp_path / "run"
+    res = run(
+        "discover", str(tiny_gpt2_dir), "--task", good_task, "--out", str(out), "--no-figures",
+        "--methods", "eap", "--n-pairs", "2", "--held-out", "2", *FAST,
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    model = headscope.load_model(str(tiny_gpt2_dir))
+    every = tokenize_task(good_task, model, None, None, 0, None)
+    back = load_discovery(out)
+    assert back.tokens.clean == every.clean[:2] and back.held_out.clean == every.clean[2:]
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["curve_on"] == "held-out pairs" and meta["curve_pairs"] == 2
+    assert "held-out pairs" in (out / "report.html").read_text()
+    # the circuit's f: its metric on the held-out pairs, between their empty and full circuits
+    g = graph_of(model)
+    ranked = make_batches(every.subset(2), 32, model.pad_id)
+    held = make_batches(every.select([2, 3]), 32, model.pad_id)
+    eap = es.attribution(model, ranked, 2, "logit_diff", "eap").mean(0)
+    k = json.loads((out / "circuit.json").read_text())["n_edges"]
+    circuits = [torch.zeros_like(g.valid), g.valid.clone(), ec.top_edges(eap, g.valid, k)]
+    m = ec.circuit_metrics(model, held, 2, "logit_diff", circuits).mean(1)
+    f = ((m[2] - m[0]) / (m[1] - m[0])).item()
+    assert back.circuit["faithfulness"] == pytest.approx(f, abs=1e-9)
+
+
 def test_help_lists_every_setting():
     res = run("discover", "--help")
     assert res.exit_code == 0
@@ -93,7 +121,8 @@ def _refused(res, *words):
 
 
 @pytest.mark.parametrize(
-    "case", ["method", "size", "share", "below", "unknown", "lengths", "encoder", "exists"]
+    "case",
+    ["method", "size", "share", "below", "unknown", "lengths", "encoder", "exists", "held"],
 )
 def test_bad_input_exits_2_with_one_line_and_leaves_nothing(
     case, tmp_path, tiny_gpt2_dir, tiny_bert_dir, words, good_task
@@ -118,6 +147,9 @@ def test_bad_input_exits_2_with_one_line_and_leaves_nothing(
               "wrong": " " + b}],
         )  # fmt: skip
         expect = ["Pair 0", "different lengths"]
+    elif case == "held":
+        extra = ["--n-pairs", "3", "--held-out", "2"]
+        expect = ["has 1 pairs after the ranking's", "ask for at most 1"]
     elif case == "encoder":
         model, expect = str(tiny_bert_dir), ["encoder"]
     elif case == "exists":

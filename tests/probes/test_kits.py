@@ -71,3 +71,14 @@ def test_other_kits_put_their_positions_on_their_words(smollm2):
                 )
         if kit == "pronoun":
             assert {m.decode_one(a) for a in tt.answer} == {" he", " she"}
+
+
+@pytest.mark.real
+def test_held_out_pairs_share_no_clean_prompt_with_the_ranking(smollm2):
+    from headscope.probes.kits import held_out_task, tokenize_task
+
+    ranked = tokenize_task("ioi", smollm2, None, 32, 0)
+    held = held_out_task("ioi", smollm2, ranked, 24, None, 0)
+    assert len(held) == 24 and not {tuple(c) for c in held.clean} & {tuple(c) for c in ranked.clean}
+    assert held.clean[:4] == tokenize_task("ioi", smollm2, None, 4, 1).clean  # seed + 1, in order
+    assert held_out_task("ioi", smollm2, ranked, 24, None, 0).clean == held.clean  # seeded

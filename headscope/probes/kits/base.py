@@ -186,6 +186,35 @@ def tokenize_task(
     return tt.subset(n_pairs)
 
 
+def held_out_task(
+    task,
+    model,
+    ranked: TokenizedTask,
+    n: int,
+    metric: str | None = None,
+    seed: int = 0,
+    templates: list[int] | tuple[int, ...] | None = None,
+) -> TokenizedTask:
+    """``n`` pairs of ``task`` none of whose clean prompts is among ``ranked``'s, for measuring
+    on data that did not choose what is measured. A kit draws them with seed ``seed + 1``
+    (twice as many as needed, the first ``n`` new ones kept); a file or a tokenized task gives the
+    ``n`` pairs after ``ranked``'s. One line when there are not ``n`` such pairs."""
+    seen = {tuple(c) for c in ranked.clean}
+    if isinstance(task, TokenizedTask) or not isinstance(check_task(task), str):
+        pool = tokenize_task(task, model, metric)
+        start, where = len(ranked), "after the ranking's"
+    else:
+        pool = tokenize_task(task, model, metric, None, seed + 1, templates, draw=2 * n + len(seen))
+        start, where = 0, f"drawn with seed {seed + 1}"
+    fresh = [i for i in range(start, len(pool)) if tuple(pool.clean[i]) not in seen][:n]
+    if len(fresh) < n:
+        raise HeadscopeError(
+            f"Task '{ranked.name}' has {len(fresh)} pairs {where} that the ranking did not use, "
+            f"{n} asked (--held-out); ask for at most {len(fresh)}, or give a file with more pairs."
+        )
+    return pool.select(fresh)
+
+
 # ------------------------------------------------------------------------------ filling templates
 
 
