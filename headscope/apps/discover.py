@@ -14,6 +14,9 @@ The run directory (written whole, the ``--force`` rules of :mod:`headscope.rundi
                        over pairs with its interval (eap, eap_ig, exact where measured), rank
       nodes.csv        a row per writer: the sum of its edges' scores per method (its node score),
                        with intervals; beside a head, the scan's pattern scores with --scan
+      readers.csv      a row per reader: the sum of the scores of the edges into it; for a query
+                       or key, patching it whole estimated by attribution (atp) and by AtP*'s
+                       fix for saturated attention (atp_qk), the top --exact-readers exactly
       curve.csv        the faithfulness curve: a row per (order, size): share and number of
                        edges kept, f with its interval (the ranking), every random order's f
       agreement.csv    per pair of scores, over the exactly patched edges: Spearman rho with its
@@ -58,6 +61,7 @@ class DiscoverResult:
     metric: str
     edges: pd.DataFrame
     nodes: pd.DataFrame
+    readers: pd.DataFrame
     curve: pd.DataFrame
     agreement: pd.DataFrame
     circuit: dict
@@ -115,6 +119,7 @@ def discover(
     from headscope.circuits import edge_circuits as ec
     from headscope.circuits import edge_scores as es
     from headscope.circuits.edge_graph import anatomy, graph_of
+    from headscope.effects.patch_attribution import qk_fixed
     from headscope.effects.patch_table import baseline_table
     from headscope.effects.patching import baseline_metrics, make_batches
     from headscope.probes.kits import held_out_task, tokenize_task
@@ -170,6 +175,13 @@ def discover(
             )  # fmt: skip
     with timed(timings, "saturation_s"):
         sat = es.saturation(model, batches, "clean" if config.direction == "noising" else "corrupt")
+    with timed(timings, "readers_s"), progress(n, "AtP* of every query and key", say) as tick:
+        qk = qk_fixed(model, batches, n, metric, config.direction)
+        tick(n)
+    qk_exact = None
+    if config.exact_readers:
+        with timed(timings, "exact_readers_s"):
+            qk_exact = exact_readers(model, batches, n, metric, qk, config)
     rank_by = "eap-ig" if "eap-ig" in scores else config.methods[0]
     shares = ec.fractions(config.sizes, config.smallest)
     runs = ec.curve_runs(graph.n_edges, shares, config.n_random) * len(curve_batches)
@@ -189,6 +201,7 @@ def discover(
     )
     edges = edge_table(graph, scores, chosen, exact, b, level, seed, sat)
     nodes = node_table(graph, scores, b, level, seed, pattern, sat)
+    readers = reader_table(graph, scores, qk, qk_exact, b, level, seed, sat)
     circuit = circuit_record(
         graph, circuit_mask, means[rank_by], rank_by, config.circuit_share, f_c
     )
@@ -219,13 +232,21 @@ def discover(
         metric,
         edges,
         nodes,
+        readers,
         curve_table(curve, rank_by),
         agreement_table(graph, scores, chosen, exact, config, seed, edges),
         circuit,
         baseline_table(tt.name, metric, base, b, level, seed),
         tt,
         meta,
-        {**scores, "exact": exact, "exact_edges": chosen, "curve": curve},
+        {
+            **scores,
+            "exact": exact,
+            "exact_edges": chosen,
+            "curve": curve,
+            "qk": qk,
+            "qk_exact": qk_exact,
+        },
         held,
     )
 
@@ -319,6 +340,83 @@ def node_table(graph, scores: dict, resamples, level, seed, pattern=None, sat=No
     if pattern is not None and len(pattern):
         wide = pattern.pivot_table(index="head_name", columns="metric", values="score")
         out = out.merge(wide, left_on="node", right_index=True, how="left")
+    return out
+
+
+def exact_readers(model, batches, n: int, metric: str, qk: dict, config) -> dict:
+    """The top ``config.exact_readers`` query and key readers by ``|AtP*|`` (over both kinds)
+    patched exactly, whole: ``{("q", layer, head) or ("k", layer, kv_head): [pair]}``, the
+    change in the metric from the base run."""
+    import torch
+
+    from headscope.effects.patching import Request, exact_patching
+
+    means = [(kind, qk[kind].nanmean(0)) for kind in ("q", "k")]
+    flat = [
+        (abs(float(m[la, u])), kind, la, u)
+        for kind, m in means
+        for la in range(m.shape[0])
+        for u in range(m.shape[1])
+    ]
+    top = sorted(flat, reverse=True)[: config.exact_readers]
+    mode = {"q": "head", "k": "group"}
+    reqs = [
+        Request(
+            config.direction,
+            kind,
+            mode[kind],
+            ("all",),
+            tuple((la, u) for _, k, la, u in top if k == kind),
+        )
+        for kind in ("q", "k")
+        if any(k == kind for _, k, _, _ in top)
+    ]
+    base: dict = {}
+    got = exact_patching(model, batches, n, metric, reqs, baseline=base)
+    ref = base["clean" if config.direction == "noising" else "corrupt"]
+    out = {}
+    for _, kind, la, u in top:
+        m = got[(config.direction, kind, mode[kind], "all", la, u)]
+        out[(kind, la, u)] = (m - ref).to(torch.float64)
+    return out
+
+
+def reader_table(graph, scores: dict, qk: dict, qk_exact, resamples, level, seed, sat=None):
+    """A row per reader: its in-edges' score sums; for a query (key) reader, attribution's and
+    AtP*'s estimate of patching the whole query (key), with intervals, and the exact effect
+    where it was measured."""
+    import pandas as pd
+    import torch
+
+    rows = []
+    for r in range(graph.n_readers):
+        name = graph.reader_name(r)
+        kind = name.rsplit(".", 1)[-1] if "." in name else name
+        la = graph.reader_layer(r)
+        unit = -1
+        if kind in ("q", "k", "v"):
+            unit = int(name.split(".")[0].split("H" if kind == "q" else "KV")[-1])
+        rows.append({"reader": name, "kind": kind, "layer": la, "head": unit})
+    out = pd.DataFrame(rows)
+    if sat is not None:
+        out["saturation"] = [head_saturation(graph, x, sat) for x in out["reader"]]
+    for m, s in scores.items():
+        col = column(m)
+        per = s.nansum(1)  # [pair, reader]: the edges into each reader
+        out[col], out[f"{col}_low"], out[f"{col}_high"] = mean_ci(per, resamples, level, seed)
+    n = next(iter(scores.values())).shape[0]
+    cols = {c: torch.full((n, graph.n_readers), torch.nan, dtype=torch.float64)
+            for c in ("atp", "atp_qk", "exact")}  # fmt: skip
+    for r, row in enumerate(rows):
+        kind, la, u = row["kind"], row["layer"], row["head"]
+        if kind in ("q", "k"):
+            cols["atp"][:, r] = qk[f"atp_{kind}"][:, la, u]
+            cols["atp_qk"][:, r] = qk[kind][:, la, u]
+            if qk_exact and (kind, la, u) in qk_exact:
+                cols["exact"][:, r] = qk_exact[(kind, la, u)]
+    for c, per in cols.items():
+        mean, lo, hi = mean_ci(per, resamples, level, seed)
+        out[c], out[f"{c}_low"], out[f"{c}_high"] = mean, lo, hi
     return out
 
 
@@ -431,7 +529,7 @@ def save_discovery(
     from headscope.rundir.store import write_csv, write_run
 
     def tables(tmp: Path) -> None:
-        for name in ("edges", "nodes", "curve", "agreement", "baseline"):
+        for name in ("edges", "nodes", "readers", "curve", "agreement", "baseline"):
             write_csv(getattr(result, name), tmp / f"{name}.csv")
         (tmp / "circuit.json").write_text(json.dumps(result.circuit, indent=1) + "\n")
         result.tokens.write_jsonl(tmp / "tokens.jsonl")
@@ -479,6 +577,7 @@ def load_discovery(path: str | Path) -> DiscoverResult:
         meta.get("metric", ""),
         read_table(path, "edges.csv", ("edge", "writer", "reader", "reader_kind")),
         read_table(path, "nodes.csv", ("node", "kind")),
+        read_table(path, "readers.csv", ("reader", "kind")),
         read_table(path, "curve.csv", ("order",)),
         read_table(path, "agreement.csv", ("a", "b")),
         json.loads((path / "circuit.json").read_text()),

@@ -281,6 +281,11 @@ class DiscoverSettings(TaskSettings):
     circuit_share: float = opt(
         0.01, "The circuit saved (circuit.json, the diagram): this share of the top edges."
     )
+    exact_readers: int = opt(
+        10,
+        "Query and key readers patched exactly (a head's whole query, a KV head's whole key, from "
+        "the other prompt): the top N by AtP*'s estimate (0: none).",
+    )
     held_out: int = opt(
         0,
         "Measure the curve and the saved circuit on N other pairs, none of the ranking's: a "
@@ -307,6 +312,7 @@ class DiscoverSettings(TaskSettings):
         at_least("exact", self.exact, 0)
         at_least("n_random", self.n_random, 0)
         at_least("held_out", self.held_out, 0)
+        at_least("exact_readers", self.exact_readers, 0)
         for name in ("smallest", "circuit_share"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not 0 < v <= 1:

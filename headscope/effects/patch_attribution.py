@@ -31,7 +31,7 @@ from torch import Tensor
 
 from headscope.effects.patching import Batch, position_masks, stage_of
 from headscope.effects.readout import read_metric
-from headscope.effects.stages import explicit_handler
+from headscope.effects.stages import explicit_handler, softmax_pattern
 from headscope.models.attention import AttentionCall, StopForward
 
 #: the per-head stages gradients are taken at, per activation kind
@@ -71,9 +71,24 @@ def _stop_after(handler, last: int):
     return run
 
 
-def grad_run(model, batch: Batch, prompt: str, metric: str, stages: Sequence[str]):
+def _calls_into(calls: dict | None, handler):
+    """``handler``, also keeping each layer's :class:`AttentionCall` in ``calls`` (when given)."""
+    if calls is None:
+        return handler
+
+    def run(call: AttentionCall) -> Tensor:
+        calls[call.layer] = call
+        return handler(call)
+
+    return run
+
+
+def grad_run(
+    model, batch: Batch, prompt: str, metric: str, stages: Sequence[str], calls: dict | None = None
+):
     """One forward of ``prompt`` with a zero delta at ``stages`` of every layer, one backward:
-    ``(acts {layer: {stage: tensor}}, grads {layer: {stage: d sum(m) / d stage}}, m [b])``."""
+    ``(acts {layer: {stage: tensor}}, grads {layer: {stage: d sum(m) / d stage}}, m [b])``;
+    ``calls`` (a dict) receives each layer's attention call (its scale, mask, soft cap)."""
     b, n = batch.mask.shape
     deltas = {
         layer: {
@@ -94,7 +109,9 @@ def grad_run(model, batch: Batch, prompt: str, metric: str, stages: Sequence[str
             batch.mask,
             output="hidden",
             grad=True,
-            handler=explicit_handler(acts, tuple(stages), deltas_by_layer=deltas),
+            handler=_calls_into(
+                calls, explicit_handler(acts, tuple(stages), deltas_by_layer=deltas)
+            ),
         )
         with torch.enable_grad():
             m, _ = read_metric(model, metric, hidden, batch.lengths, batch.answer, batch.wrong)
@@ -180,4 +197,59 @@ def attribution_patching(
                                     (n_pairs, *est.shape[1:]), torch.nan, dtype=torch.float64
                                 )
                             out[key][batch.index] = est
+    return out
+
+
+def qk_fixed(
+    model, batches: Sequence[Batch], n_pairs: int, metric: str, direction: str = "noising"
+) -> dict[str, Float[Tensor, "pair layer unit"]]:
+    """AtP*'s fix for saturated attention (Kramár et al. 2024, "QK fix") for patching a head's
+    whole query (every position), or a KV head's whole key, from the source run: the layer's
+    pattern recomputed exactly through the softmax with the patched query or key, the rest to
+    first order,
+
+        est = sum over query rows and keys of  d m / d pattern . (A(q', k') - A(q, k))
+
+    where plain attribution takes ``d m / d q . (q' - q)``, which misses how far a saturated
+    softmax moves (it barely moves until it flips). Both from one forward and backward of the base
+    prompt and a forward of the source. Returns, per pair (float64): ``"q"`` ``[layer, head]``,
+    ``"k"`` ``[layer, kv_head]`` (the KV head's key patched for every query head of its group),
+    ``"k_head"`` ``[layer, head]`` (what one query head reads of it), and the plain estimates of
+    the same patches, ``"atp_q"``, ``"atp_k"``, ``"atp_k_head"``."""
+    base, src = ("corrupt", "clean") if direction == "denoising" else ("clean", "corrupt")
+    L, H, group = model.n_layers, model.n_heads, model.n_heads // model.n_kv_heads
+    units = {"q": H, "k": H // group, "k_head": H}
+    out = {
+        f"{pre}{k}": torch.full((n_pairs, L, u), torch.nan, dtype=torch.float64)
+        for k, u in units.items()
+        for pre in ("", "atp_")
+    }
+    for batch in batches:
+        calls: dict = {}
+        acts, grads, _ = grad_run(model, batch, base, metric, ("q", "k_head", "pattern"), calls)
+        s_acts: dict = {}
+        model.run(
+            batch.tokens(src),
+            batch.mask,
+            handler=_stop_after(explicit_handler(s_acts, ("q", "k_head")), L - 1),
+            output=None,
+        )
+        real = batch.mask.to(model.device)  # [b, pos]: padding never counts
+        b = real.shape[0]
+        for la in range(L):
+            a, s, call = acts[la], s_acts[la], calls[la]
+            a0 = softmax_pattern(call, a["q"], a["k_head"])
+            g = grads[la]["pattern"].to(a0.dtype) * real[:, None, :, None]  # query rows
+            for key, new in (
+                ("q", softmax_pattern(call, s["q"], a["k_head"])),
+                ("k_head", softmax_pattern(call, a["q"], s["k_head"])),
+            ):
+                moved = torch.where(real[:, None, :, None], new - a0, 0.0)
+                out[key][batch.index, la] = (moved * g).sum((-1, -2)).double().cpu()
+                plain = contributions(key, grads[la][key], a[key], s[key])  # [b, head, pos]
+                plain = (plain * real[:, None, :]).sum(-1).cpu()
+                out[f"atp_{key}"][batch.index, la] = plain
+        for pre in ("", "atp_"):
+            per_head = out[f"{pre}k_head"][batch.index]
+            out[f"{pre}k"][batch.index] = per_head.view(b, L, H // group, group).sum(-1)
     return out

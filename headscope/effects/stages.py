@@ -121,19 +121,23 @@ def attend(
     v = stage("v", call.value)
     k_h = stage("k_head", k.repeat_interleave(g, dim=1) if g > 1 else k)  # [batch, head, key, dim]
     v_h = stage("v_head", v.repeat_interleave(g, dim=1) if g > 1 else v)
-    ct = torch.promote_types(q.dtype, torch.float32)  # bf16 / fp16 scored in fp32, like sdpa
-    scores = (
-        torch.matmul(q.to(ct), k_h.to(ct).transpose(-1, -2)) * call.scale
-    )  # [batch, head, query, key]
+    pattern = stage("pattern", softmax_pattern(call, q, k_h).to(v_h.dtype))
+    z = torch.matmul(pattern, v_h).transpose(1, 2)  # [batch, query, head, dim_v]
+    return stage("z", z)
+
+
+def softmax_pattern(
+    call: AttentionCall, q: Tensor, k_h: Tensor
+) -> Float[Tensor, "batch head query key"]:
+    """The pattern of queries ``q`` on keys ``k_h`` (per query head) under ``call``'s scale, soft
+    cap and mask, in at least float32 (bf16 / fp16 scored in fp32, like sdpa)."""
+    ct = torch.promote_types(q.dtype, torch.float32)
+    scores = torch.matmul(q.to(ct), k_h.to(ct).transpose(-1, -2)) * call.scale
     cap = call.extras.get("softcap")
     if cap is not None:
         scores = torch.tanh(scores / cap) * cap
     scores = scores.masked_fill(~call.full_mask(), float("-inf"))
-    pattern = stage(
-        "pattern", torch.softmax(scores, dim=-1).to(v_h.dtype)
-    )  # [batch, head, query, key]
-    z = torch.matmul(pattern, v_h).transpose(1, 2)  # [batch, query, head, dim_v]
-    return stage("z", z)
+    return torch.softmax(scores, dim=-1)
 
 
 def explicit_handler(

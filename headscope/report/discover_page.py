@@ -1,6 +1,7 @@
 """The page of a discovery run (``report.html``), from its files alone: what was run, the baseline,
 the faithfulness curve with CPR and CMD against random circuits, the chosen circuit, the top edges
-by each score beside their exact effect, how the scores agree, the top nodes."""
+by each score beside their exact effect, how the scores agree, the top nodes, whole queries and
+keys by attribution and AtP* beside their exact effect."""
 
 from __future__ import annotations
 
@@ -187,4 +188,31 @@ def discover_page_html(run_dir: Path, figures: bool = True) -> str:
             ],
         )
     )
+    readers_path = run_dir / "readers.csv"
+    if readers_path.is_file():
+        body += _readers(pd.read_csv(readers_path))
     return page(title, body)
+
+
+def _readers(readers: pd.DataFrame) -> list[str]:
+    qk = readers[readers["kind"].isin(["q", "k"])]
+    if not len(qk) or qk["atp_qk"].isna().all():
+        return []
+    top = qk.reindex(qk["atp_qk"].abs().sort_values(ascending=False).index).head(TOP)
+    cols = ["atp", "atp_qk", "exact"]
+    rows = [
+        [f"<td>{_e(r['reader'])}</td>", _num(r.get("saturation"), 2)]
+        + [x for c in cols for x in (_num(r[c]), _ci(r[f"{c}_low"], r[f"{c}_high"]))]
+        for _, r in top.iterrows()
+    ]
+    header = ["reader", "saturation"]
+    header += [x for c in ("attribution", "AtP* (QK fix)", "exact") for x in (c, "95% CI")]
+    return [
+        "<h2>Whole queries and keys</h2>",
+        "<p class=\"muted\">Each head's whole query (a KV head's whole key) patched from the "
+        "other prompt, that is every edge into the reader cut: attribution's first-order "
+        "estimate, AtP*'s (Kramár et al. 2024: the layer's softmax recomputed exactly, the rest "
+        "first order), and the exact effect for the top ones by AtP*. Saturation: the share of "
+        "the head's queries with over 0.9 of their attention on one key.</p>",
+        _table(header, rows),
+    ]

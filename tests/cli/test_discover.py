@@ -18,7 +18,8 @@ from headscope.circuits import edge_circuits as ec
 from headscope.circuits import edge_scores as es
 from headscope.circuits.edge_graph import graph_of
 from headscope.cli.main import main
-from headscope.effects.patching import make_batches
+from headscope.effects.patch_attribution import qk_fixed
+from headscope.effects.patching import Request, exact_patching, make_batches
 from headscope.probes.kits import tokenize_task
 from tests.conftest import write_task
 
@@ -63,6 +64,27 @@ def test_writes_a_discovery_run_whose_tables_are_the_functions(tmp_path, tiny_gp
     assert meta["cpr"][1] <= meta["cpr"][0] <= meta["cpr"][2]
     back = load_discovery(out)
     assert back.circuit == circuit and len(back.edges) == g.n_edges
+    # readers: in-edge sums, AtP* of every query and key, the top 10 of them patched exactly
+    readers = pd.read_csv(out / "readers.csv").set_index("reader")
+    assert len(readers) == g.n_readers
+    sums = es.attribution(model, batches, len(tt), "logit_diff", "eap").mean(0).nansum(0)
+    assert readers["eap"].to_numpy() == pytest.approx(sums.numpy(), abs=1e-9)
+    qk = qk_fixed(model, batches, len(tt), "logit_diff")
+    assert readers.loc["L1H2.q", "atp_qk"] == pytest.approx(qk["q"][:, 1, 2].mean().item())
+    assert readers.loc["L0KV1.k", "atp"] == pytest.approx(qk["atp_k"][:, 0, 1].mean().item())
+    measured = readers[readers["exact"].notna()]
+    assert len(measured) == 10 and set(measured["kind"]) <= {"q", "k"}
+    top = readers["atp_qk"].abs().sort_values(ascending=False).index[:10]
+    assert set(measured.index) == set(top)
+    name = measured.index[0]
+    kind, mode = ("q", "head") if name.endswith(".q") else ("k", "group")
+    la, unit = (int(x) for x in name[1:].split(".")[0].split("H" if kind == "q" else "KV"))
+    base: dict = {}
+    req = Request("noising", kind, mode, ("all",), ((la, unit),))
+    got = exact_patching(model, batches, len(tt), "logit_diff", [req], baseline=base)
+    want = (got[("noising", kind, mode, "all", la, unit)] - base["clean"]).mean().item()
+    assert measured.loc[name, "exact"] == pytest.approx(want, abs=1e-9)
+    assert "AtP* (QK fix)" in (out / "report.html").read_text()
 
 
 def test_named_edges_are_patched_exactly(tmp_path, tiny_gpt2_dir, good_task):

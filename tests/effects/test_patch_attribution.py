@@ -125,3 +125,79 @@ def test_parameters_require_grad_again_afterwards(tiny_gqa_llama):
         ("noising",),
     )
     assert [p.requires_grad for p in model.hf.parameters()] == before and any(before)
+
+
+def _eager_qk_oracle(hf, batch, layer: int, proj: str, rows: slice):
+    """Plain transformers, eager attention, no headscope code: the gradient of the summed logit
+    difference with respect to layer ``layer``'s attention weights in the clean run, and those
+    weights again when the rows ``rows`` of its ``proj`` (q_proj or k_proj) output come from the
+    corrupt run. Returns ``sum over query and key of grad * (A' - A)`` per pair and head."""
+    attn = hf.model.layers[layer].self_attn
+    mod = getattr(attn, proj)
+    kept = {}
+    h = mod.register_forward_hook(lambda m, i, o: kept.__setitem__("src", o.detach()))
+    hf(input_ids=batch.corrupt)
+    h.remove()
+    rows_b = torch.arange(batch.clean.shape[0])
+    with torch.enable_grad():
+        out = hf(input_ids=batch.clean, output_attentions=True)
+        a = out.attentions[layer]
+        a.retain_grad()
+        logits = out.logits[rows_b, -1]
+        (logits[rows_b, batch.answer] - logits[rows_b, batch.wrong]).sum().backward()
+
+    def swap(m, i, o):
+        o = o.clone()
+        o[..., rows] = kept["src"][..., rows]
+        return o
+
+    h = mod.register_forward_hook(swap)
+    with torch.no_grad():
+        moved = hf(input_ids=batch.clean, output_attentions=True).attentions[layer]
+    h.remove()
+    return (a.grad * (moved - a.detach())).sum((-1, -2))  # [pair, head]
+
+
+def test_qk_fix_is_the_exact_softmax_then_first_order(tiny_gqa_llama64, monkeypatch):
+    import copy
+
+    import torch.nn.functional as F
+
+    from headscope.effects.patch_attribution import qk_fixed
+
+    model = tiny_gqa_llama64
+    tt = random_task(model, n_pairs=3, length=8, n_changed=3, seed=4)
+    batches = make_batches(tt, 3, model.pad_id)
+    got = qk_fixed(model, batches, 3, "logit_diff")
+    # plain attribution of the same patches is attribution_patching's, to rounding
+    plain = attribution_patching(
+        model, batches, 3, "logit_diff", ("q", "k"), ("group", "head"), ("all",), ("noising",)
+    )
+    for key, want in (("q", ("q", "head")), ("k", ("k", "group")), ("k_head", ("k", "head"))):
+        torch.testing.assert_close(
+            got[f"atp_{key}"], plain[("noising", *want, "all")], atol=1e-12, rtol=0
+        )
+    # the oracle: transformers' own eager attention in float64 (its softmax computes in float32
+    # whatever the input; here in the input's dtype)
+    softmax = F.softmax
+    monkeypatch.setattr(F, "softmax", lambda x, dim=None, dtype=None, **k: softmax(x, dim=dim))
+    hf = copy.deepcopy(model.hf)
+    hf.set_attn_implementation("eager")
+    hf.eval()
+    d, group = model.d_head, model.n_heads // model.n_kv_heads
+    (batch,) = batches
+    checked = 0
+    for la in range(model.n_layers):
+        for h in range(model.n_heads):
+            want = _eager_qk_oracle(hf, batch, la, "q_proj", slice(h * d, (h + 1) * d))[:, h]
+            torch.testing.assert_close(got["q"][:, la, h], want, atol=1e-10, rtol=1e-8)
+            checked += 1
+        for g in range(model.n_kv_heads):
+            per = _eager_qk_oracle(hf, batch, la, "k_proj", slice(g * d, (g + 1) * d))
+            torch.testing.assert_close(
+                got["k_head"][:, la, g * group : (g + 1) * group],
+                per[:, g * group : (g + 1) * group], atol=1e-10, rtol=1e-8,
+            )  # fmt: skip
+            torch.testing.assert_close(got["k"][:, la, g], per.sum(1), atol=1e-10, rtol=1e-8)
+    assert checked == model.n_layers * model.n_heads and got["q"].abs().max() > 1e-4
+    assert (got["q"] - got["atp_q"]).abs().max() > 1e-4  # the fix is not plain attribution
