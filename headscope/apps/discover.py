@@ -14,6 +14,8 @@ The run directory (written whole, the ``--force`` rules of :mod:`headscope.rundi
                        over pairs with its interval (eap, eap_ig, exact where measured), rank
       nodes.csv        a row per writer: the sum of its edges' scores per method (its node score),
                        with intervals; beside a head, the scan's pattern scores with --scan
+      edges_at.csv     with --positions: a row per edge and named position, each score there (the
+                       top 10 per position by the ranking score patched exactly there)
       readers.csv      a row per reader: the sum of the scores of the edges into it; for a query
                        or key, patching it whole estimated by attribution (atp) and by AtP*'s
                        fix for saturated attention (atp_qk), the top --exact-readers exactly
@@ -70,6 +72,7 @@ class DiscoverResult:
     metadata: dict = field(default_factory=dict)
     per_pair: dict = field(default_factory=dict, repr=False)
     held_out: object = None  # the pairs the curve was measured on, with --held-out
+    edges_at: pd.DataFrame | None = None  # with positions: a row per edge and position
 
 
 def column(method: str) -> str:
@@ -121,7 +124,7 @@ def discover(
     from headscope.circuits.edge_graph import anatomy, graph_of
     from headscope.effects.patch_attribution import qk_fixed
     from headscope.effects.patch_table import baseline_table
-    from headscope.effects.patching import baseline_metrics, make_batches
+    from headscope.effects.patching import baseline_metrics, make_batches, position_masks
     from headscope.probes.kits import held_out_task, tokenize_task
     from headscope.rundir.record import run_record
 
@@ -144,18 +147,24 @@ def discover(
                              config.templates)  # fmt: skip
         curve_batches = make_batches(held, config.batch_size, model.pad_id)
     n_curve, curve_batches = (len(held), curve_batches) if held else (n, batches)
+    for name in config.positions:  # one line for a position the task does not name
+        for bt in batches:
+            position_masks(bt, name)
     b, level, seed = config.bootstrap, config.ci, config.seed
     with timed(timings, "baseline_s"):
         base = baseline_metrics(model, batches, n, metric)
     scores: dict[str, torch.Tensor] = {}
+    at: dict[str, dict] = {}
     for m in config.methods:
         with (
             timed(timings, f"{column(m)}_s"),
             progress(n, f"{m} over {graph.n_edges} edges", say) as tick,
         ):
+            at[m] = dict.fromkeys(config.positions)
             scores[m] = es.attribution(
-                model, batches, n, metric, m, config.direction, config.steps, on_progress=tick
-            )
+                model, batches, n, metric, m, config.direction, config.steps, on_progress=tick,
+                at=at[m],
+            )  # fmt: skip
     valid = graph.valid
     means = {m: s.mean(0) for m, s in scores.items()}
     chosen: list[tuple[int, int]] = list(dict.fromkeys(named))
@@ -183,6 +192,15 @@ def discover(
         with timed(timings, "exact_readers_s"):
             qk_exact = exact_readers(model, batches, n, metric, qk, config)
     rank_by = "eap-ig" if "eap-ig" in scores else config.methods[0]
+    exact_at: dict[str, tuple[list, torch.Tensor]] = {}
+    for name in config.positions:
+        top = ec.ranking(at[rank_by][name].mean(0), valid)[:EXACT_AT]
+        pick = [(int(c) // graph.n_readers, int(c) % graph.n_readers) for c in top]
+        with timed(timings, "exact_at_s"):
+            exact_at[name] = (
+                pick,
+                es.exact_edges(model, batches, n, metric, pick, config.direction, position=name),
+            )
     shares = ec.fractions(config.sizes, config.smallest)
     runs = ec.curve_runs(graph.n_edges, shares, config.n_random) * len(curve_batches)
     with timed(timings, "curve_s"), progress(runs, "faithfulness curve (forwards)", say) as tick:
@@ -202,6 +220,7 @@ def discover(
     edges = edge_table(graph, scores, chosen, exact, b, level, seed, sat)
     nodes = node_table(graph, scores, b, level, seed, pattern, sat)
     readers = reader_table(graph, scores, qk, qk_exact, b, level, seed, sat)
+    edges_at = edges_at_table(graph, at, exact_at, b, level, seed) if config.positions else None
     circuit = circuit_record(
         graph, circuit_mask, means[rank_by], rank_by, config.circuit_share, f_c
     )
@@ -246,8 +265,11 @@ def discover(
             "curve": curve,
             "qk": qk,
             "qk_exact": qk_exact,
+            "at": at,
+            "exact_at": exact_at,
         },
         held,
+        edges_at,
     )
 
 
@@ -420,6 +442,48 @@ def reader_table(graph, scores: dict, qk: dict, qk_exact, resamples, level, seed
     return out
 
 
+#: position-resolved edges patched exactly per named position: the top ones by the ranking score
+EXACT_AT = 10
+
+
+def edges_at_table(graph, at: dict, exact_at: dict, resamples, level, seed) -> pd.DataFrame:
+    """A row per edge and named position: each score at that position with its interval, the
+    exact effect where it was measured (``at``: ``{method: {position: [pair, writer, reader]}}``,
+    ``exact_at``: ``{position: (edges, [pair, edge])}``)."""
+    import numpy as np
+    import pandas as pd
+
+    w, r = graph.edges()
+    names = [graph.edge_name(a, c) for a, c in zip(w.tolist(), r.tolist(), strict=True)]
+    index = {(a, c): i for i, (a, c) in enumerate(zip(w.tolist(), r.tolist(), strict=True))}
+    parts = []
+    for pos in next(iter(at.values())):
+        out = pd.DataFrame(
+            {
+                "edge": names,
+                "position": pos,
+                "writer": [graph.writer_name(a) for a in w.tolist()],
+                "reader": [graph.reader_name(c) for c in r.tolist()],
+            }
+        )
+        for m, by_pos in at.items():
+            col = column(m)
+            mean, lo, hi = mean_ci(by_pos[pos][:, w, r], resamples, level, seed)
+            out[col], out[f"{col}_low"], out[f"{col}_high"] = mean, lo, hi
+        out["exact"] = out["exact_low"] = out["exact_high"] = np.nan
+        if pos in exact_at:
+            edges, per = exact_at[pos]
+            rows = [index[e] for e in edges]
+            mean, lo, hi = mean_ci(per, resamples, level, seed)
+            out.loc[rows, "exact"], out.loc[rows, "exact_low"], out.loc[rows, "exact_high"] = (
+                mean,
+                lo,
+                hi,
+            )
+        parts.append(out)
+    return pd.concat(parts, ignore_index=True)
+
+
 def curve_table(curve: dict, rank_by: str) -> pd.DataFrame:
     import pandas as pd
 
@@ -535,6 +599,8 @@ def save_discovery(
         result.tokens.write_jsonl(tmp / "tokens.jsonl")
         if result.held_out is not None:
             result.held_out.write_jsonl(tmp / "held_out.jsonl")
+        if result.edges_at is not None:
+            write_csv(result.edges_at, tmp / "edges_at.csv")
 
     def draw(tmp: Path) -> None:
         from headscope.report.discover_figures import save_discover_figures
@@ -585,6 +651,9 @@ def load_discovery(path: str | Path) -> DiscoverResult:
         tokens,
         meta,
         held_out=TokenizedTask.read_jsonl(held, task, metric) if held.exists() else None,
+        edges_at=read_table(path, "edges_at.csv", ("edge", "position", "writer", "reader"))
+        if (path / "edges_at.csv").exists()
+        else None,
     )
 
 

@@ -281,6 +281,13 @@ class DiscoverSettings(TaskSettings):
     circuit_share: float = opt(
         0.01, "The circuit saved (circuit.json, the diagram): this share of the top edges."
     )
+    positions: tuple | None = opt(
+        None,
+        "Also score every edge at these named positions of the task, comma-separated (IO,S2,END; "
+        "S1+1: the token after S1): a reader there reading the writer's output there "
+        "(edges_at.csv; the top 10 per position by the ranking score patched exactly).",
+        kind="csv",
+    )
     exact_readers: int = opt(
         10,
         "Query and key readers patched exactly (a head's whole query, a KV head's whole key, from "
@@ -296,6 +303,7 @@ class DiscoverSettings(TaskSettings):
         super().normalise()
         self.put("methods", as_tuple(self.methods) or ())
         self.put("edges", as_tuple(self.edges) or ())
+        self.put("positions", as_tuple(self.positions) or ())
         for name in ("direction", "ablation"):
             self.put(name, str(getattr(self, name)).strip().lower())
 

@@ -27,14 +27,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float
 from torch import Tensor
 
 from headscope.circuits.edge_graph import EdgeGraph, anatomy, graph_of
 from headscope.circuits.edge_runs import EdgeForward, Single
 from headscope.effects.loop import forwards, job_rows, jobs_per_forward
 from headscope.effects.patch_attribution import no_parameter_grads
-from headscope.effects.patching import Batch, read_rows
+from headscope.effects.patching import Batch, position_masks, read_rows
 from headscope.errors import HeadscopeError
 
 METHODS = ("eap", "eap-ig", "exact")
@@ -98,6 +98,21 @@ class GradSum:
             out[:, :k, start:stop] = got.double().cpu()
         return out.masked_fill_(~graph.valid, 0.0)
 
+    def scores_at(
+        self, delta: Float[Tensor, "b pos writer d_model"], where: Bool[Tensor, "b pos"]
+    ) -> Tensor:
+        """:meth:`scores` at the positions ``where`` only (each edge at the positions a reader
+        reads its writer there): one gathered product when every row has one position."""
+        b, p, n_w, d = delta.shape
+        where = where.to(delta.device)
+        if not (where.sum(1) == 1).all():
+            return self.scores(delta * where[:, :, None, None].to(delta.dtype))
+        rows, at = torch.arange(b), where.int().argmax(1)
+        dt = delta[rows, at].to(self.sum.dtype)  # [b, writer, d]
+        g = self.sum.view(b, self.graph.n_readers, p, d)[rows, :, at]  # [b, reader, d]
+        out = torch.bmm(dt, g.transpose(1, 2)).double().cpu()
+        return out.masked_fill_(~self.graph.valid, 0.0)
+
 
 def _grad_pass(model, ef: EdgeForward, batch: Batch, side: str, metric: str) -> None:
     with no_parameter_grads(model), ef():
@@ -114,11 +129,15 @@ def attribution(
     direction: str = "noising",
     steps: int = 5,
     on_progress: Callable[[int], None] | None = None,
+    at: dict | None = None,
 ) -> Float[Tensor, "pair writer reader"]:
     """Every edge's ``eap`` or ``eap-ig`` score on every pair (module docstring). Cost per batch:
     EAP, one forward of the source and one forward and backward of the base; EAP-IG, a forward of
     the clean prompt and ``steps`` forwards and backwards (the first of them the corrupt prompt's,
-    which also records its writers); then a few batched products."""
+    which also records its writers); then a few batched products. ``at``: a dict whose keys name
+    positions of the task (``IO``, ``END``, ``S1+1``: :func:`position_masks`); each receives the
+    same score at that position only, ``[pair, writer, reader]`` (the positions' scores and the
+    rest add up to the pooled one)."""
     check_method(method)
     check_direction(direction)
     if method == "exact":
@@ -129,7 +148,11 @@ def attribution(
     out = torch.full((n_pairs, graph.n_writers, graph.n_readers), torch.nan, dtype=torch.float64)
     valid = graph.valid
     base_side, src_side = _sides(direction)
+    named = list(at or ())
+    for name in named:
+        at[name] = torch.full_like(out, torch.nan)
     for batch in batches:
+        wheres = {name: position_masks(batch, name)[0][1] for name in named}
         if method == "eap":
             src, _ = record(model, batch, src_side, metric)
             grads = GradSum(graph)
@@ -149,6 +172,10 @@ def attribution(
             src, base = (corrupt, clean) if direction == "noising" else (clean, corrupt)
         got = grads.scores(src - base)
         out[batch.index] = torch.where(valid, got, torch.nan)
+        for name, where in wheres.items():
+            at[name][batch.index] = torch.where(
+                valid, grads.scores_at(src - base, where), torch.nan
+            )
         if on_progress is not None:
             on_progress(len(batch.index))
     return out
@@ -164,10 +191,12 @@ def exact_edges(
     t: float = 1.0,
     rows_per_forward: int | None = None,
     on_progress: Callable[[int], None] | None = None,
+    position: str | None = None,
 ) -> Float[Tensor, "pair edge"]:
     """Each edge ``(writer, reader)`` patched alone: the change in the metric from the base run,
     per pair (float64). ``t`` < 1 moves the reader's input only that fraction of the way (a dose,
-    for first-order checks)."""
+    for first-order checks); ``position`` (a named position of the task, as in
+    :func:`position_masks`): the reader reads the other run's writer at that position only."""
     check_direction(direction)
     an, graph = anatomy(model), graph_of(model)
     n_in = graph.writers_before()
@@ -190,9 +219,15 @@ def exact_edges(
         ef = EdgeForward(model, an, graph)
         per = jobs_per_forward(b, n, rows_per_forward)
 
-        def setup(chunk: list, base=base, src=src, b=b, ef=ef) -> dict:
+        keep = 1.0
+        if position is not None:
+            keep = position_masks(batch, position)[0][1][:, :, None].to(base)  # [b, pos, 1]
+
+        def setup(chunk: list, base=base, src=src, b=b, ef=ef, keep=keep) -> dict:
             readers = job_rows([edges[j][1] for j in chunk], b)
-            delta = torch.cat([base[:, :, edges[j][0]] - src[:, :, edges[j][0]] for j in chunk])
+            delta = torch.cat(
+                [(base[:, :, edges[j][0]] - src[:, :, edges[j][0]]) * keep for j in chunk]
+            )
             ef.single = Single(readers, t * delta)
             return {}
 

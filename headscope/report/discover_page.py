@@ -188,6 +188,17 @@ def discover_page_html(run_dir: Path, figures: bool = True) -> str:
             ],
         )
     )
+    at_path = run_dir / "edges_at.csv"
+    if at_path.is_file():
+        at = pd.read_csv(at_path)
+        body.append("<h2>Edges at named positions</h2>")
+        body.append(
+            '<p class="muted">A reader at the position reading its writer\'s output there; '
+            "the top 10 per position by the ranking score were patched exactly.</p>"
+        )
+        for pos, rows in at.groupby("position", sort=False):
+            body.append(f"<h3>{_e(str(pos))}</h3>")
+            body.append(_edges(rows, by))
     readers_path = run_dir / "readers.csv"
     if readers_path.is_file():
         body += _readers(pd.read_csv(readers_path))

@@ -69,6 +69,32 @@ def test_eap_is_the_derivative_of_exact_edge_patching(which, direction, request)
     torch.testing.assert_close(got, fd, atol=1e-8, rtol=0)
 
 
+@pytest.mark.parametrize("method", ["eap", "eap-ig"])
+def test_position_resolved_edges_add_up_and_eap_is_their_derivative(method, tiny_gqa_llama64):
+    model = tiny_gqa_llama64
+    tt = random_task(model, n_pairs=3, length=8, seed=2)  # named position X: a changed token
+    batches = make_batches(tt, 3, model.pad_id)
+    at = {str(p): None for p in range(8)} | {"X": None}
+    pooled = es.attribution(model, batches, 3, "logit_diff", method, at=at)
+    g = graph_of(model)
+    every = sum(at[str(p)] for p in range(8))
+    torch.testing.assert_close(every[:, g.valid], pooled[:, g.valid], atol=1e-10, rtol=0)
+    x = torch.tensor(tt.positions["X"])  # each pair's X, one position per pair
+    by_index = torch.stack([at[str(int(x[i]))][i] for i in range(3)])
+    torch.testing.assert_close(at["X"][:, g.valid], by_index[:, g.valid], atol=0, rtol=0)
+    if method != "eap":
+        return
+    edges = _all_edges(model)[::7]
+    t = 1e-5
+    fd = (
+        es.exact_edges(model, batches, 3, "logit_diff", edges, t=t, position="X")
+        - es.exact_edges(model, batches, 3, "logit_diff", edges, t=-t, position="X")
+    ) / (2 * t)
+    w, r = zip(*edges, strict=True)
+    assert fd.abs().max() > 1e-3
+    torch.testing.assert_close(at["X"][:, list(w), list(r)], fd, atol=1e-8, rtol=0)
+
+
 def test_eap_ig_one_step_and_its_riemann_sum(tiny_gqa_llama64):
     model = tiny_gqa_llama64
     batches = _batch(model)
@@ -171,8 +197,10 @@ def test_eap_and_faithfulness_equal_transformer_lens(tiny_gpt2):
     model = tiny_gpt2
     (batch,) = _batch(model, n_pairs=2, length=7, seed=3)
     g = graph_of(model)
-    ours = es.attribution(model, [batch], 2, "logit_diff", "eap", "denoising").mean(0)
+    at = {str(p): None for p in range(7)}  # every position by its token index
+    ours = es.attribution(model, [batch], 2, "logit_diff", "eap", "denoising", at=at).mean(0)
     tl = torch.zeros(g.n_writers, g.n_readers, dtype=torch.float64)
+    tl_at = torch.zeros(7, g.n_writers, g.n_readers, dtype=torch.float64)
     results = []
     for i in range(2):
 
@@ -189,9 +217,13 @@ def test_eap_and_faithfulness_equal_transformer_lens(tiny_gpt2):
         results.append((metric, res))
         for (u, v), s in res.edge_scores.items():  # per position: ours pools positions
             tl[_tl_index(g, u), _tl_index(g, v)] += s / 2
+            assert u.position == v.position  # an edge lives at one position of the stream
+            tl_at[u.position, _tl_index(g, u), _tl_index(g, v)] += s / 2
     valid = g.valid
     assert tl[valid].abs().max() > 1e-3
     torch.testing.assert_close(ours[valid], tl[valid], atol=1e-5, rtol=0)
+    for p in range(7):  # position-resolved edges: its edges at each position
+        torch.testing.assert_close(at[str(p)].mean(0)[valid], tl_at[p][valid], atol=1e-5, rtol=0)
     # writer nodes: the sum of their edges, as transformer-lens aggregates them
     nodes: dict[int, float] = {}
     for n, s in results[0][1].node_scores.items():  # per position, pooled like the edges

@@ -127,6 +127,34 @@ def test_held_out_pairs_measure_the_curve_and_the_circuit(tmp_path, tiny_gpt2_di
     assert back.circuit["faithfulness"] == pytest.approx(f, abs=1e-9)
 
 
+def test_edges_at_named_positions(tmp_path, tiny_gpt2_dir, good_task):
+    out = tmp_path / "run"
+    res = run(
+        "discover", str(tiny_gpt2_dir), "--task", good_task, "--out", str(out), "--no-figures",
+        "--methods", "eap", "--positions", "A,END", *FAST,
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    model = headscope.load_model(str(tiny_gpt2_dir))
+    g = graph_of(model)
+    tt = tokenize_task(good_task, model, None, None, 0, None)
+    batches = make_batches(tt, 32, model.pad_id)
+    at = {"A": None, "END": None}
+    es.attribution(model, batches, len(tt), "logit_diff", "eap", at=at)
+    table = pd.read_csv(out / "edges_at.csv")
+    assert len(table) == 2 * g.n_edges and set(table["position"]) == {"A", "END"}
+    w, r = g.edges()
+    for pos in ("A", "END"):
+        rows = table[table["position"] == pos]
+        assert rows["eap"].to_numpy() == pytest.approx(at[pos].mean(0)[w, r].numpy(), abs=1e-9)
+        measured = rows[rows["exact"].notna()]
+        assert len(measured) == 10
+        pick = [g.edge_index(e) for e in measured["edge"]]
+        want = es.exact_edges(model, batches, len(tt), "logit_diff", pick, position=pos).mean(0)
+        assert measured["exact"].to_numpy() == pytest.approx(want.numpy(), abs=1e-9)
+    assert len(load_discovery(out).edges_at) == 2 * g.n_edges
+    assert "Edges at named positions" in (out / "report.html").read_text()
+
+
 def test_help_lists_every_setting():
     res = run("discover", "--help")
     assert res.exit_code == 0
@@ -144,7 +172,7 @@ def _refused(res, *words):
 
 @pytest.mark.parametrize(
     "case",
-    ["method", "size", "share", "below", "unknown", "lengths", "encoder", "exists", "held"],
+    ["method", "size", "share", "below", "unknown", "lengths", "encoder", "exists", "held", "pos"],
 )
 def test_bad_input_exits_2_with_one_line_and_leaves_nothing(
     case, tmp_path, tiny_gpt2_dir, tiny_bert_dir, words, good_task
@@ -172,6 +200,8 @@ def test_bad_input_exits_2_with_one_line_and_leaves_nothing(
     elif case == "held":
         extra = ["--n-pairs", "3", "--held-out", "2"]
         expect = ["has 1 pairs after the ranking's", "ask for at most 1"]
+    elif case == "pos":
+        extra, expect = ["--positions", "END,NOPE"], ["No position 'NOPE'", "it has A, END"]
     elif case == "encoder":
         model, expect = str(tiny_bert_dir), ["encoder"]
     elif case == "exists":
