@@ -206,6 +206,8 @@ class EdgeForward:
         if cut is not None:  # [writer, rows * pos * d_model]
             r = cut.replacement
             self._repl = r if r.dim() == 2 else r.permute(2, 0, 1, 3).reshape(r.shape[2], -1)
+            # a writer no reader cuts needs no difference: its row stays 0, out of the total too
+            self._cut_any = cut.cut.any(1).tolist()
         self._stash: dict[tuple[int, str], Tensor] = {}
         self._weights = [head_weights(an, la, graph) for la in range(graph.n_layers)]
         if cut is not None:
@@ -224,15 +226,20 @@ class EdgeForward:
             self.cut is not None
         ):  # live - replacement, writer-major; its running sum in the last row
             if self._diff is None:
-                self._diff = values.new_empty(self.graph.n_writers + 1, rows * pos * d)
+                self._diff = values.new_zeros(self.graph.n_writers + 1, rows * pos * d)
                 self._total = self._diff[-1]
-                self._total.zero_()
-            got = self._diff[first : first + n]
+            live = [i for i in range(n) if self._cut_any[first + i]]
+            if not live:
+                return
+            a, z = live[0], live[-1] + 1  # the cut ones' span (the others in it: exact zeros)
+            got = self._diff[first + a : first + z]
             torch.sub(
-                values.detach().permute(2, 0, 1, 3),
-                self._repl[first : first + n].view(n, rows, pos, d).to(values),
-                out=got.view(n, rows, pos, d),
+                values.detach()[:, :, a:z].permute(2, 0, 1, 3),
+                self._repl[first + a : first + z].view(z - a, rows, pos, d).to(values),
+                out=got.view(z - a, rows, pos, d),
             )
+            if len(live) < z - a:
+                got[[i - a for i in range(a, z) if not self._cut_any[first + i]]] = 0.0
             self._total += got.sum(0)
 
     def head_writes(self, layer: int, z: Tensor, out: Tensor) -> Tensor:
@@ -390,6 +397,8 @@ class EdgeForward:
             if got is None:
                 return None
             x, inv = got
+            if x.shape[0] == 1:  # every reader reads one copy (all cut): the model's own path
+                return (x[0], *args[1:])
             y = module.forward(x)  # [copies, rows, pos, d_model]: the norm, copy by copy
             if inv is not None:
                 y = y[inv.to(y.device)]  # [H + 2 KV, rows, pos, d_model]
@@ -416,6 +425,9 @@ class EdgeForward:
                 out.register_hook(lambda grad: self._tap(la, kinds, grad))
 
         def o_proj(module, args, out, la):
+            first = g.head_writer(la, 0)
+            if self.cut_only and not any(self._cut_any[first : first + H]):
+                return  # no head of this layer is cut anywhere: nothing to record
             if self.record:
                 self._keep(g.head_writer(la, 0), self.head_writes(la, args[0], out))
 
