@@ -27,6 +27,9 @@ user would.
   KV groups, curve-change correlations against circular shifts).
 * :mod:`lib.kv_baselines`: a KV plan among random whole-KV-group drops of the same memory saving
   (every way when there are few, a sample when many) and its rank there.
+* :mod:`lib.discovery`: notebook 11's helpers: held-out pairs, notebook 09's class-rule circuit
+  read from its saved outputs, Wang et al.'s chain as edges, sign agreement and curve areas with
+  intervals over pairs, heads in the order a ranking adds them.
 * :mod:`lib.timing`: one timer and one quadratic fit (notebooks and ``benchmarks/``).
 * :mod:`lib.patching`: attribution against exact patching with intervals over pairs, attention
   from the last position, OV name copying, Wang et al.'s GPT-2 small IOI heads.
