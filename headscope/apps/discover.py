@@ -133,7 +133,7 @@ def discover(
     timings: dict[str, float] = {}
     check_model(model)
     anatomy(model)  # one line for a family the graph does not know, before any forward
-    graph = graph_of(model)
+    graph = graph_of(model, config.kv_mode)
     named = [graph.edge_index(e) for e in config.edges]
     tt = tokenize_task(
         task, model, config.metric, config.n_pairs, config.seed, config.templates,
@@ -163,7 +163,7 @@ def discover(
             at[m] = dict.fromkeys(config.positions)
             scores[m] = es.attribution(
                 model, batches, n, metric, m, config.direction, config.steps, on_progress=tick,
-                at=at[m],
+                at=at[m], kv_mode=config.kv_mode,
             )  # fmt: skip
     valid = graph.valid
     means = {m: s.mean(0) for m, s in scores.items()}
@@ -180,7 +180,7 @@ def discover(
         ):
             exact = es.exact_edges(
                 model, batches, n, metric, chosen, config.direction,
-                rows_per_forward=None, on_progress=tick,
+                rows_per_forward=None, on_progress=tick, kv_mode=config.kv_mode,
             )  # fmt: skip
     with timed(timings, "saturation_s"):
         sat = es.saturation(model, batches, "clean" if config.direction == "noising" else "corrupt")
@@ -199,21 +199,31 @@ def discover(
         with timed(timings, "exact_at_s"):
             exact_at[name] = (
                 pick,
-                es.exact_edges(model, batches, n, metric, pick, config.direction, position=name),
+                es.exact_edges(
+                    model,
+                    batches,
+                    n,
+                    metric,
+                    pick,
+                    config.direction,
+                    position=name,
+                    kv_mode=config.kv_mode,
+                ),  # fmt: skip
             )
     shares = ec.fractions(config.sizes, config.smallest)
     runs = ec.curve_runs(graph.n_edges, shares, config.n_random) * len(curve_batches)
     with timed(timings, "curve_s"), progress(runs, "faithfulness curve (forwards)", say) as tick:
         curve = ec.faithfulness_curve(
             model, curve_batches, n_curve, metric, means[rank_by], shares, config.n_random,
-            config.ablation, seed, b, level, on_progress=tick,
+            config.ablation, seed, b, level, on_progress=tick, kv_mode=config.kv_mode,
         )  # fmt: skip
     k = max(1, round(config.circuit_share * graph.n_edges))
     circuit_mask = ec.top_edges(means[rank_by], valid, k)
     with timed(timings, "circuit_s"):
         m_c = ec.circuit_metrics(
-            model, curve_batches, n_curve, metric, [circuit_mask], config.ablation
-        )[0]
+            model, curve_batches, n_curve, metric, [circuit_mask], config.ablation,
+            kv_mode=config.kv_mode,
+        )[0]  # fmt: skip
     f_c = float(
         (m_c.mean() - curve["m_empty"].mean()) / (curve["m_full"].mean() - curve["m_empty"].mean())
     )
@@ -243,6 +253,7 @@ def discover(
         cpr_rank_p=_rank_p(curve["cpr"][0], curve["random_cpr"], higher=True),
         cmd_rank_p=_rank_p(curve["cmd"][0], curve["random_cmd"], higher=False),
         gqa_group=model.n_heads // model.n_kv_heads,
+        kv_mode=config.kv_mode,
         timings=timings,
     )
     return DiscoverResult(
@@ -373,7 +384,12 @@ def exact_readers(model, batches, n: int, metric: str, qk: dict, config) -> dict
 
     from headscope.effects.patching import Request, exact_patching
 
-    means = [(kind, qk[kind].nanmean(0)) for kind in ("q", "k")]
+    # a reader kind's AtP* estimates and its exact patch: a KV head's key, or one query head's
+    per = {
+        "q": ("q", "head"),
+        "k": ("k_head", "head") if config.kv_mode == "head" else ("k", "group"),
+    }
+    means = [(kind, qk[per[kind][0]].nanmean(0)) for kind in ("q", "k")]
     flat = [
         (abs(float(m[la, u])), kind, la, u)
         for kind, m in means
@@ -381,7 +397,7 @@ def exact_readers(model, batches, n: int, metric: str, qk: dict, config) -> dict
         for u in range(m.shape[1])
     ]
     top = sorted(flat, reverse=True)[: config.exact_readers]
-    mode = {"q": "head", "k": "group"}
+    mode = {kind: per[kind][1] for kind in per}
     reqs = [
         Request(
             config.direction,
@@ -417,7 +433,8 @@ def reader_table(graph, scores: dict, qk: dict, qk_exact, resamples, level, seed
         la = graph.reader_layer(r)
         unit = -1
         if kind in ("q", "k", "v"):
-            unit = int(name.split(".")[0].split("H" if kind == "q" else "KV")[-1])
+            by = "H" if kind == "q" or graph.kv_mode == "head" else "KV"
+            unit = int(name.split(".")[0].split(by)[-1])
         rows.append({"reader": name, "kind": kind, "layer": la, "head": unit})
     out = pd.DataFrame(rows)
     if sat is not None:
@@ -432,8 +449,9 @@ def reader_table(graph, scores: dict, qk: dict, qk_exact, resamples, level, seed
     for r, row in enumerate(rows):
         kind, la, u = row["kind"], row["layer"], row["head"]
         if kind in ("q", "k"):
-            cols["atp"][:, r] = qk[f"atp_{kind}"][:, la, u]
-            cols["atp_qk"][:, r] = qk[kind][:, la, u]
+            key = "k_head" if kind == "k" and graph.kv_mode == "head" else kind
+            cols["atp"][:, r] = qk[f"atp_{key}"][:, la, u]
+            cols["atp_qk"][:, r] = qk[key][:, la, u]
             if qk_exact and (kind, la, u) in qk_exact:
                 cols["exact"][:, r] = qk_exact[(kind, la, u)]
     for c, per in cols.items():

@@ -242,6 +242,7 @@ class CircuitSettings(TaskSettings):
 #: Edge scores (headscope.circuits.edge_scores.METHODS without exact) and circuit ablations.
 EDGE_METHODS = ("eap", "eap-ig")
 EDGE_ABLATIONS = ("corrupt", "mean", "zero")
+EDGE_KV_MODES = ("group", "head")
 
 
 @dataclass(frozen=True)
@@ -281,6 +282,12 @@ class DiscoverSettings(TaskSettings):
     circuit_share: float = opt(
         0.01, "The circuit saved (circuit.json, the diagram): this share of the top edges."
     )
+    kv_mode: str = opt(
+        "group",
+        "Keys and values read per KV head, as the model computes them (group), or per query head "
+        "(head: an edge into L3H4.k is the key head 4 alone reads).",
+        choices=EDGE_KV_MODES,
+    )
     positions: tuple | None = opt(
         None,
         "Also score every edge at these named positions of the task, comma-separated (IO,S2,END; "
@@ -304,7 +311,7 @@ class DiscoverSettings(TaskSettings):
         self.put("methods", as_tuple(self.methods) or ())
         self.put("edges", as_tuple(self.edges) or ())
         self.put("positions", as_tuple(self.positions) or ())
-        for name in ("direction", "ablation"):
+        for name in ("direction", "ablation", "kv_mode"):
             self.put(name, str(getattr(self, name)).strip().lower())
 
     def check(self) -> None:
@@ -315,6 +322,7 @@ class DiscoverSettings(TaskSettings):
             check_choice("methods", m, EDGE_METHODS)
         check_choice("direction", self.direction, PATCH_DIRECTIONS)
         check_choice("ablation", self.ablation, EDGE_ABLATIONS)
+        check_choice("kv_mode", self.kv_mode, EDGE_KV_MODES)
         at_least("steps", self.steps)
         at_least("sizes", self.sizes, 2)
         at_least("exact", self.exact, 0)

@@ -109,12 +109,13 @@ def circuit_metrics(
     ablation: str = "corrupt",
     means: Tensor | None = None,
     on_progress: Callable[[int], None] | None = None,
+    kv_mode: str = "group",
 ) -> Float[Tensor, "circuit pair"]:
     """The metric of each circuit on every pair (float64): the clean prompts with every edge
     outside the circuit cut (module docstring)."""
     if ablation not in ABLATIONS:
         raise HeadscopeError(f"Unknown ablation '{ablation}'; use {', '.join(ABLATIONS)}.")
-    an, graph = anatomy(model), graph_of(model)
+    an, graph = anatomy(model), graph_of(model, kv_mode)
     valid = graph.valid
     for c in circuits:
         if c.shape != valid.shape or (c & ~valid).any():
@@ -183,13 +184,14 @@ def faithfulness_curve(
     resamples: int = 1000,
     level: float = LEVEL,
     on_progress: Callable[[int], None] | None = None,
+    kv_mode: str = "group",
 ) -> dict:
     """The faithfulness curve of the top edges by ``|scores|`` and of ``n_random`` random orders
     (module docstring). Returns ``{"shares", "n_edges", "f" [draw, size] (draw 0: the ranking),
     "f_low", "f_high" (the ranking's interval per size), "cpr", "cmd" (each ``(value, low,
     high)``), "random_cpr", "random_cmd" (per draw), "m_full", "m_empty" (per pair),
     "metrics" [draw, size, pair]}``."""
-    graph = graph_of(model)
+    graph = graph_of(model, kv_mode)
     valid = graph.valid
     shares = list(shares) if shares is not None else fractions()
     for s in shares:
@@ -208,7 +210,14 @@ def faithfulness_curve(
                 circuits.append(circuit_of(order[:k], valid))
             at[-1].append(len(circuits) - 1 if 0 < k < graph.n_edges else int(k > 0))
     m = circuit_metrics(
-        model, batches, n_pairs, metric, circuits, ablation, on_progress=on_progress
+        model,
+        batches,
+        n_pairs,
+        metric,
+        circuits,
+        ablation,
+        on_progress=on_progress,
+        kv_mode=kv_mode,
     )  # [circuit, pair]
     empty, full = m[0], m[1]
     per = m[torch.tensor(at)]  # [draw, size, pair]

@@ -22,11 +22,12 @@ the embedding and every head and MLP of layers ``< l``; an MLP also reads its ow
 every position (each position's writer into the same position's reader; attention moves
 information between positions inside a head, not along an edge).
 
-Keys and values are read per key-value head (``kv_mode="group"``): with grouped-query attention a
-key or value vector is computed once per KV head and read by every query head of its group, so an
-edge into ``L{l}KV{g}.k`` is an edge of the computation the model runs, and cutting it is an
-intervention on the model. (Path patching's ``kv_mode="head"`` asks the finer, counterfactual
-question of one query head reading a changed key alone; for multi-head models the two coincide.)
+Keys and values are read per key-value head by default (``kv_mode="group"``): with grouped-query
+attention a key or value vector is computed once per KV head and read by every query head of its
+group, so an edge into ``L{l}KV{g}.k`` is an edge of the computation the model runs, and cutting
+it is an intervention on the model. ``kv_mode="head"`` asks path patching's finer, counterfactual
+question: ``L{l}H{h}.k`` is the key query head ``h`` alone reads (the edge forward gives each query
+head its own copy of its KV head's projection). For multi-head models the two coincide.
 
 The writers before a reader are a prefix of the writer order, so the edges are the cells of a
 ``[writer, reader]`` matrix below a staircase (:attr:`EdgeGraph.valid`), and a circuit is a
@@ -59,14 +60,22 @@ FAMILIES = (
 )
 
 
+#: how keys and values are read: once per KV head (the model's computation) or per query head
+KV_MODES = ("group", "head")
+
+
 @dataclass(frozen=True)
 class EdgeGraph:
     """The writers, readers and edges of a model with ``n_layers`` layers of ``n_heads`` query
-    heads on ``n_kv`` key-value heads."""
+    heads; ``n_kv`` key and value readers per layer: the model's KV heads (``kv_mode="group"``),
+    or one per query head (``"head"``: ``L{l}H{h}.k`` is the key head ``h`` reads, ``group``
+    query heads sharing each of the model's KV heads)."""
 
     n_layers: int
     n_heads: int
     n_kv: int
+    kv_mode: str = "group"
+    group: int = 1
 
     @property
     def n_writers(self) -> int:
@@ -154,7 +163,7 @@ class EdgeGraph:
             return f"L{la}H{slot}.q"
         g = slot - self.n_heads
         kind = "k" if g < self.n_kv else "v"
-        return f"L{la}KV{g % self.n_kv}.{kind}"
+        return f"L{la}{'H' if self.kv_mode == 'head' else 'KV'}{g % self.n_kv}.{kind}"
 
     def writer_layer(self, w: int) -> int:
         """The layer a writer belongs to (-1 for the embedding)."""
@@ -185,13 +194,14 @@ class EdgeGraph:
         """The reader called ``name`` (``L3H1.q``, ``L3KV0.k``, ``MLP3.in``, ``logits``)."""
         name = name.strip()
         L, H, KV = self.n_layers, self.n_heads, self.n_kv
+        kv = "H" if self.kv_mode == "head" else "KV"
         r = None
         if name == "logits":
             r = self.logits_reader
         elif m := re.fullmatch(r"L(\d+)H(\d+)\.q", name):
             if int(m[1]) < L and int(m[2]) < H:
                 r = self.attn_reader(int(m[1]), int(m[2]))
-        elif m := re.fullmatch(r"L(\d+)KV(\d+)\.([kv])", name):
+        elif m := re.fullmatch(rf"L(\d+){kv}(\d+)\.([kv])", name):
             if int(m[1]) < L and int(m[2]) < KV:
                 r = self.attn_reader(int(m[1]), H + int(m[2]) + (KV if m[3] == "v" else 0))
         elif m := re.fullmatch(r"MLP(\d+)\.in", name):
@@ -199,8 +209,8 @@ class EdgeGraph:
                 r = self.mlp_reader(int(m[1]))
         if r is None:
             raise HeadscopeError(
-                f"No reader '{name}'; readers are L<l>H<h>.q (h < {H}), L<l>KV<g>.k and .v "
-                f"(g < {KV}), MLP<l>.in (l < {L}) and logits."
+                f"No reader '{name}'; readers are L<l>H<h>.q (h < {H}), L<l>{kv}<g>.k and .v "
+                f"(g < {KV}, kv_mode {self.kv_mode}), MLP<l>.in (l < {L}) and logits."
             )
         return r
 
@@ -242,6 +252,7 @@ class Anatomy:
     final_norm: object
     gain_offset: float  # 1.0 where the RMS norms multiply by 1 + w (Gemma)
     extra: dict = field(default_factory=dict)
+    attn: list = field(default_factory=list)  # per layer: the attention module
 
 
 def _first(module, names: tuple[str, ...]):
@@ -264,10 +275,11 @@ def anatomy(model) -> Anatomy:
         )
     blocks = model.blocks()
     sandwich = all(hasattr(b, "pre_feedforward_layernorm") for b in blocks)
-    ln1, ln2, q, k, v, o, post, mlp_out = [], [], [], [], [], [], [], []
+    ln1, ln2, q, k, v, o, post, mlp_out, attns = [], [], [], [], [], [], [], [], []
     fused = mt == "gpt2"
     for la, blk in enumerate(blocks):
         attn = _first(blk, ("self_attn", "attn", "attention"))
+        attns.append(attn)
         ln1.append(_first(blk, ("input_layernorm", "ln_1")))
         if sandwich:
             ln2.append(blk.pre_feedforward_layernorm)
@@ -301,8 +313,16 @@ def anatomy(model) -> Anatomy:
         mlp_out=mlp_out,
         final_norm=final,
         gain_offset=model._gain_offset(),
+        attn=attns,
     )
 
 
-def graph_of(model) -> EdgeGraph:
-    return EdgeGraph(model.n_layers, model.n_heads, model.n_kv_heads)
+def graph_of(model, kv_mode: str = "group") -> EdgeGraph:
+    """``model``'s edge graph, its keys and values read per KV head (``group``) or per query head
+    (``head``)."""
+    if kv_mode not in KV_MODES:
+        raise HeadscopeError(f"Unknown kv_mode '{kv_mode}'; use {' or '.join(KV_MODES)}.")
+    group = model.n_heads // model.n_kv_heads
+    if kv_mode == "head":
+        return EdgeGraph(model.n_layers, model.n_heads, model.n_heads, "head", group)
+    return EdgeGraph(model.n_layers, model.n_heads, model.n_kv_heads, "group", group)

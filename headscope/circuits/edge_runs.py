@@ -72,7 +72,7 @@ def head_weights(an: Anatomy, layer: int, graph: EdgeGraph) -> dict[str, Tensor]
     """Layer ``layer``'s projections per head: ``q`` ``[head, d_head, d_model]``, ``k``/``v``
     ``[kv_head, d_head, d_model]`` (biases ``bq``, ``bk``, ``bv`` or None) and ``o`` ``[head,
     d_head, d_model]`` (what head ``h``'s output ``z_h`` is multiplied by)."""
-    H, KV = graph.n_heads, graph.n_kv
+    H, KV = graph.n_heads, graph.n_heads // graph.group  # the model's KV heads
     out: dict[str, Tensor | None] = {}
     if an.fused:  # GPT-2's Conv1D: x @ W + b, W [d_model, 3 * d_model]
         w, b = an.q_proj[layer].weight, an.q_proj[layer].bias
@@ -89,6 +89,10 @@ def head_weights(an: Anatomy, layer: int, graph: EdgeGraph) -> dict[str, Tensor]
     ):
         out[name] = mod.weight.reshape(n, -1, mod.weight.shape[1])  # [out, in] -> [n, d_head, in]
         out[f"b{name}"] = None if mod.bias is None else mod.bias.reshape(n, -1)
+        if name != "q" and graph.kv_mode == "head" and graph.group > 1:  # per query head
+            out[name] = out[name].repeat_interleave(graph.group, 0)
+            if out[f"b{name}"] is not None:
+                out[f"b{name}"] = out[f"b{name}"].repeat_interleave(graph.group, 0)
     w = an.o_proj[layer].weight  # [d_model, H * d_head]
     out["o"] = w.T.reshape(H, -1, w.shape[0])
     return out
@@ -371,6 +375,7 @@ class EdgeForward:
         H, KV = g.n_heads, g.n_kv
         handles = []
         patched = []
+        groups: list = []  # (attention module, its num_key_value_groups) to restore
 
         def block0(module, args, kwargs):
             x = _stream(args, kwargs)
@@ -408,12 +413,20 @@ class EdgeForward:
             self._stash[(la, "v")] = _project(y[H + KV :], w["v"], w["bv"])
             return None
 
+        per_head = g.kv_mode == "head" and g.group > 1 and not an.fused
+
         def projection(mod, la, kinds):
             own = type(mod).forward
+            expand = per_head and kinds[0] in ("k", "v")
 
             def forward(x, *a, **k):
                 if (la, kinds[0]) not in self._stash:
-                    return own(mod, x, *a, **k)
+                    out = own(mod, x, *a, **k)
+                    if expand:  # [.., KV * d_head] -> [.., H * d_head]: query head h's own copy
+                        shape = out.shape[:-1]
+                        out = out.view(*shape, H // g.group, -1).repeat_interleave(g.group, -2)
+                        out = out.reshape(*shape, -1)
+                    return out
                 got = [self._stash.pop((la, kind)) for kind in kinds]
                 return got[0] if len(got) == 1 else torch.cat(got, -1)
 
@@ -462,8 +475,11 @@ class EdgeForward:
                                 lambda m, a, o, la=la, kinds=kinds: tap(m, a, o, la, kinds)
                             )
                         )
-                    else:
+                    if not self.tap or (per_head and kinds[0] != "q"):
                         projection(mod, la, kinds)
+                if per_head:  # every query head reads its own key and value: no repeat inside
+                    groups.append((an.attn[la], an.attn[la].num_key_value_groups))
+                    an.attn[la].num_key_value_groups = 1
                 handles.append(
                     an.o_proj[la].register_forward_hook(lambda m, a, o, la=la: o_proj(m, a, o, la))
                 )
@@ -480,5 +496,7 @@ class EdgeForward:
                 h.remove()
             for mod in patched:
                 mod.__dict__.pop("forward", None)
+            for attn, n in groups:
+                attn.num_key_value_groups = n
             self._stash.clear()
             self._vjp.clear()

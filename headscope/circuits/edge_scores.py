@@ -130,6 +130,7 @@ def attribution(
     steps: int = 5,
     on_progress: Callable[[int], None] | None = None,
     at: dict | None = None,
+    kv_mode: str = "group",
 ) -> Float[Tensor, "pair writer reader"]:
     """Every edge's ``eap`` or ``eap-ig`` score on every pair (module docstring). Cost per batch:
     EAP, one forward of the source and one forward and backward of the base; EAP-IG, a forward of
@@ -137,14 +138,15 @@ def attribution(
     which also records its writers); then a few batched products. ``at``: a dict whose keys name
     positions of the task (``IO``, ``END``, ``S1+1``: :func:`position_masks`); each receives the
     same score at that position only, ``[pair, writer, reader]`` (the positions' scores and the
-    rest add up to the pooled one)."""
+    rest add up to the pooled one). ``kv_mode``: keys and values read per KV head (``group``) or
+    per query head (``head``: :func:`~headscope.circuits.edge_graph.graph_of`)."""
     check_method(method)
     check_direction(direction)
     if method == "exact":
         raise HeadscopeError("Exact scores are for chosen edges: use exact_edges().")
     if method == "eap-ig" and steps < 1:
         raise HeadscopeError(f"EAP-IG needs at least one step; got steps={steps}.")
-    an, graph = anatomy(model), graph_of(model)
+    an, graph = anatomy(model), graph_of(model, kv_mode)
     out = torch.full((n_pairs, graph.n_writers, graph.n_readers), torch.nan, dtype=torch.float64)
     valid = graph.valid
     base_side, src_side = _sides(direction)
@@ -192,13 +194,14 @@ def exact_edges(
     rows_per_forward: int | None = None,
     on_progress: Callable[[int], None] | None = None,
     position: str | None = None,
+    kv_mode: str = "group",
 ) -> Float[Tensor, "pair edge"]:
     """Each edge ``(writer, reader)`` patched alone: the change in the metric from the base run,
     per pair (float64). ``t`` < 1 moves the reader's input only that fraction of the way (a dose,
     for first-order checks); ``position`` (a named position of the task, as in
     :func:`position_masks`): the reader reads the other run's writer at that position only."""
     check_direction(direction)
-    an, graph = anatomy(model), graph_of(model)
+    an, graph = anatomy(model), graph_of(model, kv_mode)
     n_in = graph.writers_before()
     for w, r in edges:
         if not (0 <= r < graph.n_readers and 0 <= w < int(n_in[r])):

@@ -57,6 +57,8 @@ def _place(name: str, n_heads: int, n_kv: int, n_layers: int) -> tuple[float, fl
         return (n_heads - 1) / 2, float(n_layers)
     if m := re.fullmatch(r"L(\d+)H(\d+)(\.q)?", name):
         return float(m[2]), float(m[1])
+    if m := re.fullmatch(r"L(\d+)H(\d+)\.([kv])", name):  # one query head's key or value
+        return float(m[2]), int(m[1]) - (0.25 if m[3] == "k" else 0.5)
     if m := re.fullmatch(r"L(\d+)KV(\d+)\.([kv])", name):
         g = n_heads // max(n_kv, 1)
         return int(m[2]) * g + (g - 1) / 2, int(m[1]) - (0.25 if m[3] == "k" else 0.5)

@@ -122,16 +122,17 @@ def test_eap_ig_one_step_and_its_riemann_sum(tiny_gqa_llama64):
 @pytest.mark.parametrize(
     "family", [f for f in conf.FAMILIES if f.model_type in FAMILIES], ids=lambda f: f.model_type
 )
-def test_every_edge_is_the_clean_run_and_no_edge_the_corrupt_run(family):
+@pytest.mark.parametrize("kv_mode", ["group", "head"])
+def test_every_edge_is_the_clean_run_and_no_edge_the_corrupt_run(family, kv_mode):
     hf, tok = conf.tiny_model(family)
     model = headscope.load_model(hf, tok, name=f"tiny-{family.model_type}")
     batches = _batch(model, length=9)
     clean = {
         s: es.record(model, batches[0], s, "logit_diff")[1].double() for s in ("clean", "corrupt")
     }
-    valid = graph_of(model).valid
+    valid = graph_of(model, kv_mode).valid
     full, empty = ec.circuit_metrics(
-        model, batches, 3, "logit_diff", [valid.clone(), torch.zeros_like(valid)]
+        model, batches, 3, "logit_diff", [valid.clone(), torch.zeros_like(valid)], kv_mode=kv_mode
     )
     assert torch.equal(full, clean["clean"])  # nothing cut: the model's own forward
     torch.testing.assert_close(empty, clean["corrupt"], atol=2e-5, rtol=0)
@@ -395,3 +396,60 @@ def test_faithfulness_curve_runs_the_full_and_empty_circuits_once(tiny_gqa_llama
         model, batches, 3, "logit_diff", [ec.top_edges(scores, g.valid, round(0.2 * g.n_edges))]
     )[0]
     torch.testing.assert_close(per[0, 1], want, atol=1e-12, rtol=0)
+
+
+def test_keys_and_values_per_query_head(tiny_gqa_llama64):
+    """kv_mode="head": a key or value edge as one query head reads it. A KV head's edge is its
+    query heads' edges together: EAP adds up over them, and cutting them all is cutting the
+    group's edge; each is the derivative of its own exact patch; the model is left as it was."""
+    model = tiny_gqa_llama64
+    batches = _batch(model)
+    grp, head = graph_of(model), graph_of(model, "head")
+    assert head.group == 2 and head.n_kv == model.n_heads and head.n_edges > grp.n_edges
+    eap_g = es.attribution(model, batches, 3, "logit_diff", "eap")
+    eap_h = es.attribution(model, batches, 3, "logit_diff", "eap", kv_mode="head")
+    pairs = []
+    for r in range(grp.n_readers):
+        name = grp.reader_name(r)
+        if "KV" not in name:  # queries, MLPs, the logits: the same reader in both graphs
+            torch.testing.assert_close(
+                eap_h[:, :, head.reader_index(name)], eap_g[:, :, r], atol=1e-12, rtol=0,
+                equal_nan=True,
+            )  # fmt: skip
+            continue
+        la, kv, kind = int(name[1 : name.index("K")]), int(name.split("KV")[1][0]), name[-1]
+        heads = [head.reader_index(f"L{la}H{h}.{kind}") for h in (2 * kv, 2 * kv + 1)]
+        torch.testing.assert_close(
+            eap_h[:, :, heads].sum(-1), eap_g[:, :, r], atol=1e-12, rtol=0, equal_nan=True
+        )
+        pairs.append((r, heads))
+    assert len(pairs) == 2 * model.n_layers * model.n_kv_heads
+    # cutting every query head's edge from one writer is cutting the KV head's edge
+    w = head.head_writer(0, 1)
+    r, heads = next((r, h) for r, h in pairs if grp.reader_layer(r) == 2)
+    keep_g, keep_h = grp.valid.clone(), head.valid.clone()
+    keep_g[w, r] = False
+    keep_h[w, heads] = False
+    m_g = ec.circuit_metrics(model, batches, 3, "logit_diff", [keep_g])
+    m_h = ec.circuit_metrics(model, batches, 3, "logit_diff", [keep_h], kv_mode="head")
+    torch.testing.assert_close(m_h, m_g, atol=1e-10, rtol=0)
+    one = keep_h.clone()
+    one[w, heads[1]] = True  # only the first query head reads the changed key
+    m_one = ec.circuit_metrics(model, batches, 3, "logit_diff", [one], kv_mode="head")
+    assert (m_one - m_g).abs().max() > 1e-6
+    # EAP per query head is the derivative of its exact patch
+    edges = [e for e in _all_edges_of(head) if head.reader_name(e[1])[-2:] in (".k", ".v")][::3]
+    t = 1e-5
+    fd = (
+        es.exact_edges(model, batches, 3, "logit_diff", edges, t=t, kv_mode="head")
+        - es.exact_edges(model, batches, 3, "logit_diff", edges, t=-t, kv_mode="head")
+    ) / (2 * t)
+    a, c = zip(*edges, strict=True)
+    assert fd.abs().max() > 1e-3
+    torch.testing.assert_close(eap_h[:, list(a), list(c)], fd, atol=1e-8, rtol=0)
+    assert all(m.self_attn.num_key_value_groups == 2 for m in model.hf.model.layers)
+
+
+def _all_edges_of(g):
+    w, r = g.edges()
+    return list(zip(w.tolist(), r.tolist(), strict=True))

@@ -155,6 +155,32 @@ def test_edges_at_named_positions(tmp_path, tiny_gpt2_dir, good_task):
     assert "Edges at named positions" in (out / "report.html").read_text()
 
 
+def test_keys_and_values_per_query_head(tmp_path, tiny_gemma3_dir, good_task):
+    out = tmp_path / "run"
+    res = run(
+        "discover", str(tiny_gemma3_dir), "--task", good_task, "--out", str(out),
+        "--methods", "eap", "--kv-mode", "head", "--circuit-share", "0.2", *FAST,
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    model = headscope.load_model(str(tiny_gemma3_dir))
+    g = graph_of(model, "head")
+    edges = pd.read_csv(out / "edges.csv")
+    assert len(edges) == g.n_edges > graph_of(model).n_edges
+    assert {"L1H3.k", "L1H0.v"} <= set(edges["reader"]) and not edges["reader"].str.contains(
+        "KV"
+    ).any()
+    tt = tokenize_task(good_task, model, None, None, 0, None)
+    batches = make_batches(tt, 32, model.pad_id)
+    eap = es.attribution(model, batches, len(tt), "logit_diff", "eap", kv_mode="head").mean(0)
+    w, r = g.edges()
+    assert edges["eap"].to_numpy() == pytest.approx(eap[w, r].numpy(), abs=1e-9)
+    readers = pd.read_csv(out / "readers.csv").set_index("reader")
+    qk = qk_fixed(model, batches, len(tt), "logit_diff")
+    assert readers.loc["L1H3.k", "atp_qk"] == pytest.approx(qk["k_head"][:, 1, 3].mean().item())
+    assert json.loads((out / "metadata.json").read_text())["kv_mode"] == "head"
+    assert (out / "circuit.png").is_file()  # per-query-head keys and values placed in the diagram
+
+
 def test_help_lists_every_setting():
     res = run("discover", "--help")
     assert res.exit_code == 0
