@@ -243,7 +243,7 @@ def discover(
         metric=metric,
         n_pairs=n,
         curve_pairs=n_curve,
-        curve_on="held-out pairs" if held else "the ranking's pairs",
+        curve_on="held-out pairs" if held else "ranking pairs (in-sample)",
         n_edges=graph.n_edges,
         ranked_by=rank_by,
         cpr=list(curve["cpr"]),

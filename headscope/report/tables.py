@@ -450,7 +450,8 @@ def discovery_lines(result) -> list[str]:
     if cpr and cmd:
         p = meta.get("cpr_rank_p", float("nan"))
         lines.append(
-            f"  faithfulness (top by {meta.get('ranked_by')}): CPR {cpr[0]:.3f} "
+            f"  faithfulness (top by {meta.get('ranked_by')}, on "
+            f"{meta.get('curve_pairs', '?')} {meta.get('curve_on', 'pairs')}): CPR {cpr[0]:.3f} "
             f"[{cpr[1]:.3f}, {cpr[2]:.3f}] (random orders p = {p:.3f}), "
             f"CMD {cmd[0]:.3f} [{cmd[1]:.3f}, {cmd[2]:.3f}]"
         )
