@@ -338,17 +338,24 @@ def edge_table(
         mean, lo, hi = mean_ci(s[:, w, r], resamples, level, seed)
         out[col], out[f"{col}_low"], out[f"{col}_high"] = mean, lo, hi
         out[f"{col}_rank"] = (-np.abs(mean)).argsort(kind="stable").argsort(kind="stable") + 1
-    out["exact"] = out["exact_low"] = out["exact_high"] = np.nan
-    if exact is not None:
-        index = {(a, c): i for i, (a, c) in enumerate(zip(w.tolist(), r.tolist(), strict=True))}
-        rows = [index[e] for e in chosen]
-        mean, lo, hi = mean_ci(exact, resamples, level, seed)
-        out.loc[rows, "exact"], out.loc[rows, "exact_low"], out.loc[rows, "exact_high"] = (
-            mean,
-            lo,
-            hi,
-        )
+    _put_exact(out, graph, chosen if exact is not None else [], exact, resamples, level, seed)
     return out
+
+
+def _put_exact(out, graph, edges, per, resamples, level, seed) -> None:
+    """``out``'s ``exact`` columns (NaN but at ``edges``, a row per edge of ``graph`` in
+    :meth:`~headscope.circuits.edge_graph.EdgeGraph.edges` order): the mean of ``per`` ``[pair,
+    edge]`` with its interval."""
+    import numpy as np
+
+    out["exact"] = out["exact_low"] = out["exact_high"] = np.nan
+    if per is None or not len(edges):
+        return
+    w, r = graph.edges()
+    index = {(a, c): i for i, (a, c) in enumerate(zip(w.tolist(), r.tolist(), strict=True))}
+    rows = [index[e] for e in edges]
+    mean, lo, hi = mean_ci(per, resamples, level, seed)
+    out.loc[rows, "exact"], out.loc[rows, "exact_low"], out.loc[rows, "exact_high"] = mean, lo, hi
 
 
 def node_table(graph, scores: dict, resamples, level, seed, pattern=None, sat=None) -> pd.DataFrame:
@@ -468,12 +475,10 @@ def edges_at_table(graph, at: dict, exact_at: dict, resamples, level, seed) -> p
     """A row per edge and named position: each score at that position with its interval, the
     exact effect where it was measured (``at``: ``{method: {position: [pair, writer, reader]}}``,
     ``exact_at``: ``{position: (edges, [pair, edge])}``)."""
-    import numpy as np
     import pandas as pd
 
     w, r = graph.edges()
     names = [graph.edge_name(a, c) for a, c in zip(w.tolist(), r.tolist(), strict=True)]
-    index = {(a, c): i for i, (a, c) in enumerate(zip(w.tolist(), r.tolist(), strict=True))}
     parts = []
     for pos in next(iter(at.values())):
         out = pd.DataFrame(
@@ -488,16 +493,8 @@ def edges_at_table(graph, at: dict, exact_at: dict, resamples, level, seed) -> p
             col = column(m)
             mean, lo, hi = mean_ci(by_pos[pos][:, w, r], resamples, level, seed)
             out[col], out[f"{col}_low"], out[f"{col}_high"] = mean, lo, hi
-        out["exact"] = out["exact_low"] = out["exact_high"] = np.nan
-        if pos in exact_at:
-            edges, per = exact_at[pos]
-            rows = [index[e] for e in edges]
-            mean, lo, hi = mean_ci(per, resamples, level, seed)
-            out.loc[rows, "exact"], out.loc[rows, "exact_low"], out.loc[rows, "exact_high"] = (
-                mean,
-                lo,
-                hi,
-            )
+        edges, per = exact_at.get(pos, ([], None))
+        _put_exact(out, graph, edges, per, resamples, level, seed)
         parts.append(out)
     return pd.concat(parts, ignore_index=True)
 
