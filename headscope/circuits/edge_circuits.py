@@ -137,11 +137,14 @@ def circuit_metrics(
                 k = min(n, means.shape[0])
                 repl[:, :k] = means[:k].to(repl)
         repl = writer_major(repl)
+        space = None  # one buffer for every circuit's differences
         for i, c in enumerate(circuits):
-            ef = EdgeForward(model, an, graph, cut=Cut(valid & ~c, repl))
+            cut = Cut(valid & ~c, repl, space)
+            ef = EdgeForward(model, an, graph, cut=cut)
             with ef():
                 hidden = model.run(batch.clean, batch.mask, output="hidden")
             out[i, batch.index] = read_rows(model, metric, hidden, batch, 1).double().cpu()
+            space = cut.workspace
             if on_progress is not None:
                 on_progress(1)
     return out

@@ -57,6 +57,9 @@ class Cut:
 
     cut: Bool[Tensor, "writer reader"]
     replacement: Float[Tensor, "row pos writer d_model"]
+    #: memory for the writers' differences (``[writer + 1, rows * pos * d_model]``), reused from
+    #: one circuit's forward to the next (a fresh buffer costs its page faults every time)
+    workspace: Tensor | None = None
 
 
 @dataclass
@@ -229,12 +232,21 @@ class EdgeForward:
         if (
             self.cut is not None
         ):  # live - replacement, writer-major; its running sum in the last row
-            if self._diff is None:
-                self._diff = values.new_zeros(self.graph.n_writers + 1, rows * pos * d)
+            if self._diff is None:  # every writer's row is written (or zeroed) as it comes
+                shape = (self.graph.n_writers + 1, rows * pos * d)
+                ws = self.cut.workspace
+                ok = ws is not None and ws.shape == shape and ws.dtype == values.dtype
+                self._diff = ws if ok else values.new_empty(shape)
+                self.cut.workspace = self._diff
                 self._total = self._diff[-1]
+                self._total.zero_()
             live = [i for i in range(n) if self._cut_any[first + i]]
             if not live:
+                self._diff[first : first + n].zero_()
                 return
+            if live[0] > 0 or live[-1] < n - 1:
+                self._diff[first : first + live[0]].zero_()
+                self._diff[first + live[-1] + 1 : first + n].zero_()
             a, z = live[0], live[-1] + 1  # the cut ones' span (the others in it: exact zeros)
             got = self._diff[first + a : first + z]
             torch.sub(
@@ -440,7 +452,8 @@ class EdgeForward:
         def o_proj(module, args, out, la):
             first = g.head_writer(la, 0)
             if self.cut_only and not any(self._cut_any[first : first + H]):
-                return  # no head of this layer is cut anywhere: nothing to record
+                self._diff[first : first + H].zero_()  # no head here is cut anywhere: no write
+                return
             if self.record:
                 self._keep(g.head_writer(la, 0), self.head_writes(la, args[0], out))
 

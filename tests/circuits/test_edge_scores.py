@@ -26,8 +26,9 @@ import torch
 import headscope
 from headscope.circuits import edge_circuits as ec
 from headscope.circuits import edge_scores as es
-from headscope.circuits.edge_graph import FAMILIES, graph_of
-from headscope.effects.patching import Request, exact_patching, make_batches
+from headscope.circuits.edge_graph import FAMILIES, anatomy, graph_of
+from headscope.circuits.edge_runs import Cut, EdgeForward, writer_major
+from headscope.effects.patching import Request, exact_patching, make_batches, read_rows
 from headscope.errors import HeadscopeError
 from tests.oracles import conformance as conf
 from tests.oracles import edge_oracle
@@ -453,3 +454,33 @@ def test_keys_and_values_per_query_head(tiny_gqa_llama64):
 def _all_edges_of(g):
     w, r = g.edges()
     return list(zip(w.tolist(), r.tolist(), strict=True))
+
+
+def test_circuits_run_together_equal_each_run_alone(tiny_gqa_llama64):
+    """One call reuses memory from circuit to circuit: what one circuit left there (a writer it
+    cut, the next one does not) must not leak into the next."""
+    model = tiny_gqa_llama64
+    batches = _batch(model)
+    g = graph_of(model)
+    valid = g.valid
+    spare = torch.zeros_like(valid)  # layer 0's heads, fed the clean embedding, feeding all
+    spare[[g.head_writer(0, h) for h in range(model.n_heads)]] = True
+    spare[0, g.attn_slice(0)] = True
+    spare &= valid
+    rand = valid & (torch.rand(valid.shape, generator=torch.Generator().manual_seed(3)) < 0.5)
+    circuits = [torch.zeros_like(valid), spare, rand, torch.zeros_like(valid)]
+    together = ec.circuit_metrics(model, batches, 3, "logit_diff", circuits)
+    alone = torch.cat([ec.circuit_metrics(model, batches, 3, "logit_diff", [c]) for c in circuits])
+    assert torch.equal(together, alone)
+    assert (together[1] - together[0]).abs().max() > 1e-6
+    # whatever the reused memory holds (here NaN), every row a circuit reads is its own
+    (batch,) = batches
+    repl = writer_major(es.record(model, batch, "corrupt", "logit_diff")[0])
+    b, n = batch.clean.shape
+    for i, c in enumerate(circuits):
+        junk = torch.full((g.n_writers + 1, b * n * model.hf.config.hidden_size), torch.nan)
+        ef = EdgeForward(model, anatomy(model), g, cut=Cut(valid & ~c, repl, junk.double()))
+        with ef():
+            hidden = model.run(batch.clean, batch.mask, output="hidden")
+        m = read_rows(model, "logit_diff", hidden, batch, 1).double()
+        torch.testing.assert_close(m, alone[i, batch.index], atol=0, rtol=0)
