@@ -209,6 +209,7 @@ class EdgeForward:
         self._vjp: dict[int, tuple[Callable, bool]] = {}
         self._tap_w: dict[tuple, Tensor] = {}
         self._diff: Tensor | None = None
+        self._prefix: dict[int, Tensor] = {}  # an MLP reader's correction over the layer's inputs
         self._total: Tensor | None = None
         if cut is not None:  # [writer, rows * pos * d_model]
             r = cut.replacement
@@ -304,9 +305,23 @@ class EdgeForward:
         if every.any():
             inv[every], at = at, at + 1
             torch.sub(stream, flat(self._total[None])[0], out=x[at - 1])
-        if len(mixed):
+        if len(mixed) and one and readers in self._prefix:  # an MLP: its heads added to it
+            heads = k[self._n_in[readers] - self.graph.n_heads :, 0].to(self._diff.dtype)
+            corr = self._prefix.pop(readers) + heads @ self._diff[n_in - len(heads) : n_in]
+            torch.sub(stream, flat(corr[None])[0], out=x[at])
+        elif len(mixed):
             inv[mixed] = at + torch.arange(len(mixed))
-            corr = _corrections(k[:, mixed], self._diff)  # rows :n_in and the total
+            cols, mlp = k[:, mixed], None
+            if not one:  # the layer's MLP reader, if partly cut, rides along on its first rows
+                mlp = readers.stop
+                whole = self.cut.cut[: int(self._n_in[mlp]), mlp]
+                if 0 < int(whole.sum()) < len(whole):
+                    cols = torch.cat([cols, whole[:n_in, None]], 1)
+                else:
+                    mlp = None
+            corr = _corrections(cols, self._diff)  # rows :n_in and the total
+            if mlp is not None:
+                self._prefix[mlp], corr = corr[-1], corr[:-1]
             torch.sub(stream[None], flat(corr), out=x[at:])
         return (x[0], None) if one else (x, inv)
 
