@@ -39,19 +39,13 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from headscope.catalog import CIRCUIT_CLASSES
 from headscope.circuits.edge_circuits import areas
 from headscope.probes.tasks import Task
 from headscope.uncertainty import draw_weights
 
 LEVEL = 0.95
-CLASSES = (
-    "name_mover",
-    "negative_name_mover",
-    "s_inhibition",
-    "induction",
-    "duplicate_token",
-    "previous_token",
-)
+CLASSES = CIRCUIT_CLASSES  # notebook 09's class rules, in the diagram's order
 _ROW = re.compile(r"^(L\d+H\d+)\s+(" + "|".join(sorted(CLASSES, key=len, reverse=True)) + r")\s")
 _RUN = re.compile(r"^(\S+): \d+ exact paths into")
 

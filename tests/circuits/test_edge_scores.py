@@ -45,6 +45,16 @@ def _all_edges(model):
     return list(zip(w.tolist(), r.tolist(), strict=True))
 
 
+def _is_the_derivative(model, batches, scores, edges, t=1e-5, **how):
+    """``scores`` ``[pair, writer, reader]`` at ``edges`` equal the central difference of exact
+    edge patching (``how``: direction, position, kv_mode), to 1e-8; the edges move the metric."""
+    args = (model, batches, 3, "logit_diff", edges)
+    fd = (es.exact_edges(*args, t=t, **how) - es.exact_edges(*args, t=-t, **how)) / (2 * t)
+    w, r = zip(*edges, strict=True)
+    assert fd.abs().max() > 1e-3  # the check has teeth
+    torch.testing.assert_close(scores[:, list(w), list(r)], fd, atol=1e-8, rtol=0)
+
+
 @pytest.fixture(scope="module")
 def gpt2_64(tiny_gpt2):
     hf = copy.deepcopy(tiny_gpt2.hf).double()
@@ -60,14 +70,7 @@ def test_eap_is_the_derivative_of_exact_edge_patching(which, direction, request)
     g = graph_of(model)
     eap = es.attribution(model, batches, 3, "logit_diff", "eap", direction)
     assert eap[:, ~g.valid].isnan().all() and not eap[:, g.valid].isnan().any()
-    t = 1e-5
-    up = es.exact_edges(model, batches, 3, "logit_diff", edges, direction, t=t)
-    down = es.exact_edges(model, batches, 3, "logit_diff", edges, direction, t=-t)
-    fd = (up - down) / (2 * t)
-    w, r = zip(*edges, strict=True)
-    got = eap[:, list(w), list(r)]
-    assert fd.abs().max() > 1e-3  # the edges move the metric: the check has teeth
-    torch.testing.assert_close(got, fd, atol=1e-8, rtol=0)
+    _is_the_derivative(model, batches, eap, edges, direction=direction)
 
 
 @pytest.mark.parametrize("method", ["eap", "eap-ig"])
@@ -85,15 +88,7 @@ def test_position_resolved_edges_add_up_and_eap_is_their_derivative(method, tiny
     torch.testing.assert_close(at["X"][:, g.valid], by_index[:, g.valid], atol=0, rtol=0)
     if method != "eap":
         return
-    edges = _all_edges(model)[::7]
-    t = 1e-5
-    fd = (
-        es.exact_edges(model, batches, 3, "logit_diff", edges, t=t, position="X")
-        - es.exact_edges(model, batches, 3, "logit_diff", edges, t=-t, position="X")
-    ) / (2 * t)
-    w, r = zip(*edges, strict=True)
-    assert fd.abs().max() > 1e-3
-    torch.testing.assert_close(at["X"][:, list(w), list(r)], fd, atol=1e-8, rtol=0)
+    _is_the_derivative(model, batches, at["X"], _all_edges(model)[::7], position="X")
 
 
 def test_eap_ig_one_step_and_its_riemann_sum(tiny_gqa_llama64):
@@ -439,21 +434,14 @@ def test_keys_and_values_per_query_head(tiny_gqa_llama64):
     m_one = ec.circuit_metrics(model, batches, 3, "logit_diff", [one], kv_mode="head")
     assert (m_one - m_g).abs().max() > 1e-6
     # EAP per query head is the derivative of its exact patch
-    edges = [e for e in _all_edges_of(head) if head.reader_name(e[1])[-2:] in (".k", ".v")][::3]
-    t = 1e-5
-    fd = (
-        es.exact_edges(model, batches, 3, "logit_diff", edges, t=t, kv_mode="head")
-        - es.exact_edges(model, batches, 3, "logit_diff", edges, t=-t, kv_mode="head")
-    ) / (2 * t)
-    a, c = zip(*edges, strict=True)
-    assert fd.abs().max() > 1e-3
-    torch.testing.assert_close(eap_h[:, list(a), list(c)], fd, atol=1e-8, rtol=0)
+    w, r = head.edges()
+    kv = [
+        (a, c)
+        for a, c in zip(w.tolist(), r.tolist(), strict=True)
+        if head.reader_name(c)[-2:] in (".k", ".v")
+    ]
+    _is_the_derivative(model, batches, eap_h, kv[::3], kv_mode="head")
     assert all(m.self_attn.num_key_value_groups == 2 for m in model.hf.model.layers)
-
-
-def _all_edges_of(g):
-    w, r = g.edges()
-    return list(zip(w.tolist(), r.tolist(), strict=True))
 
 
 def test_circuits_run_together_equal_each_run_alone(tiny_gqa_llama64):
