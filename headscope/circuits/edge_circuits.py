@@ -128,8 +128,8 @@ def circuit_metrics(
     out = torch.full((len(circuits), n_pairs), torch.nan, dtype=torch.float64)
     for batch in batches:
         b, n = batch.mask.shape
-        if ablation == "corrupt":
-            repl, _ = record(model, batch, "corrupt", metric)
+        if ablation == "corrupt":  # the empty circuit reads only the corrupt run: it is that run
+            repl, m_corrupt = record(model, batch, "corrupt", metric)
         else:
             d = model.hf.config.hidden_size if means is None else means.shape[-1]
             repl = torch.zeros(b, n, graph.n_writers, d, dtype=model.dtype, device=model.device)
@@ -139,12 +139,18 @@ def circuit_metrics(
         repl = writer_major(repl)
         space = None  # one buffer for every circuit's differences
         for i, c in enumerate(circuits):
-            cut = Cut(valid & ~c, repl, space)
-            ef = EdgeForward(model, an, graph, cut=cut)
-            with ef():
+            if ablation == "corrupt" and not c.any():
+                got = m_corrupt
+            elif c.sum() == graph.n_edges:  # nothing cut: the clean run itself, no hooks
                 hidden = model.run(batch.clean, batch.mask, output="hidden")
-            out[i, batch.index] = read_rows(model, metric, hidden, batch, 1).double().cpu()
-            space = cut.workspace
+                got = read_rows(model, metric, hidden, batch, 1)
+            else:
+                cut = Cut(valid & ~c, repl, space)
+                with EdgeForward(model, an, graph, cut=cut)():
+                    hidden = model.run(batch.clean, batch.mask, output="hidden")
+                got = read_rows(model, metric, hidden, batch, 1)
+                space = cut.workspace
+            out[i, batch.index] = got.double().cpu()
             if on_progress is not None:
                 on_progress(1)
     return out

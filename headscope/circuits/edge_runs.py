@@ -118,14 +118,16 @@ def writer_major(x: Tensor) -> Tensor:
 def _corrections(cut: Tensor, diff: Tensor) -> Tensor:
     """``[n, cols]``: for each reader (a column of ``cut``, ``[w, n]``), the sum of the rows of
     ``diff`` it cuts (``diff``: ``[more than w, cols]``, its last row the sum of the first
-    ``w``). Memory decides the way: a dense product reads every row once; a sparse one reads a
-    row per term, each reader summing the smaller of its cut edges and its kept ones (``total -
-    kept``), so it is used only when that makes few terms."""
+    ``w``). A dense product multiplies every cell of ``cut``; a sparse one (compressed rows) adds
+    a row of ``diff`` per term, each reader summing the smaller of its cut edges and its kept ones
+    (``total - kept``). A term reads its row from memory where a cell is one multiply-add of a
+    cached row, about 8 cells' time on a CPU (measured on SmolLM2's rows, 276k floats), so the
+    sparse way is taken when it makes fewer terms than an eighth of the cells."""
     w, n = cut.shape
     flip = cut.sum(0) * 2 > w  # more cut than kept
     marks = torch.where(flip, ~cut, cut)
     terms = int(marks.sum()) + int(flip.sum())
-    if 3 * terms >= w + n:
+    if 8 * terms >= w * n:
         return cut.T.to(diff.dtype) @ diff[:w]
     col, row = marks.T.nonzero().T
     sign = torch.where(flip[col], -1.0, 1.0)
@@ -134,7 +136,7 @@ def _corrections(cut: Tensor, diff: Tensor) -> Tensor:
     idx[1] %= diff.shape[0]  # -1: the last row, the total
     vals = torch.cat([sign, torch.ones(len(total))]).to(diff.dtype)
     m = torch.sparse_coo_tensor(idx, vals, (n, diff.shape[0]), check_invariants=False)
-    return torch.sparse.mm(m, diff)
+    return m.coalesce().to_sparse_csr() @ diff
 
 
 def norm_vjp(norm, x: Tensor, gain_offset: float = 0.0) -> tuple[Callable, bool]:
