@@ -14,5 +14,6 @@ patch            counterfactual patching of every head on a task's prompt pairs,
 circuit          which head feeds which on a task: path patching, composition, IOI head classes
 circuit_run      a circuit run's directory: written whole, read back, the command's whole job
 discover         a task's circuit in the edge graph: every edge scored, exact edges, the curve
+qk               why heads attend where they do: their logits split over component pairs, a run
 ===============  ================================================================================
 """

@@ -9,6 +9,7 @@ CircuitSettings    ``headscope circuit``: receivers, senders, direction, composi
 DiscoverSettings   ``headscope discover``: edge scores, exact edges, the faithfulness curve
 CensusSettings     ``headscope census``: which parts, the syntax part's sentences, the nulls
 PlanSettings       ``headscope kvplan``: budgets, the sink + window band, how a plan is verified
+QKSettings         ``headscope qk``: which heads, which prompts, which query and key
 =================  ================================================================================
 
 >>> CensusSettings().parts[0], CensusSettings(parts="noop,rare_word").parts
@@ -508,3 +509,61 @@ class PlanSettings(Placement):
                 f"at most {n_ctx}."
             )
         return self
+
+
+# ------------------------------------------------------------------------------ qk
+
+QK_PROBES = ("repeat", "text")
+
+
+@dataclass(frozen=True)
+class QKSettings(Resampling, Placement):
+    """Which heads' query-key matches are decomposed, on which prompts, at which positions."""
+
+    heads: tuple = opt(
+        ("all",),
+        "Heads to decompose, comma-separated (L18H6,L3H1), or all: every head.",
+        kind="csv",
+    )
+    probe: str = opt(
+        "repeat",
+        "Prompts when neither --task nor --text is given: repeat (BOS + R + R, random tokens) or "
+        "text (the scan's English sentences).",
+        choices=QK_PROBES,
+    )
+    task: str | None = opt(
+        None, "A task (a kit such as ioi, or a pairs file): its clean prompts and named positions."
+    )
+    text: str | None = opt(None, "One prompt of your own.")
+    query: str = opt(
+        "last",
+        "The query positions: last, all (every position from 1), a number (negative: from the "
+        "end) or a task's named position (END).",
+    )
+    key: str = opt(
+        "argmax",
+        "Each query's key: argmax (the key the head attends to most), sink (position 0), "
+        "induction (the token after the query token's previous occurrence), a number or a "
+        "task's named position (IO).",
+    )
+    n_prompts: int = opt(16, "Prompts (repeat or text probe, or a task's pairs).")
+    seq_len: int = opt(64, "Tokens per repeat or text prompt.")
+    top: int = opt(20, "Pairs of components reported per head (by |contribution|).")
+    knockouts: int = opt(5, "Of those, the top N knocked out exactly (0: none).")
+    seed: int = opt(0, "Seed of the probe's tokens and of the null keys' ties.")
+
+    def check(self) -> None:
+        super().check()
+        check_choice("probe", self.probe, QK_PROBES)
+        at_least("n_prompts", self.n_prompts)
+        at_least("seq_len", self.seq_len, 2)
+        at_least("top", self.top)
+        at_least("knockouts", self.knockouts, 0)
+        if self.task is not None and self.text is not None:
+            raise HeadscopeError("Give --task or --text, not both.")
+        heads = tuple(self.heads)
+        if heads != ("all",):
+            from headscope.circuits.receivers import parse_head
+
+            for h in heads:
+                parse_head(h)

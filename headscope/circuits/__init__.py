@@ -30,4 +30,6 @@
   edges cut, gradients read.
 * :mod:`headscope.circuits.edge_scores`: every edge's EAP and EAP-IG score, exact edge patching.
 * :mod:`headscope.circuits.edge_circuits`: circuits of edges, their faithfulness curve, CPR, CMD.
+* :mod:`headscope.circuits.qk_attribution`: a head's attention logit split over pairs of
+  components (query side x key side), knock-outs, the null keys.
 """

@@ -15,6 +15,7 @@ census     ``headscope census``
 patch      ``headscope patch``
 circuit    ``headscope circuit``
 discover   ``headscope discover``
+qk         ``headscope qk``
 models     ``headscope models``
 metrics    ``headscope metrics``
 engines    ``headscope engines``

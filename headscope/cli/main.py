@@ -30,6 +30,7 @@ COMMANDS = {
     "patch": "headscope.cli.patch:patch",
     "circuit": "headscope.cli.circuit:circuit",
     "discover": "headscope.cli.discover:discover",
+    "qk": "headscope.cli.qk:qk",
     "models": "headscope.cli.models:models",
     "metrics": "headscope.cli.metrics:metrics",
     "engines": "headscope.cli.engines:engines",

@@ -40,6 +40,7 @@ SCAN = RunKind("scan", RUN_FORMAT, "scores.csv", "run directory")
 PATCH = RunKind("patch", "headscope-patching/1", "patching.csv", "patching run")
 CIRCUIT = RunKind("circuit", "headscope-circuit/1", "path.csv", "circuit run")
 DISCOVER = RunKind("discover", "headscope-discover/1", "edges.csv", "discovery run")
+QK = RunKind("qk", "headscope-qk/1", "qk.csv", "QK run")
 # a census may replace a scan's run directory (both hold scores.csv), never the reverse
 CENSUS = RunKind("census", "headscope-census/1", "scores.csv", "census run", (RUN_FORMAT,))
 KVPLAN = RunKind(
@@ -52,6 +53,6 @@ KVPLAN = RunKind(
 )
 
 #: By command.
-KINDS = {k.command: k for k in (SCAN, PATCH, CIRCUIT, DISCOVER, CENSUS, KVPLAN)}
+KINDS = {k.command: k for k in (SCAN, PATCH, CIRCUIT, DISCOVER, QK, CENSUS, KVPLAN)}
 #: By run format.
 FORMATS = {k.run_format: k for k in KINDS.values()}
