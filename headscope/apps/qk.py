@@ -9,6 +9,8 @@ The run directory::
       sides.csv       per head, each component's total on the query side and on the key side
       knockouts.csv   per head, the top pairs' components knocked out exactly beside the
                       first-order change (the attention on the chosen key)
+      subspaces.csv   per head, the logit split over subspaces of the head's space: the singular
+                      directions of W_QK (no rotary) or the rotation planes (rotary)
       heads.csv       per head: the logit and the attention on the chosen keys, prompts, instances
       tables.npz      per head, the whole mean table (components x components) and its names
       tokens.jsonl    one line per prompt: its token ids (and a task's positions)
@@ -74,10 +76,23 @@ def _heads(model, config: QKSettings) -> list[tuple[int, int]]:
     return out
 
 
-def qk(model, config: QKSettings | None = None, say: Callable[[str], None] | None = None, **kw):
-    """Decompose ``config.heads``' logits at the chosen query and key positions: returns
-    ``{"pairs", "sides", "knockouts", "heads"}`` (DataFrames), ``"tables"`` (head name -> mean
-    table), ``"components"`` (head name -> names), ``"prompts"`` and ``"positions"``."""
+def qk(
+    model,
+    config: QKSettings | None = None,
+    say: Callable[[str], None] | None = None,
+    prompts: list[list[int]] | None = None,
+    positions: dict | None = None,
+    **kw,
+):
+    """Decompose ``config.heads``' logits at the chosen query and key positions, on the
+    settings' prompts or on ``prompts`` (token ids, with ``positions``: ``{name: [one per
+    prompt]}``, e.g. a :class:`~headscope.probes.tasks.TokenizedTask`'s ``clean`` and
+    ``positions``): returns
+    ``{"pairs", "sides", "knockouts", "subspaces", "heads"}`` (DataFrames), ``"tables"`` (head
+    name -> mean table), ``"components"`` (head name -> names), ``"side_prompts"`` (head name ->
+    each prompt's query-side and key-side totals, then the same at the null keys, ``[prompt,
+    component]`` each), ``"prompts"``
+    and ``"positions"``."""
     import torch
 
     from headscope.circuits import qk_attribution as qa
@@ -86,7 +101,10 @@ def qk(model, config: QKSettings | None = None, say: Callable[[str], None] | Non
     say = say or (lambda _m: None)
     qa.check_family(model)
     heads = _heads(model, config)
-    prompts, positions, source = _prompts(model, config)
+    if prompts is None:
+        prompts, positions, source = _prompts(model, config)
+    else:
+        prompts, source = [list(p) for p in prompts], {"source": "token ids given"}
     by_len: dict[int, list[int]] = {}
     for p, ids in enumerate(prompts):
         by_len.setdefault(len(ids), []).append(p)
@@ -100,7 +118,7 @@ def qk(model, config: QKSettings | None = None, say: Callable[[str], None] | Non
         )
         recs.append((qa.record(model, ids), torch.tensor(members), pos))
         say(f"recorded {len(members)} prompts of {n} tokens")
-    pairs, sides, kos, rows, tables, comps = [], [], [], [], {}, {}
+    pairs, sides, kos, subs, rows, tables, comps, side_prompts = [], [], [], [], [], {}, {}, {}
     t0 = time.perf_counter()
     for done, (la, h) in enumerate(heads):
         name = f"L{la}H{h}"
@@ -111,9 +129,14 @@ def qk(model, config: QKSettings | None = None, say: Callable[[str], None] | Non
             insts.append((rec, inst, members))
         s = qa.summarise(qa.merge(per), config.top, config.bootstrap, config.ci, config.seed)
         tables[name], comps[name] = s["table"].float().numpy(), per[0].components
+        side_prompts[name] = s["per_prompt_sides"]
         rule = {"head": name, "query": config.query, "key": config.key}
         pairs += [{**rule, "rank": k + 1, **p} for k, p in enumerate(s["pairs"])]
         sides += [{**rule, "side": sd, **c} for sd in ("query", "key") for c in s[f"{sd}_side"]]
+        sub = qa.subspace_summary(
+            insts, la, h, len(prompts), config.bootstrap, config.ci, config.seed
+        )
+        subs += [{**rule, "rank": k + 1, **x} for k, x in enumerate(sub)]
         if config.knockouts:
             ko = qa.knockout_summary(
                 insts, la, h, s["pairs"][: config.knockouts], len(prompts), config.bootstrap,
@@ -139,9 +162,11 @@ def qk(model, config: QKSettings | None = None, say: Callable[[str], None] | Non
         "pairs": pd.DataFrame(pairs),
         "sides": pd.DataFrame(sides),
         "knockouts": pd.DataFrame(kos),
+        "subspaces": pd.DataFrame(subs),
         "heads": pd.DataFrame(rows),
         "tables": tables,
         "components": comps,
+        "side_prompts": side_prompts,
         "prompts": prompts,
         "positions": positions,
         "source": source,
@@ -223,6 +248,7 @@ def qk_to_dir(
         write_csv(res["pairs"], tmp / "qk.csv")
         write_csv(res["sides"], tmp / "sides.csv")
         write_csv(res["knockouts"], tmp / "knockouts.csv")
+        write_csv(res["subspaces"], tmp / "subspaces.csv")
         write_csv(res["heads"], tmp / "heads.csv")
         arrays = {k: v for k, v in res["tables"].items()}
         arrays |= {f"{k}_components": np.array(v) for k, v in res["components"].items()}

@@ -258,6 +258,18 @@ class Side:
         out = out * self._qk_scale(whole)[:, None]
         return self._rotate(out, rows, pos)
 
+    def part(self, rows: Tensor, pos: Tensor, a: int) -> Float[Tensor, "n d_head"]:
+        """Stream component ``a``'s part alone (what :meth:`parts` gives in its column ``a``)."""
+        rec = self.rec
+        x = rec.streams[self.layer][rows, pos].double()
+        s, kind = _norm_scale(self.norm, x)
+        w = self.w * _gain(self.norm, self.offset)
+        if kind == "layer":
+            w = w - w.mean(-1, keepdim=True)
+        lin = rec.writers[rows, pos, a].double() @ w.T * s  # [n, d_head]
+        _, whole = self._pre(x)
+        return self._rotate((lin * self._qk_scale(whole))[:, None], rows, pos)[:, 0]
+
     def full(self, x: Tensor, rows: Tensor, pos: Tensor) -> Float[Tensor, "n d_head"]:
         _, pre = self._pre(x)
         if self.qk_norm is not None:
@@ -325,7 +337,8 @@ def instances(
     (``last``, ``all`` from position 1, a number, or a task's named position) and each one's key
     (``argmax``: the key it attends to most; ``sink``: position 0; ``induction``: the token after
     the query token's previous occurrence, queries without one left out; a number or a named
-    position, which must not come after its query)."""
+    position, which must not come after its query: with ``all``, the queries before it are left
+    out)."""
     ids = rec.ids
     rows_n, n = ids.shape
     pat = rec.pattern(layer)[:, head]  # [row, query, key]
@@ -357,9 +370,10 @@ def instances(
             )
         r, i, j = r[keep], i[keep], j[keep]
     else:
-        j = _position(key, rows_n, n, positions, "key")
-        if query != "all":
-            j = j[r]
+        j = _position(key, rows_n, n, positions, "key")[r]
+        if query == "all":  # every query that can see it: from the key's position on
+            keep = i >= j
+            r, i, j = r[keep], i[keep], j[keep]
         if (j > i).any():
             bad = int((j > i).nonzero()[0, 0])
             raise HeadscopeError(
@@ -397,15 +411,27 @@ def table(
     """``c[n, a, b]``: the logit's part from query-side component ``a`` and key-side ``b`` at each
     ``(row, query, key)`` (float64; the last component of each side is ``bias``). Checked: the
     parts add up to the model's own query and key, and the table to its logit."""
+    return tables(rec, layer, head, rows, query, [key])[0]
+
+
+def tables(
+    rec: QKRecord, layer: int, head: int, rows: Tensor, query: Tensor, keys: list[Tensor]
+) -> list[Tensor]:
+    """:func:`table` at each of several key positions for the same queries (``keys``: ``[n]``
+    each), the query side's parts computed once."""
     qs, ks = Side(rec, layer, head, "q"), Side(rec, layer, head, "k")
-    q, k = qs.parts(rows, query), ks.parts(rows, key)
+    q = qs.parts(rows, query)
     _check(q.sum(1), qs.own(rows, query), rec, layer, head, "query")
-    _check(k.sum(1), ks.own(rows, key), rec, layer, head, "key")
     scale = rec.calls[layer].scale
-    c = scale * q @ k.transpose(1, 2)
-    logit = rec.logits(layer)[rows, head, query, key].cpu()
-    _check(c.sum((1, 2)), logit, rec, layer, head, "logit")
-    return c
+    logits = rec.logits(layer)
+    out = []
+    for key in keys:
+        k = ks.parts(rows, key)
+        _check(k.sum(1), ks.own(rows, key), rec, layer, head, "key")
+        c = scale * q @ k.transpose(1, 2)
+        _check(c.sum((1, 2)), logits[rows, head, query, key].cpu(), rec, layer, head, "logit")
+        out.append(c)
+    return out
 
 
 def _check(got: Tensor, want: Tensor, rec: QKRecord, layer: int, head: int, what: str) -> None:
@@ -428,10 +454,12 @@ def knockouts(
     k_comp: int,
     c: Tensor,
 ) -> dict[str, Tensor]:
-    """Per instance: the attention on its key, and after knocking out query-side component
+    """Per instance (``c``: the instances' tables, or their key-side totals ``[n, component]``):
+    the attention on its key, and after knocking out query-side component
     ``q_comp`` at the query (``ko_q``) or key-side ``k_comp`` at the key (``ko_k``), exactly (the
     norms recomputed, the row's softmax renormalised); beside each, the first-order change of the
-    probability from the frozen-norm change of the logits (``fo_q``, ``fo_k``). The ``bias``
+    probability from the frozen-norm change of the logits (``fo_q``, ``fo_k``; through a soft
+    cap's slope where the model caps its logits). The ``bias``
     component is not a stream component: NaN."""
     call = rec.calls[layer]
     r, i, j = inst.rows, inst.query, inst.key
@@ -448,6 +476,8 @@ def knockouts(
             logits = torch.tanh(logits / cap) * cap
         return torch.softmax(logits.masked_fill(~vis, -torch.inf), -1)
 
+    raw = scale * torch.einsum("nd,nkd->nk", q_own, keys)  # the logits before any cap
+    slope = 1 - torch.tanh(raw / cap) ** 2 if cap else torch.ones_like(raw)  # d capped / d raw
     n_comp = rec.graph.writers_before_attn(layer)
     base = pat.gather(1, j[:, None])[:, 0]
     out = {"attn": base}
@@ -458,8 +488,8 @@ def knockouts(
         q_new = qs.full(x.float().to(rec.streams[layer].dtype), r, i)
         p = probs(scale * torch.einsum("nd,nkd->nk", q_new, keys))
         out["ko_q"] = p.gather(1, j[:, None])[:, 0] - base
-        part = qs.parts(r, i)[:, q_comp]  # [n, d_head], frozen norm
-        ds = -scale * torch.einsum("nd,nkd->nk", part, keys)  # every key's logit moves
+        part = qs.part(r, i, q_comp)  # [n, d_head], frozen norm
+        ds = -scale * torch.einsum("nd,nkd->nk", part, keys) * slope  # every key's logit moves
         out["fo_q"] = base * (ds.gather(1, j[:, None])[:, 0] - (pat * ds).sum(1))
     else:
         out["ko_q"] = out["fo_q"] = nan
@@ -467,10 +497,10 @@ def knockouts(
     if k_comp < n_comp:
         x = rec.streams[layer][r, j].double() - rec.writers[r, j, k_comp].double()
         k_new = ks.full(x.float().to(rec.streams[layer].dtype), r, j)
-        logits = scale * torch.einsum("nd,nkd->nk", q_own, keys)
-        logits = logits.scatter(1, j[:, None], scale * (q_own * k_new).sum(-1, keepdim=True))
+        logits = raw.scatter(1, j[:, None], scale * (q_own * k_new).sum(-1, keepdim=True))
         out["ko_k"] = probs(logits).gather(1, j[:, None])[:, 0] - base
-        ds = -c[:, :, k_comp].sum(1)  # only the key's logit moves
+        key_side = c.sum(1) if c.dim() == 3 else c  # [n, component]
+        ds = -key_side[:, k_comp] * slope.gather(1, j[:, None])[:, 0]  # only the key's logit
         out["fo_k"] = base * (1 - base) * ds
     else:
         out["ko_k"] = out["fo_k"] = nan
@@ -478,6 +508,27 @@ def knockouts(
 
 
 # ------------------------------------------------------------------------------ over prompts
+
+
+def over_prompts(
+    x: Tensor, resamples: int = 1000, level: float = 0.95, seed: int = 0
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``x`` ``[prompt, m]`` (NaN: missing) -> the mean over prompts and its percentile bootstrap
+    interval (``[m]`` each; NaN intervals when ``resamples`` is 0)."""
+    from headscope.uncertainty import draw_weights
+
+    ok = ~torch.isnan(x)
+    m = torch.nansum(x, 0) / ok.sum(0).clamp(min=1)
+    if not resamples:
+        nan = torch.full_like(m, torch.nan)
+        return m, nan, nan
+    w = draw_weights(x.shape[0], resamples, seed)
+    hits = w @ ok.double()
+    boot = (w @ torch.nan_to_num(x)) / hits.clamp(min=1e-12)
+    boot[hits == 0] = torch.nan
+    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
+    lo, hi = torch.nanquantile(boot, q, dim=0)
+    return m, lo, hi
 
 
 @dataclass
@@ -513,15 +564,14 @@ def head_tables(
         r, i = inst.rows[s : s + chunk], inst.query[s : s + chunk]
         j, nj = inst.key[s : s + chunk], inst.null[s : s + chunk]
         p = prompts[r]
-        c = table(rec, layer, head, r, i, j)
+        ok = nj >= 0
+        c, cn = tables(rec, layer, head, r, i, [j, nj.clamp(min=0)])  # a missing null: dropped
         sums.index_add_(0, p, c)
         counts.index_add_(0, p, torch.ones(len(r), dtype=torch.float64))
         logit.index_add_(0, p, c.sum((1, 2)))
         attn.index_add_(0, p, pat[r, i, j].cpu())
-        ok = nj >= 0
         if ok.any():
-            cn = table(rec, layer, head, r[ok], i[ok], nj[ok])
-            null_sums.index_add_(0, p[ok], cn)
+            null_sums.index_add_(0, p[ok], cn[ok])
             null_counts.index_add_(0, p[ok], torch.ones(int(ok.sum()), dtype=torch.float64))
     return HeadTables(rec.components(layer), sums, counts, null_sums, null_counts, logit, attn)
 
@@ -542,10 +592,9 @@ def summarise(
     """One head's results over prompts: ``table`` (the mean table, ``[component, component]``),
     ``pairs`` (the ``top`` pairs by ``|contribution|``: each with its interval over prompts, its
     null at the null keys and the difference, each with an interval), ``query_side`` and
-    ``key_side`` (each component's total on its side: a row or column sum), ``logit`` and
-    ``attn`` (each ``(mean, low, high)``), ``n_prompts``, ``n_instances``."""
-    from headscope.uncertainty import draw_weights
-
+    ``key_side`` (each component's total on its side: a row or column sum; per prompt, and per
+    prompt at the null keys, in ``per_prompt_sides``), ``logit`` and ``attn`` (each ``(mean,
+    low, high)``), ``n_prompts``, ``n_instances``."""
     used = t.counts > 0
     n = int(used.sum())
     if not n:
@@ -555,20 +604,9 @@ def summarise(
     null = torch.full_like(per, torch.nan)
     null[has_null] = t.null_sums[used][has_null] / t.null_counts[used][has_null, None, None]
     mean = per.mean(0)
-    w = draw_weights(n, resamples, seed) if resamples else None
-    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
 
     def stat(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``x`` ``[prompt, m]`` (NaN: missing) -> mean, low, high ``[m]``."""
-        ok = ~torch.isnan(x)
-        m = torch.nansum(x, 0) / ok.sum(0).clamp(min=1)
-        if w is None:
-            nan = torch.full_like(m, torch.nan)
-            return m, nan, nan
-        boot = (w @ torch.nan_to_num(x)) / (w @ ok.double()).clamp(min=1e-12)
-        boot[(w @ ok.double()) == 0] = torch.nan
-        lo, hi = torch.nanquantile(boot, q, dim=0)
-        return m, lo, hi
+        return over_prompts(x, resamples, level, seed)
 
     order = mean.reshape(-1).abs().argsort(descending=True)[:top]
     a_idx, b_idx = order // mean.shape[1], order % mean.shape[1]
@@ -606,6 +644,8 @@ def summarise(
     attn = stat((t.attn[used] / t.counts[used])[:, None])
     return {
         "table": mean,
+        # [prompt, component]: query side, key side; then the same at the null keys
+        "per_prompt_sides": (per.sum(2), per.sum(1), null.sum(2), null.sum(1)),
         "pairs": pairs,
         **sides,
         "logit": tuple(float(x[0]) for x in logit),
@@ -632,13 +672,17 @@ def knockout_summary(
 
     out = []
     q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
+    cs = [  # each instance's key-side totals (what the first-order key-side change reads)
+        torch.cat([table(rec, layer, head, inst.rows[s : s + 64], inst.query[s : s + 64],
+                         inst.key[s : s + 64]).sum(1) for s in range(0, len(inst), 64)])
+        for rec, inst, _ in recs
+    ]  # fmt: skip
     for pair in pairs:
         sums = torch.zeros(n_prompts, 4, dtype=torch.float64)
         counts = torch.zeros(n_prompts, dtype=torch.float64)
-        for rec, inst, prompts in recs:
+        for (rec, inst, prompts), c in zip(recs, cs, strict=True):
             names = rec.components(layer)
             a, b = names.index(pair["query_component"]), names.index(pair["key_component"])
-            c = table(rec, layer, head, inst.rows, inst.query, inst.key)
             ko = knockouts(rec, layer, head, inst, a, b, c)
             vals = torch.stack([ko[k] for k in ("ko_q", "fo_q", "ko_k", "fo_k")], 1)
             p = prompts[inst.rows]
@@ -662,3 +706,70 @@ def knockout_summary(
             )
         out.append(row)
     return out
+
+
+# ------------------------------------------------------------------------------ subspaces
+
+
+def subspaces(
+    rec: QKRecord, layer: int, head: int, rows: Tensor, query: Tensor, key: Tensor
+) -> tuple[list[str], Float[Tensor, "n subspace"]]:
+    """The logit at each ``(row, query, key)`` split over subspaces of the head's space, exactly:
+
+    * without rotary: the singular directions of ``W_QK = (W_Q G)^T (W_K G)`` (``G`` the input
+      norm's gain): with ``W_Q G = R_q^T Q_q^T`` and ``W_K G = R_k^T Q_k^T`` (QR) and ``R_q R_k^T =
+      P S W^T`` (SVD), ``q . k = sum_r s_r (q . a_r)(k . b_r)``, ``a_r = R_q^-1 p_r``, ``b_r =
+      R_k^-1 w_r`` (``sv{r}``, largest singular value first; the identity holds for any query and
+      key, biases included, when both projections have full rank);
+    * with rotary: the rotation planes (dimensions ``e`` and ``e + d_head / 2``, ``plane{e}``,
+      fastest first), which the rotary embedding leaves the dot product additive over.
+
+    Returns the names and ``[n, subspace]`` parts (times the softmax scale)."""
+    call = rec.calls[layer]
+    q = call.query[:, head].double().cpu()[rows, query]  # [n, d_head]
+    k = call.key[:, head // rec.graph.group].double().cpu()[rows, key]
+    dh = q.shape[-1]
+    if layer in rec.rope:
+        half = dh // 2
+        parts = q[:, :half] * k[:, :half] + q[:, half:] * k[:, half:]
+        return [f"plane{e}" for e in range(half)], call.scale * parts
+    w = head_weights(rec.an, layer, rec.graph)
+    gain = _gain(rec.an.ln1[layer], rec.an.gain_offset)
+    a = w["q"][head].detach().double() * gain  # [d_head, d]
+    b = w["k"][head // rec.graph.group].detach().double() * gain
+    qa_, ra = torch.linalg.qr(a.T)  # a^T = Q R: a = R^T Q^T
+    qb_, rb = torch.linalg.qr(b.T)
+    p, s, wt = torch.linalg.svd(ra @ rb.T)
+    ar = torch.linalg.solve(ra, p)  # [d_head, r]: a_r as columns
+    br = torch.linalg.solve(rb, wt.T)
+    parts = s * (q @ ar) * (k @ br)
+    return [f"sv{r}" for r in range(len(s))], call.scale * parts
+
+
+def subspace_summary(
+    recs: list[tuple[QKRecord, Instances, Tensor]],
+    layer: int,
+    head: int,
+    n_prompts: int,
+    resamples: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> list[dict]:
+    """Each subspace's part of the logit (:func:`subspaces`), the mean over prompts of each
+    prompt's mean over its instances, with an interval; largest ``|part|`` first."""
+    sums, counts, names = None, torch.zeros(n_prompts, dtype=torch.float64), None
+    for rec, inst, prompts in recs:
+        names, parts = subspaces(rec, layer, head, inst.rows, inst.query, inst.key)
+        if sums is None:
+            sums = torch.zeros(n_prompts, parts.shape[1], dtype=torch.float64)
+        p = prompts[inst.rows]
+        sums.index_add_(0, p, parts)
+        counts.index_add_(0, p, torch.ones(len(p), dtype=torch.float64))
+    used = counts > 0
+    m, lo, hi = over_prompts(sums[used] / counts[used, None], resamples, level, seed)
+    order = m.abs().argsort(descending=True).tolist()
+    return [
+        {"subspace": names[x], "contribution": float(m[x]), "ci_low": float(lo[x]),
+         "ci_high": float(hi[x])}
+        for x in order
+    ]  # fmt: skip

@@ -164,6 +164,13 @@ def test_knockouts_exact_and_first_order_agree_for_a_small_component(tiny_gqa_ll
     for side in ("q", "k"):
         err = (ko[f"ko_{side}"] - ko[f"fo_{side}"]).abs().max()
         assert err <= 0.2 * ko[f"ko_{side}"].abs().max() + 1e-6
+    same = qa.knockouts(rec, la, h, inst, small, small, c.sum(1))  # key-side totals suffice
+    for k in ko:
+        torch.testing.assert_close(same[k], ko[k], atol=0, rtol=0)
+    q_part = qa.Side(rec, la, h, "q").part(inst.rows, inst.query, small)
+    torch.testing.assert_close(
+        q_part, qa.Side(rec, la, h, "q").parts(inst.rows, inst.query)[:, small]
+    )
     full = qa.knockouts(rec, la, h, inst, len(names) - 1, len(names) - 1, c)
     assert torch.isnan(full["ko_q"]).all() and torch.isnan(full["fo_k"]).all()
 
@@ -176,6 +183,8 @@ def test_rules_refuse_what_no_prompt_can_have(tiny_gqa_llama):
         qa.instances(rec, 1, 0, "last", "IO")
     with pytest.raises(HeadscopeError, match="outside prompts of 8 tokens"):
         qa.instances(rec, 1, 0, 9, "argmax")
+    inst = qa.instances(rec, 1, 0, "all", 3)  # every query from the key's position on
+    assert (inst.key == 3).all() and inst.query.min() == 3 and len(inst) == 2 * 5
     # null keys: never the chosen key nor the head's top key, and visible
     inst = qa.instances(rec, 1, 0, "all", "sink")
     pat = rec.pattern(1)[inst.rows, 0, inst.query]
@@ -183,3 +192,157 @@ def test_rules_refuse_what_no_prompt_can_have(tiny_gqa_llama):
     assert (inst.null[ok] != inst.key[ok]).all()
     assert (inst.null[ok] != pat.argmax(-1)[ok]).all()
     assert (inst.null[ok] <= inst.query[ok]).all()
+
+
+def _planted_induction_model():
+    """A two-layer attention-only GPT-2 built by hand: layer 0's head attends to the previous
+    position (its query codes position p, its key position p + 1) and writes the previous token's
+    identity into its own subspace; layer 1's head matches the current token (query) against
+    that subspace (key): an induction head. The MLPs are zero."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from tests.tiny_models import _bpe_tokenizer
+
+    tok = _bpe_tokenizer()
+    d, n_tok, n_pos = 64, 8, 32
+    cfg = GPT2Config(vocab_size=len(tok), n_positions=n_pos, n_embd=d, n_layer=2, n_head=1,
+                     bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)  # fmt: skip
+    hf = GPT2LMHeadModel(cfg).eval()
+    g = torch.Generator().manual_seed(0)
+    # an orthonormal basis of the vectors with mean 0 (a layer norm's centring leaves them be)
+    m = torch.randn(d, d, generator=g)
+    m[:, 0] = 1.0
+    basis = torch.linalg.qr(m).Q[:, 1:]  # [d, d - 1], each column orthogonal to the ones
+    u, u_prev, r = basis[:, :n_tok], basis[:, n_tok : 2 * n_tok], basis[:, 16 : 16 + n_pos]
+    e = torch.eye(d)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.zero_()
+        for blk in hf.transformer.h:
+            blk.ln_1.weight.fill_(1.0)
+            blk.ln_2.weight.fill_(1.0)
+        hf.transformer.ln_f.weight.fill_(1.0)
+        hf.transformer.wte.weight[10 : 10 + n_tok] = u.T
+        hf.transformer.wpe.weight[:] = r.T
+        a0, a1 = hf.transformer.h[0].attn, hf.transformer.h[1].attn
+        wq = sum(torch.outer(r[:, p], e[p]) for p in range(n_pos))  # position p -> code p
+        wk = sum(torch.outer(r[:, p], e[p + 1]) for p in range(n_pos - 1))  # p -> code p + 1
+        wv = sum(torch.outer(u[:, t], e[t]) for t in range(n_tok)) / 5.66
+        a0.c_attn.weight[:] = torch.cat([wq * 2.3, wk * 2.3, wv], 1)  # Conv1D: x @ W
+        a0.c_proj.weight[:] = sum(torch.outer(e[t], u_prev[:, t]) for t in range(n_tok))
+        wq1 = sum(torch.outer(u[:, t], e[t]) for t in range(n_tok))
+        wk1 = sum(torch.outer(u_prev[:, t], e[t]) for t in range(n_tok))
+        a1.c_attn.weight[:] = torch.cat([wq1 * 2.0, wk1 * 2.0, wq1], 1)
+        a1.c_proj.weight[:] = torch.eye(d)
+    return headscope.load_model(hf, tok, name="planted-induction")
+
+
+def test_a_planted_induction_head_reads_the_previous_token_head_on_its_key_side():
+    """The closed form: layer 1's score at its induction target is the current token (the
+    embedding, query side) against the previous token's identity that layer 0's head wrote (key
+    side), and nothing else carries it."""
+    model = _planted_induction_model()
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randperm(8, generator=g) + 10 for _ in range(3)]
+    ids = torch.stack([torch.cat([torch.tensor([model.bos_id]), s, s]) for s in seqs])
+    rec = qa.record(model, ids)
+    prev = rec.pattern(0)[:, 0]  # layer 0 attends to the previous position
+    assert (prev[:, 2:].argmax(-1) == torch.arange(1, 16)).all()
+    inst = qa.instances(rec, 1, 0, "all", "induction")
+    assert len(inst) == 3 * 8 and (inst.key == inst.query - 7).all()
+    assert (rec.pattern(1)[inst.rows, 0, inst.query, inst.key] > 0.9).all()
+    c = qa.table(rec, 1, 0, inst.rows, inst.query, inst.key).mean(0)
+    names = rec.components(1)
+    a, b = divmod(int(c.abs().argmax()), c.shape[1])
+    assert (names[a], names[b]) == ("embed", "L0H0")
+    assert c[a, b] > 0.95 * c.sum()  # the whole logit, up to the layer norm's scale
+    key_side = c.sum(0)
+    assert key_side[names.index("L0H0")] > 10 * key_side[names.index("embed")].abs()
+
+
+@pytest.mark.parametrize("which", ["gpt2", "llama", "gemma3"])
+def test_subspaces_add_up_to_the_logit(which, tiny_gpt2, tiny_gqa_llama, tiny_gemma3):
+    """The singular directions of W_QK (no rotary: GPT-2) and the rotation planes (rotary) each
+    split the logit exactly; the singular values come largest first."""
+    model = {"gpt2": tiny_gpt2, "llama": tiny_gqa_llama, "gemma3": tiny_gemma3}[which]
+    rec = qa.record(model, _ids(model))
+    for la in range(model.n_layers):
+        inst = qa.instances(rec, la, 1, "all", "argmax")
+        names, parts = qa.subspaces(rec, la, 1, inst.rows, inst.query, inst.key)
+        logit = rec.logits(la)[inst.rows, 1, inst.query, inst.key]
+        torch.testing.assert_close(parts.sum(1), logit, atol=1e-5, rtol=0)
+        assert parts.shape[1] == len(names) and len(names) > 1
+        assert names[0] == ("sv0" if which == "gpt2" else "plane0")
+
+
+@pytest.mark.parametrize("side", ["q", "k"])
+def test_knockouts_equal_transformers_eager_attention_with_the_component_removed(
+    tiny_gqa_llama, side
+):
+    """The oracle: transformers' own eager attention weights, with the query (or key)
+    projection's input at the one position replaced by the norm of the stream minus the
+    component (a plain forward pre-hook, no headscope code)."""
+    _eager_knockouts(tiny_gqa_llama, 2, 3, "L1H2", side)
+
+
+def _eager_knockouts(model, la, h, comp_name, side):
+    import copy
+
+    ids = _ids(model, rows=2, n=12)
+    rec = qa.record(model, ids)
+    inst = qa.instances(rec, la, h, "all", "argmax")
+    c = qa.table(rec, la, h, inst.rows, inst.query, inst.key)
+    names = rec.components(la)
+    comp = names.index(comp_name)
+    ko = qa.knockouts(rec, la, h, inst, comp, comp, c)
+    hf = copy.deepcopy(model.hf)
+    hf.set_attn_implementation("eager")
+    layer = hf.model.layers[la]
+    proj = layer.self_attn.q_proj if side == "q" else layer.self_attn.k_proj
+    moved = []
+    for t in (0, 5, len(inst) - 1):
+        row, i, j = int(inst.rows[t]), int(inst.query[t]), int(inst.key[t])
+        at = i if side == "q" else j
+        x = rec.streams[la][row, at] - rec.writers[row, at, comp]
+
+        def pre(m, args, row=row, at=at, x=x):
+            y = args[0].clone()
+            y[row, at] = layer.input_layernorm(x)
+            return (y,)
+
+        hook = proj.register_forward_pre_hook(pre)
+        try:
+            with torch.no_grad():
+                att = hf(input_ids=ids, output_attentions=True).attentions[la]
+        finally:
+            hook.remove()
+        want = float(att[row, h, i, j]) - float(ko["attn"][t])
+        assert abs(float(ko[f"ko_{side}"][t]) - want) < 1e-5
+        moved.append(abs(want))
+    assert max(moved) > 1e-4  # the component moves the attention: the check has teeth
+
+
+def test_a_soft_capped_model_sums_to_the_logit_before_the_cap():
+    """Gemma 2 caps its attention logits (tanh): the table adds up to the logit before the cap,
+    and exact knock-outs renormalise the capped logits as the model's own attention does."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    from tests.tiny_models import _bpe_tokenizer
+
+    tok = _bpe_tokenizer()
+    cfg = Gemma2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=8, attn_logit_softcapping=2.0, sliding_window=64,
+                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                       pad_token_id=tok.eos_token_id)  # fmt: skip
+    torch.manual_seed(0)
+    hf = Gemma2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.self_attn.q_proj.weight.mul_(25.0)  # logits past the cap's linear range
+            layer.self_attn.k_proj.weight.mul_(25.0)
+    model = headscope.load_model(hf, tok, name="tiny-gemma2-capped")
+    rec = _every_head_sums_to_its_logit(model)
+    assert float(rec.logits(1).abs().max()) > 2.0  # some logit beyond the cap
+    for side in ("q", "k"):  # knock-outs through the cap: transformers' eager attention agrees
+        _eager_knockouts(model, 1, 2, "L0H1", side)

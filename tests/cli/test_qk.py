@@ -27,7 +27,8 @@ def test_writes_a_qk_run_whose_tables_are_the_functions(tmp_path, tiny_gpt2_dir,
     assert r.exit_code == 0, r.output
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["run_format"] == "headscope-qk/1"
-    for f in ("qk.csv", "sides.csv", "knockouts.csv", "heads.csv", "tables.npz", "tokens.jsonl",
+    for f in ("qk.csv", "sides.csv", "knockouts.csv", "subspaces.csv", "heads.csv", "tables.npz",
+              "tokens.jsonl",
               "report.html", "map_L1H0.png"):  # fmt: skip
         assert (out / f).exists(), f
     pairs = pd.read_csv(out / "qk.csv")
