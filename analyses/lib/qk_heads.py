@@ -6,13 +6,13 @@ than the ones the heads are then decomposed on, and the comparisons the notebook
   prompts).
 * :func:`attention_at`: every head's mean attention from one named position to another (IOI's
   END -> IO) on a task's clean prompts.
-* :func:`side_share`: a set of components' share of a head's logit on one side (query or key),
-  from ``headscope.apps.qk.qk``'s per-prompt side totals, with a bootstrap interval over
-  prompts.
+* :func:`side_total`: what a set of components carries of a head's logit on one side (query or
+  key), in logit units, from ``headscope.apps.qk.qk``'s per-prompt side totals, with a bootstrap
+  interval over prompts (at the chosen keys, or at the null keys).
 * :func:`rank_agreement`: Spearman's rho between two scores of the same senders, and the share of
   random relabellings (many draws) that reach it.
-* :func:`random_share`: the same share for many random sets of components of the same size (the
-  base rate a chosen set is held against).
+* :func:`random_total`: the same for many random sets of components of the same size (the base
+  rate a chosen set is held against).
 
 >>> rho, p = rank_agreement([1, 2, 3, 4, 5], [2, 1, 4, 3, 5], draws=999)
 >>> round(rho, 2), p < 0.2
@@ -86,12 +86,12 @@ def attention_at(model, prompts, positions: dict, query: str, key: str) -> pd.Da
     )
 
 
-def side_share(res: dict, head: str, side: str, members: Sequence[str], resamples: int = 1000,
+def side_total(res: dict, head: str, side: str, members: Sequence[str], resamples: int = 1000,
                seed: int = 0, null: bool = False) -> tuple[float, float, float]:  # fmt: skip
-    """The share of ``head``'s logit that the components ``members`` carry on ``side`` (``query``
-    or ``key``): the ratio of the means over prompts, with a percentile bootstrap interval over
-    prompts (``res``: what ``headscope.apps.qk.qk`` returns); ``null``: the same at the null
-    keys."""
+    """What the components ``members`` carry of ``head``'s logit on ``side`` (``query`` or
+    ``key``), in logit units: the mean over prompts of their summed side totals, with a
+    percentile bootstrap interval over prompts (``res``: what ``headscope.apps.qk.qk`` returns);
+    ``null``: the same at the null keys."""
     from headscope.uncertainty import draw_weights
 
     q, k, qn, kn = res["side_prompts"][head]
@@ -99,11 +99,10 @@ def side_share(res: dict, head: str, side: str, members: Sequence[str], resample
     x = x[~torch.isnan(x).any(1)]  # prompts without a null key
     names = res["components"][head]
     idx = [names.index(m) for m in members if m in names]
-    part, whole = x[:, idx].sum(1), x.sum(1)  # per prompt
-    w = draw_weights(len(part), resamples, seed)
-    boot = (w @ part) / (w @ whole)
-    lo, hi = torch.quantile(boot, torch.tensor([0.025, 0.975], dtype=torch.float64))
-    return float(part.sum() / whole.sum()), float(lo), float(hi)
+    part = x[:, idx].sum(1)  # per prompt
+    w = draw_weights(len(part), resamples, seed) / len(part)
+    lo, hi = torch.quantile(w @ part, torch.tensor([0.025, 0.975], dtype=torch.float64))
+    return float(part.mean()), float(lo), float(hi)
 
 
 def rank_agreement(a: Sequence[float], b: Sequence[float], draws: int = 10_000, seed: int = 0):
@@ -117,15 +116,13 @@ def rank_agreement(a: Sequence[float], b: Sequence[float], draws: int = 10_000, 
     return rho, float((np.sum(null >= rho) + 1) / (draws + 1))
 
 
-def random_share(res: dict, head: str, side: str, k: int, candidates: Sequence[str],
+def random_total(res: dict, head: str, side: str, k: int, candidates: Sequence[str],
                  draws: int = 10_000, seed: int = 0) -> np.ndarray:  # fmt: skip
-    """The share of ``head``'s logit on ``side`` carried by ``draws`` random sets of ``k`` of
-    ``candidates`` (the base rate a chosen set of components is held against)."""
+    """What ``draws`` random sets of ``k`` of ``candidates`` carry of ``head``'s logit on
+    ``side`` (mean over prompts, logit units): the base rate a chosen set is held against."""
     q, kk, _, _ = res["side_prompts"][head]
-    x = (q if side == "query" else kk).double().mean(0)  # [component]: mean over prompts
+    v = (q if side == "query" else kk).double().mean(0).numpy()  # [component]
     names = res["components"][head]
     idx = np.array([names.index(c) for c in candidates if c in names])
     rng = np.random.default_rng(seed)
-    tot = float(x.sum())
-    v = x.numpy()
-    return np.array([v[rng.choice(idx, size=k, replace=False)].sum() / tot for _ in range(draws)])
+    return np.array([v[rng.choice(idx, size=k, replace=False)].sum() for _ in range(draws)])

@@ -62,6 +62,8 @@ class QKRecord:
     streams: dict[int, Tensor] = field(default_factory=dict)
     calls: dict[int, AttentionCall] = field(default_factory=dict)
     rope: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    #: one head's logits and pattern, kept while that head is worked on
+    _head: dict = field(default_factory=dict, repr=False)
 
     def components(self, layer: int) -> list[str]:
         """The names of layer ``layer``'s components, the table's rows and columns."""
@@ -82,6 +84,29 @@ class QKRecord:
         k = call.key.double().repeat_interleave(call.group, 1)
         return call.scale * call.query.double() @ k.transpose(-1, -2)
 
+    def head_logits(self, layer: int, head: int) -> Float[Tensor, "row query key"]:
+        """One head's logits (float64), kept until another head's are asked for."""
+        return self._of_head(layer, head)[0]
+
+    def head_pattern(self, layer: int, head: int) -> Float[Tensor, "row query key"]:
+        """One head's pattern (float64), kept until another head's is asked for."""
+        return self._of_head(layer, head)[1]
+
+    def _of_head(self, layer: int, head: int) -> tuple[Tensor, Tensor]:
+        if self._head.get("at") != (layer, head):
+            call = self.calls[layer]
+            q = call.query[:, head].double().cpu()
+            k = call.key[:, head // call.group].double().cpu()
+            logits = call.scale * q @ k.transpose(-1, -2)
+            cap = call.extras.get("softcap")
+            capped = torch.tanh(logits / cap) * cap if cap else logits
+            vis = self.visible(layer)
+            vis = vis[:, 0 if vis.shape[1] == 1 else head]
+            pat = torch.softmax(capped.masked_fill(~vis, -torch.inf), -1)
+            self._head.clear()
+            self._head.update(at=(layer, head), logits=logits, pattern=pat)
+        return self._head["logits"], self._head["pattern"]
+
     def visible(self, layer: int) -> Tensor:
         """``[rows, 1 or head, query, key]`` booleans: the keys each query may attend to."""
         call = self.calls[layer]
@@ -93,9 +118,6 @@ class QKRecord:
         if mask.dtype != torch.bool:
             mask = mask > torch.finfo(mask.dtype).min / 2
         return mask.cpu()
-
-
-SUPPORTED_ROTARY = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo")
 
 
 def check_family(model) -> None:
@@ -341,7 +363,7 @@ def instances(
     out)."""
     ids = rec.ids
     rows_n, n = ids.shape
-    pat = rec.pattern(layer)[:, head]  # [row, query, key]
+    pat = rec.head_pattern(layer, head)  # [row, query, key]
     vis = rec.visible(layer)
     vis = vis[:, 0 if vis.shape[1] == 1 else head].expand(rows_n, n, n)
     if query == "all":
@@ -423,13 +445,13 @@ def tables(
     q = qs.parts(rows, query)
     _check(q.sum(1), qs.own(rows, query), rec, layer, head, "query")
     scale = rec.calls[layer].scale
-    logits = rec.logits(layer)
+    logits = rec.head_logits(layer, head)
     out = []
     for key in keys:
         k = ks.parts(rows, key)
         _check(k.sum(1), ks.own(rows, key), rec, layer, head, "key")
         c = scale * q @ k.transpose(1, 2)
-        _check(c.sum((1, 2)), logits[rows, head, query, key].cpu(), rec, layer, head, "logit")
+        _check(c.sum((1, 2)), logits[rows, query, key], rec, layer, head, "logit")
         out.append(c)
     return out
 
@@ -463,7 +485,7 @@ def knockouts(
     component is not a stream component: NaN."""
     call = rec.calls[layer]
     r, i, j = inst.rows, inst.query, inst.key
-    pat = rec.pattern(layer)[r, head, i]  # [n, key]
+    pat = rec.head_pattern(layer, head)[r, i]  # [n, key]
     vis = rec.visible(layer)
     vis = vis[:, 0 if vis.shape[1] == 1 else head].expand(rec.ids.shape[0], -1, -1)[r, i]
     keys = call.key[:, head // rec.graph.group].double().cpu()[r]  # [n, key, d_head]
@@ -559,7 +581,7 @@ def head_tables(
     null_counts = torch.zeros_like(counts)
     logit = torch.zeros(n_prompts, dtype=torch.float64)
     attn = torch.zeros(n_prompts, dtype=torch.float64)
-    pat = rec.pattern(layer)[:, head]
+    pat = rec.head_pattern(layer, head)
     for s in range(0, len(inst), chunk):
         r, i = inst.rows[s : s + chunk], inst.query[s : s + chunk]
         j, nj = inst.key[s : s + chunk], inst.null[s : s + chunk]
@@ -569,7 +591,7 @@ def head_tables(
         sums.index_add_(0, p, c)
         counts.index_add_(0, p, torch.ones(len(r), dtype=torch.float64))
         logit.index_add_(0, p, c.sum((1, 2)))
-        attn.index_add_(0, p, pat[r, i, j].cpu())
+        attn.index_add_(0, p, pat[r, i, j])
         if ok.any():
             null_sums.index_add_(0, p[ok], cn[ok])
             null_counts.index_add_(0, p[ok], torch.ones(int(ok.sum()), dtype=torch.float64))
