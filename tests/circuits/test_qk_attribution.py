@@ -76,78 +76,155 @@ def test_the_table_adds_up_to_the_logit_smollm2(smollm2):
         assert float((c.sum((1, 2)) - logit).abs().max()) < 1e-5
 
 
-def _oracle_llama(model, ids, la, h, i, j, a, b):
-    """c_ab by hand: components by plain hooks on the transformers modules, the norm frozen at
-    the stream's RMS, rotary from the config's theta, q . k / sqrt(d_head)."""
-    hf = model.hf
-    cfg = hf.config
-    dh = cfg.hidden_size // cfg.num_attention_heads
-    group = cfg.num_attention_heads // cfg.num_key_value_heads
+def _oracle(model, ids, la, h, i, j, a, b):
+    """c_ab by hand from the transformers weights, for GPT-2, Llama-like models and Gemma 3:
+    components by plain hooks on the transformers modules (the embedding entering block 0, each
+    head's slice of the output projection, each MLP's output as it joins the stream; Gemma 3's
+    norm on the attention output frozen at the layer's whole output), the input norm frozen at the
+    stream's scale, the projections by hand, Gemma 3's q/k norms frozen at the head's whole query
+    and key, rotary from the config's theta, the softmax scale from the config."""
+    hf, cfg = model.hf, model.hf.config
+    gpt2 = cfg.model_type == "gpt2"
+    gemma = cfg.model_type.startswith("gemma3")
+    blocks = hf.transformer.h if gpt2 else hf.model.layers
+    d = cfg.hidden_size
+    n_heads = cfg.num_attention_heads
+    dh = d // n_heads if gpt2 else getattr(cfg, "head_dim", None) or d // n_heads
+    group = 1 if gpt2 else n_heads // cfg.num_key_value_heads
     seen = {}
+
+    def keep(key):
+        return lambda m, args, out=None: seen.__setitem__(
+            key, (args[0] if out is None else out).detach()
+        )
 
     def embed(m, args, kw):
         seen["embed"] = (args[0] if args else kw["hidden_states"]).detach()
 
-    hooks = [hf.model.layers[0].register_forward_pre_hook(embed, with_kwargs=True)]
-    for n, layer in enumerate(hf.model.layers):
-        hooks.append(layer.input_layernorm.register_forward_pre_hook(
-            lambda m, a_, n=n: seen.__setitem__(("x", n), a_[0].detach())))  # fmt: skip
-        hooks.append(layer.self_attn.o_proj.register_forward_pre_hook(
-            lambda m, a_, n=n: seen.__setitem__(("z", n), a_[0].detach())))  # fmt: skip
-        hooks.append(layer.mlp.register_forward_hook(
-            lambda m, a_, o, n=n: seen.__setitem__(("mlp", n), o.detach())))  # fmt: skip
+    hooks = [blocks[0].register_forward_pre_hook(embed, with_kwargs=True)]
+    for n, blk in enumerate(blocks):
+        attn = blk.attn if gpt2 else blk.self_attn
+        o = attn.c_proj if gpt2 else attn.o_proj
+        hooks.append(
+            (blk.ln_1 if gpt2 else blk.input_layernorm).register_forward_pre_hook(keep(("x", n)))
+        )
+        hooks.append(o.register_forward_pre_hook(keep(("z", n))))
+        hooks.append(
+            o.register_forward_hook(
+                lambda m, a_, out, n=n: seen.__setitem__(("o", n), out.detach())
+            )
+        )
+        mlp_out = blk.post_feedforward_layernorm if gemma else blk.mlp
+        hooks.append(
+            mlp_out.register_forward_hook(
+                lambda m, a_, out, n=n: seen.__setitem__(("mlp", n), out.detach())
+            )
+        )
     with torch.no_grad():
         hf(input_ids=ids)
     for hk in hooks:
         hk.remove()
 
-    def component(name, row, pos):
-        if name == "embed":
-            return seen["embed"][row, pos]
-        if name.startswith("MLP"):
-            return seen[("mlp", int(name[3:]))][row, pos]
-        lay, head = (int(x) for x in name[1:].split("H"))
-        w = hf.model.layers[lay].self_attn.o_proj.weight  # [d, H * dh]
-        z = seen[("z", lay)][row, pos, head * dh : (head + 1) * dh]
-        return w[:, head * dh : (head + 1) * dh] @ z
+    def rms(v, w, eps):  # Gemma's (1 + w)
+        return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps) * (1 + w.double())
 
-    attn = hf.model.layers[la].self_attn
-    norm = hf.model.layers[la].input_layernorm
-    theta = getattr(cfg, "rope_theta", None) or cfg.rope_parameters["rope_theta"]
-    inv = 1.0 / theta ** (torch.arange(0, dh, 2, dtype=torch.float64) / dh)
+    def component(name, pos):
+        if name == "embed":
+            return seen["embed"][0, pos].double()
+        if name.startswith("MLP"):
+            return seen[("mlp", int(name[3:]))][0, pos].double()
+        lay, head = (int(x) for x in name[1:].split("H"))
+        z = seen[("z", lay)][0, pos, head * dh : (head + 1) * dh].double()
+        blk = blocks[lay]
+        if gpt2:
+            return z @ blk.attn.c_proj.weight[head * dh : (head + 1) * dh].double()
+        w = blk.self_attn.o_proj.weight.double()  # [d, H * dh]
+        write = w[:, head * dh : (head + 1) * dh] @ z
+        if gemma:  # the norm on the whole attention output, its scale frozen
+            norm = blk.post_attention_layernorm
+            out = seen[("o", lay)][0, pos].double()
+            write = write * torch.rsqrt(out.pow(2).mean() + norm.eps) * (1 + norm.weight.double())
+        return write
+
+    blk = blocks[la]
+    x_all = seen[("x", la)][0].double()  # [pos, d]
+
+    def normed(name, pos):  # the input norm, frozen at the stream's scale there
+        x, c = x_all[pos], component(name, pos)
+        if gpt2:
+            ln = blk.ln_1
+            s = torch.rsqrt(x.var(unbiased=False) + ln.eps)
+            return (c - c.mean()) * s * ln.weight.double()
+        ln = blk.input_layernorm
+        eps = getattr(ln, "variance_epsilon", getattr(ln, "eps", None))
+        s = torch.rsqrt(x.pow(2).mean() + eps)
+        return c * s * ((1 + ln.weight.double()) if gemma else ln.weight.double())
+
+    def proj(side, slot):
+        if gpt2:
+            w = blk.attn.c_attn.weight.double()  # [d, 3d]: x @ w
+            off = {"q": 0, "k": d}[side]
+            return w[:, off + slot * dh : off + (slot + 1) * dh].T  # [dh, d]
+        lin = blk.self_attn.q_proj if side == "q" else blk.self_attn.k_proj
+        return lin.weight.double()[slot * dh : (slot + 1) * dh]
 
     def rot(v, pos):
+        if gpt2:
+            return v
+        if gemma:
+            params = cfg.rope_parameters[cfg.layer_types[la]]
+        else:
+            params = getattr(cfg, "rope_parameters", None) or {"rope_theta": cfg.rope_theta}
+        assert params.get("rope_type", "default") == "default"
+        inv = 1.0 / params["rope_theta"] ** (torch.arange(0, dh, 2, dtype=torch.float64) / dh)
         ang = pos * inv
         cos, sin = torch.cat([ang.cos(), ang.cos()]), torch.cat([ang.sin(), ang.sin()])
-        half = torch.cat([-v[dh // 2 :], v[: dh // 2]])
-        return v * cos + half * sin
+        return v * cos + torch.cat([-v[dh // 2 :], v[: dh // 2]]) * sin
 
-    def part(name, pos, proj, slot):
-        x = seen[("x", la)][0, pos].double()
-        s = torch.rsqrt(x.pow(2).mean() + norm.variance_epsilon)
-        y = component(name, 0, pos).double() * s * norm.weight.double()
-        w = proj.weight.double()[slot * dh : (slot + 1) * dh]
-        return rot(w @ y, pos)
+    def part(name, pos, side, slot):
+        w = proj(side, slot)
+        v = w @ normed(name, pos)
+        if gemma:  # the q/k norm frozen at the head's whole query or key there
+            ln = blk.input_layernorm
+            whole = w @ rms(x_all[pos], ln.weight, ln.eps)
+            qk_norm = blk.self_attn.q_norm if side == "q" else blk.self_attn.k_norm
+            v = v * torch.rsqrt(whole.pow(2).mean() + qk_norm.eps) * (1 + qk_norm.weight.double())
+        return rot(v, pos)
 
-    q = part(a, i, attn.q_proj, h)
-    k = part(b, j, attn.k_proj, h // group)
-    return float(q @ k) / dh**0.5
+    scale = cfg.query_pre_attn_scalar**-0.5 if gemma else dh**-0.5
+    return float(part(a, i, "q", h) @ part(b, j, "k", h // group)) * scale
 
 
-@pytest.mark.parametrize("la,h,i,j,a,b", [
-    (1, 0, 7, 2, "embed", "embed"),
-    (2, 3, 10, 4, "L1H2", "L0H1"),
-    (2, 1, 11, 3, "MLP1", "L1H3"),
-])  # fmt: skip
-def test_contributions_equal_a_hand_written_oracle(tiny_gqa_llama, la, h, i, j, a, b):
-    model = tiny_gqa_llama
-    ids = _ids(model, rows=1, n=12)
+ORACLE_PAIRS = {  # (layer, head, query, key, query-side, key-side), three per model
+    "gpt2": [(1, 0, 7, 2, "embed", "embed"), (1, 3, 10, 4, "L0H1", "MLP0"),
+             (1, 2, 11, 6, "MLP0", "L0H3")],
+    "llama": [(1, 0, 7, 2, "embed", "embed"), (2, 3, 10, 4, "L1H2", "L0H1"),
+              (2, 1, 11, 3, "MLP1", "L1H3")],
+    "gemma3": [(1, 0, 11, 2, "embed", "embed"), (1, 3, 10, 4, "L0H1", "MLP0"),
+               (1, 2, 11, 7, "MLP0", "L0H3")],
+    "smollm2": [(5, 2, 13, 4, "embed", "L3H1"), (12, 7, 15, 9, "MLP4", "MLP0"),
+                (20, 0, 14, 6, "L17H3", "L16H0")],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("which", list(ORACLE_PAIRS))
+def test_contributions_equal_a_hand_written_oracle(which, request):
+    """Three pairs on each of tiny GPT-2 (LayerNorm, learned positions), a tiny GQA Llama
+    (RMSNorm, rotary), tiny Gemma 3 (q/k norms, (1 + w) gains, the attention output normed,
+    a sliding-window layer) and SmolLM2, against :func:`_oracle` (no headscope code)."""
+    fixture = {"gpt2": "tiny_gpt2", "llama": "tiny_gqa_llama", "gemma3": "tiny_gemma3",
+               "smollm2": "smollm2"}[which]  # fmt: skip
+    model = request.getfixturevalue(fixture)
+    ids = _ids(model, rows=1, n=16)
     rec = qa.record(model, ids)
-    names = rec.components(la)
-    c = qa.table(rec, la, h, torch.tensor([0]), torch.tensor([i]), torch.tensor([j]))[0]
-    want = _oracle_llama(model, ids, la, h, i, j, a, b)
-    assert abs(float(c[names.index(a), names.index(b)]) - want) < 1e-5
-    assert abs(want) > 1e-4  # a pair that carries something
+    sizes = []
+    for la, h, i, j, a, b in ORACLE_PAIRS[which]:
+        names = rec.components(la)
+        c = qa.table(rec, la, h, torch.tensor([0]), torch.tensor([i]), torch.tensor([j]))[0]
+        want = _oracle(model, ids, la, h, i, j, a, b)
+        assert abs(float(c[names.index(a), names.index(b)]) - want) < 1e-5, (la, h, a, b)
+        sizes.append(abs(want))
+    assert max(sizes) > 1e-3  # the pairs carry something: the comparison has teeth
 
 
 def test_knockouts_exact_and_first_order_agree_for_a_small_component(tiny_gqa_llama):
