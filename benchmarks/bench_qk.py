@@ -38,6 +38,8 @@ def main() -> None:
 
     import headscope
     from headscope.circuits import qk_attribution as qa
+    from headscope.circuits import qk_rules as rules
+    from headscope.circuits import qk_summary as summary
     from headscope.probes.pairs import repeat_len_for, repeat_probe
 
     if args.threads:
@@ -71,12 +73,12 @@ def main() -> None:
     def tables(query: str):
         out = []
         for la, h in heads:
-            inst = qa.instances(rec, la, h, query, "argmax")
-            out.append(qa.head_tables(rec, la, h, inst, members, len(ids)))
+            inst = rules.instances(rec, la, h, query, "argmax")
+            out.append(summary.head_tables(rec, la, h, inst, members, len(ids)))
         return out
 
     t_last, _ = timed(lambda: tables("last"))
-    insts = {(la, h): qa.instances(rec, la, h, "last", "argmax") for la, h in heads}
+    insts = {(la, h): rules.instances(rec, la, h, "last", "argmax") for la, h in heads}
 
     def subspaces():
         for (la, h), inst in insts.items():

@@ -96,6 +96,8 @@ def qk(
     import torch
 
     from headscope.circuits import qk_attribution as qa
+    from headscope.circuits import qk_rules as rules
+    from headscope.circuits import qk_summary as summary
 
     config = QKSettings.configure(config, kw)
     say = say or (lambda _m: None)
@@ -124,21 +126,23 @@ def qk(
         name = f"L{la}H{h}"
         per, insts = [], []
         for rec, members, pos in recs:
-            inst = qa.instances(rec, la, h, config.query, config.key, pos, config.seed)
-            per.append(qa.head_tables(rec, la, h, inst, members, len(prompts)))
+            inst = rules.instances(rec, la, h, config.query, config.key, pos, config.seed)
+            per.append(summary.head_tables(rec, la, h, inst, members, len(prompts)))
             insts.append((rec, inst, members))
-        s = qa.summarise(qa.merge(per), config.top, config.bootstrap, config.ci, config.seed)
+        s = summary.summarise(
+            summary.merge(per), config.top, config.bootstrap, config.ci, config.seed
+        )
         tables[name], comps[name] = s["table"].float().numpy(), per[0].components
         side_prompts[name] = s["per_prompt_sides"]
         rule = {"head": name, "query": config.query, "key": config.key}
         pairs += [{**rule, "rank": k + 1, **p} for k, p in enumerate(s["pairs"])]
         sides += [{**rule, "side": sd, **c} for sd in ("query", "key") for c in s[f"{sd}_side"]]
-        sub = qa.subspace_summary(
+        sub = summary.subspace_summary(
             insts, la, h, len(prompts), config.bootstrap, config.ci, config.seed
         )
         subs += [{**rule, "rank": k + 1, **x} for k, x in enumerate(sub)]
         if config.knockouts:
-            ko = qa.knockout_summary(
+            ko = summary.knockout_summary(
                 insts, la, h, s["pairs"][: config.knockouts], len(prompts), config.bootstrap,
                 config.ci, config.seed,
             )  # fmt: skip
@@ -176,7 +180,7 @@ def qk(
 def check_rules(config: QKSettings) -> None:
     """Refuse, before the model loads, a query or key rule that no prompt could have: a name
     without a task."""
-    from headscope.circuits.qk_attribution import KEY_RULES, QUERY_RULES
+    from headscope.circuits.qk_rules import KEY_RULES, QUERY_RULES
 
     for what, value, rules in (
         ("query", config.query, QUERY_RULES),

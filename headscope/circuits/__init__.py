@@ -31,5 +31,8 @@
 * :mod:`headscope.circuits.edge_scores`: every edge's EAP and EAP-IG score, exact edge patching.
 * :mod:`headscope.circuits.edge_circuits`: circuits of edges, their faithfulness curve, CPR, CMD.
 * :mod:`headscope.circuits.qk_attribution`: a head's attention logit split over pairs of
-  components (query side x key side), knock-outs, the null keys.
+  components (query side x key side), knock-outs, subspaces.
+* :mod:`headscope.circuits.qk_rules`: which query and key a head is decomposed at, and the null
+  keys.
+* :mod:`headscope.circuits.qk_summary`: QK tables over prompts: means, intervals, nulls.
 """

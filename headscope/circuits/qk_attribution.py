@@ -120,6 +120,21 @@ class QKRecord:
         return mask.cpu()
 
 
+@dataclass
+class Instances:
+    """The ``(row, query, key)`` triples a head is decomposed at, and each one's null key: the
+    visible key nearest the chosen one that the head neither was given nor attends to most
+    (ties drawn at random, seeded)."""
+
+    rows: Tensor
+    query: Tensor
+    key: Tensor
+    null: Tensor
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
 def check_family(model) -> None:
     """One line for a model whose query and key this decomposition cannot read."""
     an = anatomy(model)  # the edge graph's families: one line otherwise
@@ -309,125 +324,6 @@ class Side:
         return t[rows.to(t.device), self.slot, pos.to(t.device)].double().cpu()
 
 
-# ------------------------------------------------------------------------------ which (i, j)
-
-#: key rules besides a named or numbered position
-KEY_RULES = ("argmax", "sink", "induction")
-#: query rules besides a named or numbered position
-QUERY_RULES = ("last", "all")
-
-
-@dataclass
-class Instances:
-    """The ``(row, query, key)`` triples a head is decomposed at, and each one's null key: the
-    visible key nearest the chosen one that the head neither was given nor attends to most
-    (ties drawn at random, seeded)."""
-
-    rows: Tensor
-    query: Tensor
-    key: Tensor
-    null: Tensor
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-
-def _position(spec, rows: int, n: int, positions: dict | None, what: str) -> Tensor:
-    """A named (``positions[name]``, one per row) or numbered position (negative: from the end)
-    as ``[rows]`` indices."""
-    if positions and spec in positions:
-        return torch.as_tensor(positions[spec], dtype=torch.long)
-    try:
-        p = int(spec)
-    except (TypeError, ValueError):
-        names = ", ".join(sorted(positions)) if positions else "none (not a task)"
-        raise HeadscopeError(
-            f"Unknown {what} position '{spec}'; use a number, a rule, or one of the task's "
-            f"positions: {names}."
-        ) from None
-    if not -n <= p < n:
-        raise HeadscopeError(f"The {what} position {p} is outside prompts of {n} tokens.")
-    return torch.full((rows,), p % n, dtype=torch.long)
-
-
-def instances(
-    rec: QKRecord,
-    layer: int,
-    head: int,
-    query="last",
-    key="argmax",
-    positions: dict | None = None,
-    seed: int = 0,
-) -> Instances:
-    """Where head ``(layer, head)`` is decomposed, per row of ``rec``: the query positions
-    (``last``, ``all`` from position 1, a number, or a task's named position) and each one's key
-    (``argmax``: the key it attends to most; ``sink``: position 0; ``induction``: the token after
-    the query token's previous occurrence, queries without one left out; a number or a named
-    position, which must not come after its query: with ``all``, the queries before it are left
-    out)."""
-    ids = rec.ids
-    rows_n, n = ids.shape
-    pat = rec.head_pattern(layer, head)  # [row, query, key]
-    vis = rec.visible(layer)
-    vis = vis[:, 0 if vis.shape[1] == 1 else head].expand(rows_n, n, n)
-    if query == "all":
-        r, i = torch.meshgrid(torch.arange(rows_n), torch.arange(1, n), indexing="ij")
-        r, i = r.reshape(-1), i.reshape(-1)
-    else:
-        spec = n - 1 if query == "last" else query
-        i = _position(spec, rows_n, n, positions, "query")
-        r = torch.arange(rows_n)
-    if key == "argmax":
-        j = pat[r, i].argmax(-1)
-    elif key == "sink":
-        j = torch.zeros_like(i)
-    elif key == "induction":
-        j = torch.full_like(i, -1)
-        for t, (row, q) in enumerate(zip(r.tolist(), i.tolist(), strict=True)):
-            seq = ids[row, :q].tolist()
-            prev = [p for p, tok in enumerate(seq) if tok == int(ids[row, q])]
-            if prev and prev[-1] + 1 < q:
-                j[t] = prev[-1] + 1
-        keep = j >= 0
-        if not keep.any():
-            raise HeadscopeError(
-                "No query has an earlier occurrence of its token, so no induction target; "
-                "use a repeated probe (--probe repeat) or another key rule."
-            )
-        r, i, j = r[keep], i[keep], j[keep]
-    else:
-        j = _position(key, rows_n, n, positions, "key")[r]
-        if query == "all":  # every query that can see it: from the key's position on
-            keep = i >= j
-            r, i, j = r[keep], i[keep], j[keep]
-        if (j > i).any():
-            bad = int((j > i).nonzero()[0, 0])
-            raise HeadscopeError(
-                f"The key position {int(j[bad])} comes after its query {int(i[bad])} in row "
-                f"{int(r[bad])}; a decoder's query sees only earlier keys."
-            )
-    ok = vis[r, i, j]
-    if not ok.all():
-        bad = int((~ok).nonzero()[0, 0])
-        raise HeadscopeError(
-            f"Query {int(i[bad])} cannot see key {int(j[bad])} in row {int(r[bad])} (the model's "
-            "mask: causal, or a sliding window); choose a visible key."
-        )
-    gen = torch.Generator().manual_seed(seed)
-    top = pat[r, i].argmax(-1)
-    null = torch.empty_like(j)
-    for t in range(len(r)):
-        cand = vis[r[t], i[t]].nonzero()[:, 0]
-        cand = cand[(cand != j[t]) & (cand != top[t])]
-        if not len(cand):
-            null[t] = -1
-            continue
-        dist = (cand - j[t]).abs()
-        near = cand[dist == dist.min()]
-        null[t] = near[torch.randint(len(near), (1,), generator=gen)]
-    return Instances(r, i, j, null)
-
-
 # ------------------------------------------------------------------------------ the table
 
 
@@ -535,207 +431,6 @@ def knockouts(
     return out
 
 
-# ------------------------------------------------------------------------------ over prompts
-
-
-def over_prompts(
-    x: Tensor, resamples: int = 1000, level: float = 0.95, seed: int = 0
-) -> tuple[Tensor, Tensor, Tensor]:
-    """``x`` ``[prompt, m]`` (NaN: missing) -> the mean over prompts and its percentile bootstrap
-    interval (``[m]`` each; NaN intervals when ``resamples`` is 0)."""
-    from headscope.uncertainty import draw_weights
-
-    ok = ~torch.isnan(x)
-    m = torch.nansum(x, 0) / ok.sum(0).clamp(min=1)
-    if not resamples:
-        nan = torch.full_like(m, torch.nan)
-        return m, nan, nan
-    w = draw_weights(x.shape[0], resamples, seed)
-    hits = w @ ok.double()
-    boot = (w @ torch.nan_to_num(x)) / hits.clamp(min=1e-12)
-    boot[hits == 0] = torch.nan
-    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
-    lo, hi = torch.nanquantile(boot, q, dim=0)
-    return m, lo, hi
-
-
-@dataclass
-class HeadTables:
-    """One head's tables summed per prompt: ``sums[p]`` the table summed over prompt ``p``'s
-    instances (``counts[p]`` of them), ``null_sums``/``null_counts`` at their null keys; ``logit``
-    and ``attn``: per prompt, the mean logit and attention on the chosen keys."""
-
-    components: list[str]
-    sums: Tensor
-    counts: Tensor
-    null_sums: Tensor
-    null_counts: Tensor
-    logit: Tensor
-    attn: Tensor
-
-
-def head_tables(
-    rec: QKRecord, layer: int, head: int, inst: Instances, prompts: Tensor, n_prompts: int,
-    chunk: int = 64,
-) -> HeadTables:  # fmt: skip
-    """Sum head ``(layer, head)``'s tables per prompt (``prompts[row]``: the prompt of each of
-    ``rec``'s rows, ``n_prompts`` in all), in chunks of ``chunk`` instances."""
-    a = rec.graph.writers_before_attn(layer) + 1
-    sums = torch.zeros(n_prompts, a, a, dtype=torch.float64)
-    null_sums = torch.zeros_like(sums)
-    counts = torch.zeros(n_prompts, dtype=torch.float64)
-    null_counts = torch.zeros_like(counts)
-    logit = torch.zeros(n_prompts, dtype=torch.float64)
-    attn = torch.zeros(n_prompts, dtype=torch.float64)
-    pat = rec.head_pattern(layer, head)
-    for s in range(0, len(inst), chunk):
-        r, i = inst.rows[s : s + chunk], inst.query[s : s + chunk]
-        j, nj = inst.key[s : s + chunk], inst.null[s : s + chunk]
-        p = prompts[r]
-        ok = nj >= 0
-        c, cn = tables(rec, layer, head, r, i, [j, nj.clamp(min=0)])  # a missing null: dropped
-        sums.index_add_(0, p, c)
-        counts.index_add_(0, p, torch.ones(len(r), dtype=torch.float64))
-        logit.index_add_(0, p, c.sum((1, 2)))
-        attn.index_add_(0, p, pat[r, i, j])
-        if ok.any():
-            null_sums.index_add_(0, p[ok], cn[ok])
-            null_counts.index_add_(0, p[ok], torch.ones(int(ok.sum()), dtype=torch.float64))
-    return HeadTables(rec.components(layer), sums, counts, null_sums, null_counts, logit, attn)
-
-
-def merge(tables: list[HeadTables]) -> HeadTables:
-    """The tables of one head from several records (prompts of other lengths) added up."""
-    first = tables[0]
-    add = lambda name: sum(getattr(t, name) for t in tables)  # noqa: E731
-    return HeadTables(
-        first.components,
-        *(add(n) for n in ("sums", "counts", "null_sums", "null_counts", "logit", "attn")),
-    )
-
-
-def summarise(
-    t: HeadTables, top: int = 20, resamples: int = 1000, level: float = 0.95, seed: int = 0
-) -> dict:
-    """One head's results over prompts: ``table`` (the mean table, ``[component, component]``),
-    ``pairs`` (the ``top`` pairs by ``|contribution|``: each with its interval over prompts, its
-    null at the null keys and the difference, each with an interval), ``query_side`` and
-    ``key_side`` (each component's total on its side: a row or column sum; per prompt, and per
-    prompt at the null keys, in ``per_prompt_sides``), ``logit`` and ``attn`` (each ``(mean,
-    low, high)``), ``n_prompts``, ``n_instances``."""
-    used = t.counts > 0
-    n = int(used.sum())
-    if not n:
-        raise HeadscopeError("No prompt has an instance of this query and key rule.")
-    per = t.sums[used] / t.counts[used, None, None]  # [prompt, a, b]: each prompt's mean
-    has_null = t.null_counts[used] > 0
-    null = torch.full_like(per, torch.nan)
-    null[has_null] = t.null_sums[used][has_null] / t.null_counts[used][has_null, None, None]
-    mean = per.mean(0)
-
-    def stat(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return over_prompts(x, resamples, level, seed)
-
-    order = mean.reshape(-1).abs().argsort(descending=True)[:top]
-    a_idx, b_idx = order // mean.shape[1], order % mean.shape[1]
-    flat = per.reshape(n, -1)[:, order]
-    nflat = null.reshape(n, -1)[:, order]
-    c, c_lo, c_hi = stat(flat)
-    nu, nu_lo, nu_hi = stat(nflat)
-    d, d_lo, d_hi = stat(flat - nflat)
-    names = t.components
-    pairs = [
-        {
-            "query_component": names[a],
-            "key_component": names[b],
-            "contribution": float(c[k]),
-            "ci_low": float(c_lo[k]),
-            "ci_high": float(c_hi[k]),
-            "null": float(nu[k]),
-            "null_low": float(nu_lo[k]),
-            "null_high": float(nu_hi[k]),
-            "above_null": float(d[k]),
-            "above_null_low": float(d_lo[k]),
-            "above_null_high": float(d_hi[k]),
-        }
-        for k, (a, b) in enumerate(zip(a_idx.tolist(), b_idx.tolist(), strict=True))
-    ]
-    sides = {}
-    for side, dim in (("query_side", 2), ("key_side", 1)):
-        tot, lo, hi = stat(per.sum(dim))
-        sides[side] = [
-            {"component": names[x], "total": float(tot[x]), "ci_low": float(lo[x]),
-             "ci_high": float(hi[x])}
-            for x in range(len(names))
-        ]  # fmt: skip
-    logit = stat((t.logit[used] / t.counts[used])[:, None])
-    attn = stat((t.attn[used] / t.counts[used])[:, None])
-    return {
-        "table": mean,
-        # [prompt, component]: query side, key side; then the same at the null keys
-        "per_prompt_sides": (per.sum(2), per.sum(1), null.sum(2), null.sum(1)),
-        "pairs": pairs,
-        **sides,
-        "logit": tuple(float(x[0]) for x in logit),
-        "attn": tuple(float(x[0]) for x in attn),
-        "n_prompts": n,
-        "n_instances": int(t.counts.sum()),
-    }
-
-
-def knockout_summary(
-    recs: list[tuple[QKRecord, Instances, Tensor]],
-    layer: int,
-    head: int,
-    pairs: list[dict],
-    n_prompts: int,
-    resamples: int = 1000,
-    level: float = 0.95,
-    seed: int = 0,
-) -> list[dict]:
-    """For each pair of ``pairs`` (names from :func:`summarise`): the exact knock-outs of its
-    query-side and key-side component beside their first-order estimates, each the mean change
-    of the attention on the chosen key over prompts with an interval."""
-    from headscope.uncertainty import draw_weights
-
-    out = []
-    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
-    cs = [  # each instance's key-side totals (what the first-order key-side change reads)
-        torch.cat([table(rec, layer, head, inst.rows[s : s + 64], inst.query[s : s + 64],
-                         inst.key[s : s + 64]).sum(1) for s in range(0, len(inst), 64)])
-        for rec, inst, _ in recs
-    ]  # fmt: skip
-    for pair in pairs:
-        sums = torch.zeros(n_prompts, 4, dtype=torch.float64)
-        counts = torch.zeros(n_prompts, dtype=torch.float64)
-        for (rec, inst, prompts), c in zip(recs, cs, strict=True):
-            names = rec.components(layer)
-            a, b = names.index(pair["query_component"]), names.index(pair["key_component"])
-            ko = knockouts(rec, layer, head, inst, a, b, c)
-            vals = torch.stack([ko[k] for k in ("ko_q", "fo_q", "ko_k", "fo_k")], 1)
-            p = prompts[inst.rows]
-            sums.index_add_(0, p, vals)
-            counts.index_add_(0, p, torch.ones(len(p), dtype=torch.float64))
-        used = counts > 0
-        per = sums[used] / counts[used, None]
-        row = {"query_component": pair["query_component"], "key_component": pair["key_component"]}
-        m = per.mean(0)
-        if resamples:
-            w = draw_weights(int(used.sum()), resamples, seed) / int(used.sum())
-            lo, hi = torch.quantile(w @ per, q, dim=0)
-        else:
-            lo = hi = torch.full_like(m, torch.nan)
-        for k, name in enumerate(("knockout_query", "first_order_query", "knockout_key",
-                                  "first_order_key")):  # fmt: skip
-            row[name], row[f"{name}_low"], row[f"{name}_high"] = (
-                float(m[k]),
-                float(lo[k]),
-                float(hi[k]),
-            )
-        out.append(row)
-    return out
-
-
 # ------------------------------------------------------------------------------ subspaces
 
 
@@ -772,32 +467,3 @@ def subspaces(
     br = torch.linalg.solve(rb, wt.T)
     parts = s * (q @ ar) * (k @ br)
     return [f"sv{r}" for r in range(len(s))], call.scale * parts
-
-
-def subspace_summary(
-    recs: list[tuple[QKRecord, Instances, Tensor]],
-    layer: int,
-    head: int,
-    n_prompts: int,
-    resamples: int = 1000,
-    level: float = 0.95,
-    seed: int = 0,
-) -> list[dict]:
-    """Each subspace's part of the logit (:func:`subspaces`), the mean over prompts of each
-    prompt's mean over its instances, with an interval; largest ``|part|`` first."""
-    sums, counts, names = None, torch.zeros(n_prompts, dtype=torch.float64), None
-    for rec, inst, prompts in recs:
-        names, parts = subspaces(rec, layer, head, inst.rows, inst.query, inst.key)
-        if sums is None:
-            sums = torch.zeros(n_prompts, parts.shape[1], dtype=torch.float64)
-        p = prompts[inst.rows]
-        sums.index_add_(0, p, parts)
-        counts.index_add_(0, p, torch.ones(len(p), dtype=torch.float64))
-    used = counts > 0
-    m, lo, hi = over_prompts(sums[used] / counts[used, None], resamples, level, seed)
-    order = m.abs().argsort(descending=True).tolist()
-    return [
-        {"subspace": names[x], "contribution": float(m[x]), "ci_low": float(lo[x]),
-         "ci_high": float(hi[x])}
-        for x in order
-    ]  # fmt: skip

@@ -9,6 +9,7 @@ import torch
 
 import headscope
 from headscope.circuits import qk_attribution as qa
+from headscope.circuits import qk_rules as rules
 from headscope.errors import HeadscopeError
 
 
@@ -26,7 +27,7 @@ def _every_head_sums_to_its_logit(model, query="all", key="argmax", tol=1e-5):
     worst = 0.0
     for la in range(model.n_layers):
         for h in range(model.n_heads):
-            inst = qa.instances(rec, la, h, query, key)
+            inst = rules.instances(rec, la, h, query, key)
             c = qa.table(rec, la, h, inst.rows, inst.query, inst.key)
             logit = rec.logits(la)[inst.rows, h, inst.query, inst.key]
             worst = max(worst, float((c.sum((1, 2)) - logit).abs().max()))
@@ -62,15 +63,15 @@ def test_the_table_adds_up_to_the_logit_gemma3(tiny_gemma3):
     rec = _every_head_sums_to_its_logit(tiny_gemma3)
     # layer 0's window of 4: the last query cannot see position 0 there, and says so
     with pytest.raises(HeadscopeError, match="cannot see key 0"):
-        qa.instances(rec, 0, 0, "last", "sink")
-    inst = qa.instances(rec, 1, 0, "last", "sink")  # the global layer can
+        rules.instances(rec, 0, 0, "last", "sink")
+    inst = rules.instances(rec, 1, 0, "last", "sink")  # the global layer can
     assert (inst.key == 0).all()
 
 
 def test_the_table_adds_up_to_the_logit_smollm2(smollm2):
     rec = qa.record(smollm2, _ids(smollm2, rows=2, n=16))
     for la, h in ((0, 0), (14, 3), (29, 8)):
-        inst = qa.instances(rec, la, h, "all", "argmax")
+        inst = rules.instances(rec, la, h, "all", "argmax")
         c = qa.table(rec, la, h, inst.rows, inst.query, inst.key)
         logit = rec.logits(la)[inst.rows, h, inst.query, inst.key]
         assert float((c.sum((1, 2)) - logit).abs().max()) < 1e-5
@@ -233,7 +234,7 @@ def test_knockouts_exact_and_first_order_agree_for_a_small_component(tiny_gqa_ll
     model = tiny_gqa_llama
     rec = qa.record(model, _ids(model, rows=2, n=12))
     la, h = 2, 1
-    inst = qa.instances(rec, la, h, "all", "argmax")
+    inst = rules.instances(rec, la, h, "all", "argmax")
     c = qa.table(rec, la, h, inst.rows, inst.query, inst.key)
     names = rec.components(la)
     small = min(range(len(names) - 1), key=lambda x: float(rec.writers[:, :, x].norm()))
@@ -255,15 +256,15 @@ def test_knockouts_exact_and_first_order_agree_for_a_small_component(tiny_gqa_ll
 def test_rules_refuse_what_no_prompt_can_have(tiny_gqa_llama):
     rec = qa.record(tiny_gqa_llama, _ids(tiny_gqa_llama, rows=2, n=8))
     with pytest.raises(HeadscopeError, match="comes after its query"):
-        qa.instances(rec, 1, 0, 3, 5)
+        rules.instances(rec, 1, 0, 3, 5)
     with pytest.raises(HeadscopeError, match="Unknown key position 'IO'"):
-        qa.instances(rec, 1, 0, "last", "IO")
+        rules.instances(rec, 1, 0, "last", "IO")
     with pytest.raises(HeadscopeError, match="outside prompts of 8 tokens"):
-        qa.instances(rec, 1, 0, 9, "argmax")
-    inst = qa.instances(rec, 1, 0, "all", 3)  # every query from the key's position on
+        rules.instances(rec, 1, 0, 9, "argmax")
+    inst = rules.instances(rec, 1, 0, "all", 3)  # every query from the key's position on
     assert (inst.key == 3).all() and inst.query.min() == 3 and len(inst) == 2 * 5
     # null keys: never the chosen key nor the head's top key, and visible
-    inst = qa.instances(rec, 1, 0, "all", "sink")
+    inst = rules.instances(rec, 1, 0, "all", "sink")
     pat = rec.pattern(1)[inst.rows, 0, inst.query]
     ok = inst.null >= 0
     assert (inst.null[ok] != inst.key[ok]).all()
@@ -325,7 +326,7 @@ def test_a_planted_induction_head_reads_the_previous_token_head_on_its_key_side(
     rec = qa.record(model, ids)
     prev = rec.pattern(0)[:, 0]  # layer 0 attends to the previous position
     assert (prev[:, 2:].argmax(-1) == torch.arange(1, 16)).all()
-    inst = qa.instances(rec, 1, 0, "all", "induction")
+    inst = rules.instances(rec, 1, 0, "all", "induction")
     assert len(inst) == 3 * 8 and (inst.key == inst.query - 7).all()
     assert (rec.pattern(1)[inst.rows, 0, inst.query, inst.key] > 0.9).all()
     c = qa.table(rec, 1, 0, inst.rows, inst.query, inst.key).mean(0)
@@ -344,7 +345,7 @@ def test_subspaces_add_up_to_the_logit(which, tiny_gpt2, tiny_gqa_llama, tiny_ge
     model = {"gpt2": tiny_gpt2, "llama": tiny_gqa_llama, "gemma3": tiny_gemma3}[which]
     rec = qa.record(model, _ids(model))
     for la in range(model.n_layers):
-        inst = qa.instances(rec, la, 1, "all", "argmax")
+        inst = rules.instances(rec, la, 1, "all", "argmax")
         names, parts = qa.subspaces(rec, la, 1, inst.rows, inst.query, inst.key)
         logit = rec.logits(la)[inst.rows, 1, inst.query, inst.key]
         torch.testing.assert_close(parts.sum(1), logit, atol=1e-5, rtol=0)
@@ -367,7 +368,7 @@ def _eager_knockouts(model, la, h, comp_name, side):
 
     ids = _ids(model, rows=2, n=12)
     rec = qa.record(model, ids)
-    inst = qa.instances(rec, la, h, "all", "argmax")
+    inst = rules.instances(rec, la, h, "all", "argmax")
     c = qa.table(rec, la, h, inst.rows, inst.query, inst.key)
     names = rec.components(la)
     comp = names.index(comp_name)
