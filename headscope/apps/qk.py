@@ -15,7 +15,8 @@ The run directory::
       tables.npz      per head, the whole mean table (components x components) and its names
       tokens.jsonl    one line per prompt: its token ids (and a task's positions)
       metadata.json   the model, the settings, where the prompts came from
-      map_L*H*.png    the component map of each head (the first 12), report.html
+      map_L*H*.png    the component map of each head (the first 12; --figure-format: svg, pdf too),
+                      report.html (it embeds the PNG maps)
 """
 
 from __future__ import annotations
@@ -220,17 +221,19 @@ def map_figure(table: np.ndarray, names: list[str], title: str):
 
 
 def qk_to_dir(
-    model_name: str,
+    model_name,
     out: str | Path,
     config: QKSettings | None = None,
     *,
     force: bool = False,
     figures: bool = True,
+    figure_formats=None,
     say: Callable[[str], None] | None = None,
     **settings,
 ) -> Path:
     """``headscope qk``: check the settings and ``out`` (one line each, before the model
-    loads), load ``model_name``, decompose, write the run directory (module docstring)."""
+    loads), load ``model_name`` (a name or folder; or a model already loaded), decompose, write
+    the run directory (module docstring)."""
     from headscope.rundir.kinds import QK
     from headscope.rundir.record import run_record
     from headscope.rundir.store import check_out_dir, write_csv, write_run
@@ -239,9 +242,12 @@ def qk_to_dir(
     config = QKSettings.configure(config, settings)
     check_rules(config)
     check_out_dir(out, force, QK)
-    from headscope.models.loading import load_model
+    if isinstance(model_name, str | Path):
+        from headscope.models.loading import load_model
 
-    model = load_model(model_name, device=config.device, dtype=config.dtype)
+        model = load_model(str(model_name), device=config.device, dtype=config.dtype)
+    else:  # a model already loaded
+        model = model_name
     if config.threads:
         import torch
 
@@ -267,13 +273,15 @@ def qk_to_dir(
     def draw(tmp: Path) -> None:
         import matplotlib.pyplot as plt
 
+        from headscope.files import save_figure
+
         for name in list(res["tables"])[:MAX_MAPS]:
             fig = map_figure(
                 res["tables"][name],
                 res["components"][name],
                 f"{model.name} {name}: query {config.query}, key {config.key}",
             )
-            fig.savefig(tmp / f"map_{name}.png", dpi=110)
+            save_figure(fig, tmp / f"map_{name}.png", formats=figure_formats)
             plt.close(fig)
 
     def page(tmp: Path) -> None:

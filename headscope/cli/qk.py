@@ -37,6 +37,12 @@ def qk(model_name, out, force, no_figures, figure_format, quiet, **settings) -> 
     config = config_from(QKSettings, settings)
     out = out or f"runs/{model_name.rstrip('/').split('/')[-1]}-qk"
     path = qk_to_dir(
-        model_name, out, config, force=force, figures=not no_figures, say=say_to_stderr(quiet)
+        model_name,
+        out,
+        config,
+        force=force,
+        figures=not no_figures,
+        figure_formats=figure_format or ("png",),
+        say=say_to_stderr(quiet),
     )
     click.echo(f"wrote {path}/")

@@ -62,3 +62,12 @@ def test_bad_input_exits_2_in_one_line_writing_nothing(tmp_path, tiny_gpt2_dir, 
     lines = [x for x in r.output.splitlines() if x.strip()]
     assert len(lines) == 1 and says in lines[0], r.output
     assert not out.exists()
+
+
+def test_figure_formats_are_honoured(tmp_path, tiny_gpt2_dir):
+    out = tmp_path / "qk"
+    r = run("qk", str(tiny_gpt2_dir), "--heads", "L1H0", "--n-prompts", "2", "--seq-len", "8",
+            "--bootstrap", "0", "--figure-format", "svg", "--out", str(out), "-q")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert (out / "map_L1H0.svg").exists() and not (out / "map_L1H0.png").exists()
+    assert (out / "report.html").exists()

@@ -32,6 +32,7 @@ DRAWING = (
     "patch",
     "circuit",
     "discover",
+    "qk",
 )
 
 
