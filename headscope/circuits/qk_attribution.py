@@ -72,12 +72,8 @@ class QKRecord:
 
     def pattern(self, layer: int) -> Float[Tensor, "row head query key"]:
         """The layer's attention pattern from its recorded call (float64)."""
-        call = self.calls[layer]
-        logits = self.logits(layer)
-        cap = call.extras.get("softcap")
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-        return torch.softmax(logits.masked_fill(~self.visible(layer), -torch.inf), -1)
+        cap = self.calls[layer].extras.get("softcap")
+        return attend(self.logits(layer), self.visible(layer), cap)
 
     def logits(self, layer: int) -> Float[Tensor, "row head query key"]:
         call = self.calls[layer]
@@ -98,11 +94,10 @@ class QKRecord:
             q = call.query[:, head].double().cpu()
             k = call.key[:, head // call.group].double().cpu()
             logits = call.scale * q @ k.transpose(-1, -2)
-            cap = call.extras.get("softcap")
-            capped = torch.tanh(logits / cap) * cap if cap else logits
             vis = self.visible(layer)
-            vis = vis[:, 0 if vis.shape[1] == 1 else head]
-            pat = torch.softmax(capped.masked_fill(~vis, -torch.inf), -1)
+            pat = attend(
+                logits, vis[:, 0 if vis.shape[1] == 1 else head], call.extras.get("softcap")
+            )
             self._head.clear()
             self._head.update(at=(layer, head), logits=logits, pattern=pat)
         return self._head["logits"], self._head["pattern"]
@@ -118,6 +113,14 @@ class QKRecord:
         if mask.dtype != torch.bool:
             mask = mask > torch.finfo(mask.dtype).min / 2
         return mask.cpu()
+
+
+def attend(logits: Tensor, visible: Tensor, cap: float | None = None) -> Tensor:
+    """The softmax over keys of ``logits`` where ``visible``, through a soft cap
+    (``cap * tanh(logits / cap)``) where the model has one."""
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return torch.softmax(logits.masked_fill(~visible, -torch.inf), -1)
 
 
 @dataclass
@@ -280,10 +283,11 @@ class Side:
         s, _ = _norm_scale(self.qk_norm, pre)
         return s * _gain(self.qk_norm, self.offset)
 
-    def parts(self, rows: Tensor, pos: Tensor) -> Float[Tensor, "n component d_head"]:
-        rec = self.rec
-        x = rec.streams[self.layer][rows, pos].double()  # [n, d]
-        comp = rec.writers[rows, pos, : self.n]  # [n, A, d], the model's dtype
+    def _linear(self, rows: Tensor, pos: Tensor, comp: Tensor) -> tuple[Tensor, Tensor]:
+        """Components ``comp`` (``[n, m, d_model]`` at ``rows``/``pos``) through the frozen input
+        norm and the projection (``[n, m, d_head]``, float64), and the whole stream's real
+        projection there (``[n, d_head]``)."""
+        x = self.rec.streams[self.layer][rows, pos].double()  # [n, d]
         s, kind = _norm_scale(self.norm, x)
         w = self.w * _gain(self.norm, self.offset)  # [d_head, d]
         if kind == "layer":
@@ -292,24 +296,19 @@ class Side:
         # still add up exactly to the whole stream's projection, taken in float64, since the bias
         # is what the whole holds beyond them
         dt = torch.float64 if comp.dtype == torch.float64 else torch.float32
-        lin = (comp.to(dt) @ w.T.to(dt)).double() * s[:, None]  # [n, A, d_head]
-        _, whole = self._pre(x)  # the real projection of the whole stream
+        lin = (comp.to(dt) @ w.T.to(dt)).double() * s[:, None]
+        return lin, self._pre(x)[1]
+
+    def parts(self, rows: Tensor, pos: Tensor) -> Float[Tensor, "n component d_head"]:
+        lin, whole = self._linear(rows, pos, self.rec.writers[rows, pos, : self.n])
         bias = whole - lin.sum(1)  # the stream's constants, the norm's bias, the projection's
-        out = torch.cat([lin, bias[:, None]], 1)
-        out = out * self._qk_scale(whole)[:, None]
+        out = torch.cat([lin, bias[:, None]], 1) * self._qk_scale(whole)[:, None]
         return self._rotate(out, rows, pos)
 
     def part(self, rows: Tensor, pos: Tensor, a: int) -> Float[Tensor, "n d_head"]:
         """Stream component ``a``'s part alone (what :meth:`parts` gives in its column ``a``)."""
-        rec = self.rec
-        x = rec.streams[self.layer][rows, pos].double()
-        s, kind = _norm_scale(self.norm, x)
-        w = self.w * _gain(self.norm, self.offset)
-        if kind == "layer":
-            w = w - w.mean(-1, keepdim=True)
-        lin = rec.writers[rows, pos, a].double() @ w.T * s  # [n, d_head]
-        _, whole = self._pre(x)
-        return self._rotate((lin * self._qk_scale(whole))[:, None], rows, pos)[:, 0]
+        lin, whole = self._linear(rows, pos, self.rec.writers[rows, pos, a : a + 1])
+        return self._rotate(lin * self._qk_scale(whole)[:, None], rows, pos)[:, 0]
 
     def full(self, x: Tensor, rows: Tensor, pos: Tensor) -> Float[Tensor, "n d_head"]:
         _, pre = self._pre(x)
@@ -396,9 +395,7 @@ def knockouts(
     scale = call.scale
 
     def probs(logits: Tensor) -> Tensor:
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-        return torch.softmax(logits.masked_fill(~vis, -torch.inf), -1)
+        return attend(logits, vis, cap)
 
     raw = scale * torch.einsum("nd,nkd->nk", q_own, keys)  # the logits before any cap
     slope = 1 - torch.tanh(raw / cap) ** 2 if cap else torch.ones_like(raw)  # d capped / d raw
