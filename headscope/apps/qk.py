@@ -60,18 +60,21 @@ def _prompts(model, config: QKSettings) -> tuple[list[list[int]], dict | None, d
     return [list(s) for s in p.sequences], None, {"source": f"{p.name} probe", **p.settings}
 
 
-def _heads(model, config: QKSettings) -> list[tuple[int, int]]:
+def _heads(config: QKSettings, name: str, n_layers: int, n_heads: int) -> list[tuple[int, int]]:
+    """The heads ``config`` names, each inside a model of ``n_layers`` layers of ``n_heads``
+    heads (a loaded model's, or its config's on disk before it loads): one line for the first
+    that is not."""
     if tuple(config.heads) == ("all",):
-        return [(la, h) for la in range(model.n_layers) for h in range(model.n_heads)]
+        return [(la, h) for la in range(n_layers) for h in range(n_heads)]
     from headscope.circuits.receivers import parse_head
 
     out = []
-    for name in config.heads:
-        la, h = parse_head(name)
-        if not (0 <= la < model.n_layers and 0 <= h < model.n_heads):
+    for head in config.heads:
+        la, h = parse_head(head)
+        if not (0 <= la < n_layers and 0 <= h < n_heads):
             raise HeadscopeError(
-                f"Head {name} is outside {model.name} ({model.n_layers} layers of "
-                f"{model.n_heads} heads: L0H0 to L{model.n_layers - 1}H{model.n_heads - 1})."
+                f"Head {head} is outside {name} ({n_layers} layers of {n_heads} heads: "
+                f"L0H0 to L{n_layers - 1}H{n_heads - 1})."
             )
         out.append((la, h))
     return out
@@ -103,7 +106,7 @@ def qk(
     config = QKSettings.configure(config, kw)
     say = say or (lambda _m: None)
     qa.check_family(model)
-    heads = _heads(model, config)
+    heads = _heads(config, model.name, model.n_layers, model.n_heads)
     if prompts is None:
         prompts, positions, source = _prompts(model, config)
     else:
@@ -244,6 +247,11 @@ def qk_to_dir(
     check_out_dir(out, force, QK)
     if isinstance(model_name, str | Path):
         from headscope.models.loading import load_model
+        from headscope.models.sources import model_shape
+
+        shape = model_shape(str(model_name))
+        if shape is not None:  # the heads' range from the config on disk: before the load
+            _heads(config, str(model_name), *shape)
 
         model = load_model(str(model_name), device=config.device, dtype=config.dtype)
     else:  # a model already loaded

@@ -71,3 +71,17 @@ def test_figure_formats_are_honoured(tmp_path, tiny_gpt2_dir):
     assert r.exit_code == 0, r.output
     assert (out / "map_L1H0.svg").exists() and not (out / "map_L1H0.png").exists()
     assert (out / "report.html").exists()
+
+
+def test_a_head_outside_the_model_is_refused_before_it_loads(tmp_path, tiny_gpt2_dir, monkeypatch):
+    import headscope.models.loading as loading
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the heads were checked")
+
+    monkeypatch.setattr(loading, "load_model", no_load)
+    out = tmp_path / "qk"
+    r = CliRunner().invoke(main, ["qk", str(tiny_gpt2_dir), "--heads", "L1H0,L2H9", "--out",
+                                  str(out), "-q"])  # fmt: skip
+    assert r.exit_code == 2 and "Head L2H9 is outside" in r.output, r.output
+    assert not out.exists()
