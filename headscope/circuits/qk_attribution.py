@@ -64,6 +64,8 @@ class QKRecord:
     rope: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
     #: one head's logits and pattern, kept while that head is worked on
     _head: dict = field(default_factory=dict, repr=False)
+    #: the parts already computed for one layer (:func:`side_parts`)
+    _stores: dict = field(default_factory=dict, repr=False)
 
     def components(self, layer: int) -> list[str]:
         """The names of layer ``layer``'s components, the table's rows and columns."""
@@ -221,20 +223,25 @@ def _gain(norm, offset: float) -> Tensor:
 
 class Side:
     """The linear map from the stream at given positions to one head's query or key vector,
-    the norms frozen at the run's values there.
+    the norms frozen at the run's values there (``every``: every head's of that side at once,
+    one product for the layer's query heads).
 
     ``parts(rows, pos)``: ``[n, components, d_head]``, each component's part (the last: bias);
+    ``every_parts``: the same for each head of the side, ``[n, components, heads, d_head]``;
     ``full(x, rows, pos)``: the query or key the real pipeline makes from streams ``x`` (``[n,
     d_model]``, norms recomputed: what a knock-out reads)."""
 
-    def __init__(self, rec: QKRecord, layer: int, head: int, side: str):
+    def __init__(self, rec: QKRecord, layer: int, head: int, side: str, every: bool = False):
         self.rec, self.layer, self.side = rec, layer, side
         an, graph = rec.an, rec.graph
         w = head_weights(an, layer, graph)
         self.slot = head if side == "q" else head // graph.group
-        self.w = w[side][self.slot].detach().double()  # [d_head, d_model]
+        self.slots = list(range(w[side].shape[0])) if every else [self.slot]
+        ws = w[side][self.slots].detach().double()  # [heads, d_head, d_model]
+        self.d_head = ws.shape[1]
+        self.w = ws.reshape(-1, ws.shape[2])  # [heads * d_head, d_model]
         b = w[f"b{side}"]
-        self.b = None if b is None else b[self.slot].detach().double()
+        self.b = None if b is None else b[self.slots].detach().double()  # [heads, d_head]
         self.norm = an.ln1[layer]
         self.offset = an.gain_offset
         attn = an.attn[layer]
@@ -250,7 +257,7 @@ class Side:
 
     def _pre(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """The frozen norm's scale at streams ``x`` (``[n, d]``) and the projection before any
-        query/key norm, for the whole stream (real pipeline)."""
+        query/key norm, for the whole stream (real pipeline; ``[n, heads, d_head]``)."""
         s, kind = _norm_scale(self.norm, x)
         g = _gain(self.norm, self.offset)
         xd = x.double()
@@ -260,67 +267,151 @@ class Side:
         beta = getattr(self.norm, "bias", None)
         if beta is not None:
             y = y + beta.detach().double()
-        out = y @ self.w.T
+        out = (y @ self.w.T).view(len(x), -1, self.d_head)
         if self.b is not None:
             out = out + self.b
         return s, out
 
     def _rotate(self, v: Tensor, rows: Tensor, pos: Tensor) -> Tensor:
-        """``v`` ``[n, m, d_head]`` rotated at each row's position (identity without rotary)."""
+        """``v`` ``[n, m, heads, d_head]`` rotated at each row's position (identity without
+        rotary)."""
         if self.rotary is None:
             return v
         cos, sin = self.rec.rope[self.layer]
         c = cos[rows.to(cos.device) if cos.shape[0] > 1 else 0, pos].double()  # [n, d_head]
         s = sin[rows.to(sin.device) if sin.shape[0] > 1 else 0, pos].double()
-        vv = v[:, :, None]  # [n, m, 1, d_head]: m as heads, one position
+        n, m, h, d = v.shape
+        vv = v.reshape(
+            n, m * h, 1, d
+        )  # [n, m * heads, 1, d_head]: m * heads as heads, one position
         out, _ = self.rotary(vv, vv[:1, :1], c[:, None], s[:, None])  # the key slot: a dummy
-        return out[:, :, 0]
+        return out.view(n, m, h, d)
 
     def _qk_scale(self, pre: Tensor) -> Tensor:
-        """The query/key norm's frozen scale times its gain (``[n, d_head]``), or 1."""
+        """The query/key norm's frozen scale times its gain (``[n, heads, d_head]``), or 1."""
         if self.qk_norm is None:
-            return torch.ones(1, 1, dtype=torch.float64)
+            return torch.ones(1, 1, 1, dtype=torch.float64)
         s, _ = _norm_scale(self.qk_norm, pre)
         return s * _gain(self.qk_norm, self.offset)
 
-    def _linear(self, rows: Tensor, pos: Tensor, comp: Tensor) -> tuple[Tensor, Tensor]:
+    def _linear(
+        self, rows: Tensor, pos: Tensor, comp: Tensor, spare: int = 0
+    ) -> tuple[Tensor, Tensor]:
         """Components ``comp`` (``[n, m, d_model]`` at ``rows``/``pos``) through the frozen input
-        norm and the projection (``[n, m, d_head]``, float64), and the whole stream's real
-        projection there (``[n, d_head]``)."""
+        norm and the projection (``[n, m + spare, heads, d_head]``, float64, the ``spare`` last
+        columns left for the caller), and the whole stream's real projection there (``[n,
+        heads, d_head]``)."""
         x = self.rec.streams[self.layer][rows, pos].double()  # [n, d]
         s, kind = _norm_scale(self.norm, x)
-        w = self.w * _gain(self.norm, self.offset)  # [d_head, d]
+        w = self.w * _gain(self.norm, self.offset)  # [heads * d_head, d]
         if kind == "layer":
             w = w - w.mean(-1, keepdim=True)  # the centring folded in
         # the widest product in the model's float32 (float64 costs twice the time); the parts
         # still add up exactly to the whole stream's projection, taken in float64, since the bias
         # is what the whole holds beyond them
         dt = torch.float64 if comp.dtype == torch.float64 else torch.float32
-        lin = (comp.to(dt) @ w.T.to(dt)).double() * s[:, None]
-        return lin, self._pre(x)[1]
+        n, m = comp.shape[:2]
+        out = torch.empty(n, m + spare, w.shape[0], dtype=torch.float64)
+        torch.mul(comp.to(dt) @ w.T.to(dt), s[:, None], out=out[:, :m])  # widened as it is scaled
+        return out.view(n, m + spare, -1, self.d_head), self._pre(x)[1]
+
+    def every_parts(self, rows: Tensor, pos: Tensor) -> Float[Tensor, "n component head d_head"]:
+        out, whole = self._linear(rows, pos, self.rec.writers[rows, pos, : self.n], spare=1)
+        # the last column: the stream's constants, the norm's bias, the projection's
+        torch.sub(whole, out[:, :-1].sum(1), out=out[:, -1])
+        if self.qk_norm is not None:
+            out *= self._qk_scale(whole)[:, None]
+        return self._rotate(out, rows, pos)
 
     def parts(self, rows: Tensor, pos: Tensor) -> Float[Tensor, "n component d_head"]:
-        lin, whole = self._linear(rows, pos, self.rec.writers[rows, pos, : self.n])
-        bias = whole - lin.sum(1)  # the stream's constants, the norm's bias, the projection's
-        out = torch.cat([lin, bias[:, None]], 1) * self._qk_scale(whole)[:, None]
-        return self._rotate(out, rows, pos)
+        return self.every_parts(rows, pos)[:, :, self.slots.index(self.slot)]
 
     def part(self, rows: Tensor, pos: Tensor, a: int) -> Float[Tensor, "n d_head"]:
         """Stream component ``a``'s part alone (what :meth:`parts` gives in its column ``a``)."""
         lin, whole = self._linear(rows, pos, self.rec.writers[rows, pos, a : a + 1])
-        return self._rotate(lin * self._qk_scale(whole)[:, None], rows, pos)[:, 0]
+        if self.qk_norm is not None:
+            lin = lin * self._qk_scale(whole)[:, None]
+        return self._rotate(lin, rows, pos)[:, 0, self.slots.index(self.slot)]
 
     def full(self, x: Tensor, rows: Tensor, pos: Tensor) -> Float[Tensor, "n d_head"]:
         _, pre = self._pre(x)
         if self.qk_norm is not None:
             pre = pre * self._qk_scale(pre)
-        return self._rotate(pre[:, None], rows, pos)[:, 0]
+        return self._rotate(pre[:, None], rows, pos)[:, 0, self.slots.index(self.slot)]
 
     def own(self, rows: Tensor, pos: Tensor) -> Float[Tensor, "n d_head"]:
         """The model's own query or key vector there, as its attention received it."""
         call = self.rec.calls[self.layer]
         t = call.query if self.side == "q" else call.key
         return t[rows.to(t.device), self.slot, pos.to(t.device)].double().cpu()
+
+
+#: bytes of parts one store keeps (:class:`_Store`); past it, parts are computed and not kept
+STORE_BYTES = 256 * 2**20
+
+
+class _Store:
+    """Parts already computed for one layer, by ``(row, position)``: the query side of every
+    query head at once (the heads of a layer are decomposed at the same queries), the key side
+    per KV head (the heads of a group often pick the same keys). Grows by doubling up to
+    :data:`STORE_BYTES`; past it, :meth:`get` answers None."""
+
+    def __init__(self, n_flat: int, row_bytes: int):
+        self.where = torch.full((n_flat,), -1, dtype=torch.long)
+        self.room = max(1, STORE_BYTES // row_bytes)  # rows it may keep
+        self.data: Tensor | None = None
+        self.used = 0
+
+    def get(self, flat: Tensor, compute, index=()) -> Tensor | None:
+        """The parts at flat positions ``flat`` (``row * positions + position``), computing the
+        missing ones with ``compute(missing_flat)``; ``index`` selects within a row."""
+        uniq = flat.unique()
+        miss = uniq[self.where[uniq] < 0]
+        if len(miss):
+            need = self.used + len(miss)
+            if need > self.room:
+                return None
+            new = compute(miss)
+            if self.data is None or need > len(self.data):
+                cap = min(max(need, 2 * (0 if self.data is None else len(self.data))), self.room)
+                grown = new.new_empty(cap, *new.shape[1:])
+                if self.data is not None:
+                    grown[: self.used] = self.data[: self.used]
+                self.data = grown
+            self.data[self.used : need] = new
+            self.where[miss] = torch.arange(self.used, need)
+            self.used = need
+        return self.data[(self.where[flat], slice(None), *index)]
+
+
+def side_parts(
+    rec: QKRecord, layer: int, head: int, side: str, rows: Tensor, pos: Tensor
+) -> Float[Tensor, "n component d_head"]:
+    """Head ``(layer, head)``'s query (``side="q"``) or key parts at ``(rows, pos)``, as
+    :meth:`Side.parts` gives them, kept in the record's store for the layer (one layer at a time)
+    and shared with the layer's other heads."""
+    n_pos = rec.ids.shape[1]
+    if rec._stores.get("layer") != layer:
+        rec._stores.clear()
+        rec._stores["layer"] = layer
+    flat = rows * n_pos + pos
+    every = side == "q"
+    slot = head if every else head // rec.graph.group
+    key = side if every else (side, slot)
+    if key not in rec._stores:
+        heads = rec.graph.n_heads if every else 1
+        d_head = rec.calls[layer].query.shape[-1]
+        row = (rec.graph.writers_before_attn(layer) + 1) * heads * d_head * 8
+        rec._stores[key] = _Store(rec.ids.numel(), row)
+
+    def compute(f: Tensor) -> Tensor:
+        out = Side(rec, layer, head, side, every=every).every_parts(f // n_pos, f % n_pos)
+        return out if every else out[:, :, 0]
+
+    got = rec._stores[key].get(flat, compute, (slot,) if every else ())
+    if got is None:  # past the store's room: this head's alone, not kept
+        return Side(rec, layer, head, side).parts(rows, pos)
+    return got
 
 
 # ------------------------------------------------------------------------------ the table
@@ -341,13 +432,13 @@ def tables(
     """:func:`table` at each of several key positions for the same queries (``keys``: ``[n]``
     each), the query side's parts computed once."""
     qs, ks = Side(rec, layer, head, "q"), Side(rec, layer, head, "k")
-    q = qs.parts(rows, query)
+    q = side_parts(rec, layer, head, "q", rows, query)
     _check(q.sum(1), qs.own(rows, query), rec, layer, head, "query")
     scale = rec.calls[layer].scale
     logits = rec.head_logits(layer, head)
     n = len(rows)
     many = torch.cat(keys)
-    k_all = ks.parts(rows.repeat(len(keys)), many)  # every key side in one pass
+    k_all = side_parts(rec, layer, head, "k", rows.repeat(len(keys)), many)  # in one pass
     _check(k_all.sum(1), ks.own(rows.repeat(len(keys)), many), rec, layer, head, "key")
     out = []
     for t, key in enumerate(keys):

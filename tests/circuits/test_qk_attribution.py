@@ -424,3 +424,28 @@ def test_a_soft_capped_model_sums_to_the_logit_before_the_cap():
     assert float(rec.logits(1).abs().max()) > 2.0  # some logit beyond the cap
     for side in ("q", "k"):  # knock-outs through the cap: transformers' eager attention agrees
         _eager_knockouts(model, 1, 2, "L0H1", side)
+
+
+@pytest.mark.parametrize("small", [False, True])
+def test_parts_shared_across_a_layers_heads_equal_each_heads_own(tiny_gemma3, monkeypatch, small):
+    """The store (every query head's parts at once, the key parts per KV head, kept by position)
+    gives each head exactly its own parts; with room for 2 query positions of the last layer,
+    the parts past it are computed alone and still equal."""
+    rec = qa.record(tiny_gemma3, _ids(tiny_gemma3))
+    last = tiny_gemma3.n_layers - 1
+    if small:
+        d_head = rec.calls[last].query.shape[-1]
+        row = len(rec.components(last)) * tiny_gemma3.n_heads * d_head * 8
+        monkeypatch.setattr(qa, "STORE_BYTES", 2 * row)
+    full = False
+    for la in range(tiny_gemma3.n_layers):
+        for h in range(tiny_gemma3.n_heads):
+            inst = rules.instances(rec, la, h, "all", "argmax")
+            for side, pos in (("q", inst.query), ("k", inst.key)):
+                got = qa.side_parts(rec, la, h, side, inst.rows, pos)
+                want = qa.Side(rec, la, h, side).parts(inst.rows, pos)
+                torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+            stores = [s for k, s in rec._stores.items() if k != "layer"]
+            assert all(s.used <= s.room for s in stores)
+            full |= rec._stores["q"].used < len(inst.query)  # some queries were not kept
+    assert full == small
