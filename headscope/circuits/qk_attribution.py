@@ -441,8 +441,9 @@ def tables(
     k_all = side_parts(rec, layer, head, "k", rows.repeat(len(keys)), many)  # in one pass
     _check(k_all.sum(1), ks.own(rows.repeat(len(keys)), many), rec, layer, head, "key")
     out = []
+    qs_ = scale * q  # the scale on the smaller factor (exact when it is a power of two)
     for t, key in enumerate(keys):
-        c = scale * q @ k_all[t * n : (t + 1) * n].transpose(1, 2)
+        c = qs_ @ k_all[t * n : (t + 1) * n].transpose(1, 2)
         _check(c.sum((1, 2)), logits[rows, query, key], rec, layer, head, "logit")
         out.append(c)
     return out

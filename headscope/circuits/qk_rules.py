@@ -97,16 +97,28 @@ def instances(
             f"Query {int(i[bad])} cannot see key {int(j[bad])} in row {int(r[bad])} (the model's "
             "mask: causal, or a sliding window); choose a visible key."
         )
-    gen = torch.Generator().manual_seed(seed)
-    top = pat[r, i].argmax(-1)
-    null = torch.empty_like(j)
-    for t in range(len(r)):
-        cand = vis[r[t], i[t]].nonzero()[:, 0]
-        cand = cand[(cand != j[t]) & (cand != top[t])]
-        if not len(cand):
-            null[t] = -1
-            continue
-        dist = (cand - j[t]).abs()
-        near = cand[dist == dist.min()]
-        null[t] = near[torch.randint(len(near), (1,), generator=gen)]
+    null = _null_keys(vis[r, i], j, pat[r, i].argmax(-1), seed)
     return Instances(r, i, j, null)
+
+
+def _null_keys(visible: Tensor, key: Tensor, top: Tensor, seed: int) -> Tensor:
+    """Per instance (``visible``: ``[n, keys]``), the visible key nearest ``key`` that is neither
+    it nor ``top``; ties drawn at random (one draw per instance that has a candidate, in order,
+    from a generator seeded ``seed``); -1 where none is left."""
+    n_keys = visible.shape[1]
+    cand = visible.clone()
+    rows = torch.arange(len(key))
+    cand[rows, key] = False
+    cand[rows, top] = False
+    dist = (torch.arange(n_keys)[None] - key[:, None]).abs().masked_fill(~cand, n_keys + 1)
+    near = cand & (dist == dist.min(1, keepdim=True).values)
+    counts = near.sum(1).tolist()
+    at = near.nonzero()[:, 1].tolist()  # the near keys, instance by instance, in key order
+    gen = torch.Generator().manual_seed(seed)
+    null = torch.full_like(key, -1)
+    start = 0
+    for t, c in enumerate(counts):
+        if c:
+            null[t] = at[start + int(torch.randint(c, (1,), generator=gen))]
+        start += c
+    return null
