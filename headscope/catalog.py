@@ -369,7 +369,24 @@ def census_info(name: str) -> ScoreInfo | None:
     )
 
 
-BUILT_IN: dict[str, ScoreInfo] = {**PATTERN, **CIRCUIT, **EFFECTS, **CENSUS}
+#: ``headscope icl`` (docs/icl.md): the function-vector score; ``fv.<task>`` rows are each task's
+#: part (:func:`describe` names them from this entry).
+ICL: dict[str, ScoreInfo] = {
+    "fv": ScoreInfo(
+        "fv",
+        "icl",
+        "function-vector score (Todd et al. 2024): the rise in the probability of the answer's "
+        "first token when the head's output at the last position of a prompt whose "
+        "demonstrations' labels are shuffled is set to its mean over clean few-shot prompts of "
+        "the task; averaged over prompts (AIE), then over tasks",
+        "",
+        float("nan"),
+        unit="probability",
+        chance="0: a head that carries nothing of the task",
+    ),
+}
+
+BUILT_IN: dict[str, ScoreInfo] = {**PATTERN, **CIRCUIT, **EFFECTS, **CENSUS, **ICL}
 
 
 def _registered() -> dict:
@@ -383,6 +400,10 @@ def describe(name: str):
     """What the score called ``name`` means (a :class:`~headscope.result.ScoreInfo`, or the
     registered :class:`~headscope.metrics.base.Metric`), or None. Names match without case."""
     key = str(name).lower()
+    if key.startswith("fv."):
+        return replace(ICL["fv"], name=str(name), definition=ICL["fv"].definition.replace(
+            "; averaged over prompts (AIE), then over tasks", f" {key[3:]}; averaged over prompts"
+        ))  # fmt: skip
     return (
         BUILT_IN.get(key) or _registered().get(name) or _registered().get(key) or census_info(name)
     )

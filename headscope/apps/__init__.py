@@ -15,5 +15,6 @@ circuit          which head feeds which on a task: path patching, composition, I
 circuit_run      a circuit run's directory: written whole, read back, the command's whole job
 discover         a task's circuit in the edge graph: every edge scored, exact edges, the curve
 qk               why heads attend where they do: their logits split over component pairs, a run
+icl              which heads carry in-context learning: FV heads beside induction, the ablations
 ===============  ================================================================================
 """

@@ -10,6 +10,7 @@ DiscoverSettings   ``headscope discover``: edge scores, exact edges, the faithfu
 CensusSettings     ``headscope census``: which parts, the syntax part's sentences, the nulls
 PlanSettings       ``headscope kvplan``: budgets, the sink + window band, how a plan is verified
 QKSettings         ``headscope qk``: which heads, which prompts, which query and key
+IclSettings        ``headscope icl``: which in-context tasks, how many prompts, the ablations
 =================  ================================================================================
 
 >>> CensusSettings().parts[0], CensusSettings(parts="noop,rare_word").parts
@@ -567,3 +568,78 @@ class QKSettings(Resampling, Placement):
 
             for h in heads:
                 parse_head(h)
+
+
+# ------------------------------------------------------------------------------ icl
+
+#: which queries the indirect effects use: those the model answers right 10-shot (Todd et al.'s
+#: filter), or all (Yin and Steinhardt's)
+ICL_FILTERS = ("correct", "none")
+
+
+@dataclass(frozen=True)
+class IclSettings(Resampling, Placement):
+    """Which in-context tasks, how many prompts of each, and the ablations."""
+
+    tasks: tuple = opt(
+        ("all",),
+        "ICL tasks, comma-separated: bundled kits (antonym, country-capital, ...) or JSON files "
+        "of input/output pairs; all: every bundled kit.",
+        kind="csv",
+    )
+    shots: int = opt(10, "Demonstrations per few-shot prompt.")
+    queries: int = opt(
+        100, "Valid-split queries per task for the accuracy baseline and the correct filter."
+    )
+    mean_prompts: int = opt(100, "Clean few-shot prompts per task for each head's mean output.")
+    prompts: int = opt(25, "Shuffled-label prompts per task for the indirect effects.")
+    filter: str = opt(
+        "correct",
+        "Queries for the mean outputs and the indirect effects: correct (those the model "
+        "answers right few-shot, Todd et al.) or none (every valid query, Yin and Steinhardt).",
+        choices=ICL_FILTERS,
+    )
+    test_prompts: int = opt(
+        50, "Test-split few-shot prompts per task for the ablations (0: no ablations)."
+    )
+    fractions: tuple = opt(
+        (0.01, 0.03, 0.05, 0.1, 0.2),
+        "Ablations: shares of the heads mean-ablated (k = max(1, int(share x heads))).",
+        kind="floats",
+    )
+    exclude: float = opt(
+        0.02, "Ablations: the top share of the other ranking left out of each set (0.02: 2%)."
+    )
+    random_sets: int = opt(20, "Ablations: random head sets of each size (the base rate).")
+    repeat_sequences: int = opt(16, "Repeat sequences for the induction-side scores.")
+    seed: int = opt(0, "Seed of the prompts' draws, the shuffles and the random sets.")
+
+    def normalise(self) -> None:
+        super().normalise()
+        self.put("tasks", as_tuple(self.tasks) or ("all",))
+        fr = self.fractions
+        self.put(
+            "fractions", tuple(float(f) for f in (fr.split(",") if isinstance(fr, str) else fr))
+        )
+        self.put("filter", str(self.filter).strip().lower())
+
+    def check(self) -> None:
+        super().check()
+        check_choice("filter", self.filter, ICL_FILTERS)
+        for name in ("shots", "queries", "mean_prompts", "prompts", "repeat_sequences"):
+            at_least(name, getattr(self, name))
+        at_least("test_prompts", self.test_prompts, 0)
+        at_least("random_sets", self.random_sets, 0)
+        for f in self.fractions:
+            if not 0 < float(f) <= 1:
+                raise HeadscopeError(
+                    f"{setting('fractions')} are shares of the heads in (0, 1]; got {f}."
+                )
+        if not 0 <= self.exclude < 1:
+            raise HeadscopeError(f"{setting('exclude')} is a share in [0, 1); got {self.exclude}.")
+        tasks = tuple(self.tasks)
+        if tasks != ("all",):
+            from headscope.probes.icl import icl_task
+
+            for t in tasks:
+                icl_task(t)  # one line for an unknown kit or a bad file

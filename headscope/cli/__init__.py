@@ -16,6 +16,7 @@ patch      ``headscope patch``
 circuit    ``headscope circuit``
 discover   ``headscope discover``
 qk         ``headscope qk``
+icl        ``headscope icl``
 models     ``headscope models``
 metrics    ``headscope metrics``
 engines    ``headscope engines``

@@ -31,6 +31,7 @@ COMMANDS = {
     "circuit": "headscope.cli.circuit:circuit",
     "discover": "headscope.cli.discover:discover",
     "qk": "headscope.cli.qk:qk",
+    "icl": "headscope.cli.icl:icl",
     "models": "headscope.cli.models:models",
     "metrics": "headscope.cli.metrics:metrics",
     "engines": "headscope.cli.engines:engines",

@@ -15,5 +15,7 @@ patching      exact patching of every head's z, q, k, v, pattern: cached runs, r
 patch_attribution  attribution patching: every head and activation from one forward + backward
 logit_attribution  direct logit attribution of every head through frozen norms
 patch_table   effects as ratios of means, bootstrap intervals over pairs, the tidy tables
+function_vectors  function-vector heads: mean outputs, indirect effects from a cached prefix
+icl_stats     means over tasks of means over prompts, rank agreement, overlaps with chance
 ============  ======================================================================================
 """

@@ -391,15 +391,7 @@ class Model:
                 f"{self.name}: its attention does not run through transformers' "
                 "attention interface, so headscope cannot reach inside it."
             )
-        import inspect
-
-        # the keyword the forward takes its KV cache by: ``cache`` (transformers 5.2x), else
-        # ``past_key_values``
-        cache_arg = (
-            "cache"
-            if "cache" in inspect.signature(self.hf.forward).parameters
-            else "past_key_values"
-        )
+        cache_arg = self._cache_arg()
         out_ids: list[int] = []
         with (
             self._lock,
@@ -421,6 +413,54 @@ class Model:
                         **{cache_arg: cache},
                     )
         return out_ids
+
+    def _cache_arg(self) -> str:
+        """The keyword the forward takes its KV cache by: ``cache`` (transformers 5.2x), else
+        ``past_key_values``."""
+        import inspect
+
+        params = inspect.signature(self.hf.forward).parameters
+        return "cache" if "cache" in params else "past_key_values"
+
+    def prefix_cache(self, prefix: Sequence[int]):
+        """The KV cache of one forward over ``prefix`` (a prompt without its last token), for
+        :meth:`run_last`; headscope's attention function runs it, no intervention active."""
+        with (
+            self._lock,
+            torch.inference_mode(),
+            _eval_mode(self.hf),
+            self._our_attention(),
+        ):
+            x = torch.tensor([list(prefix)], device=self.device)
+            out = self.hf(input_ids=x, use_cache=True, logits_to_keep=1)
+        return getattr(out, "cache", None) or out.past_key_values
+
+    def run_last(
+        self, cache, last: int, copies: int, interventions: Sequence[Intervention] = ()
+    ) -> Float[Tensor, "copy vocab"]:
+        """Logits at a prompt's last position, for ``copies`` copies of it run in one batch with
+        ``interventions`` (which may act per row): the copies read the prompt's earlier positions
+        from ``cache`` (:meth:`prefix_cache`, left as it was) and compute the last token alone.
+
+        What the full forward gives when the interventions act at the last position only: the
+        earlier positions' keys and values do not depend on it (a causal model). Equal to the full
+        forward to float rounding (``tests/models/test_run_last.py``)."""
+        import copy
+
+        if not self.causal:
+            raise HeadscopeError(f"{self.name} is not a causal model; run_last needs a decoder.")
+        batch_cache = copy.deepcopy(cache)
+        batch_cache.batch_repeat_interleave(copies)
+        with (
+            self._lock,
+            torch.inference_mode(),
+            _eval_mode(self.hf),
+            self._our_attention(),
+            attention.intercept(None, interventions),
+        ):
+            x = torch.full((copies, 1), int(last), device=self.device)
+            out = self.hf(input_ids=x, use_cache=True, **{self._cache_arg(): batch_cache})
+        return out.logits[:, -1]
 
     def logits(
         self, tokens: Int[Tensor, "batch pos"], mask: Bool[Tensor, "batch pos"] | None = None

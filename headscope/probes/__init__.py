@@ -12,5 +12,6 @@ unigrams   unigram counts of the bundled prose per tokenizer (what ``rare_word``
 tasks      patching tasks: prompt pairs (clean, corrupt) with answer and wrong tokens, from code or
            JSONL / TSV, tokenized and checked (:class:`~headscope.probes.tasks.Task`)
 kits       the built-in tasks (ioi, capital, pronoun, copy_name) from ``headscope/data/tasks/``
+icl        in-context learning kits (Todd et al.'s input/output pairs) and their few-shot prompts
 =========  =========================================================================================
 """

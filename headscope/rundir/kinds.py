@@ -41,6 +41,7 @@ PATCH = RunKind("patch", "headscope-patching/1", "patching.csv", "patching run")
 CIRCUIT = RunKind("circuit", "headscope-circuit/1", "path.csv", "circuit run")
 DISCOVER = RunKind("discover", "headscope-discover/1", "edges.csv", "discovery run")
 QK = RunKind("qk", "headscope-qk/1", "qk.csv", "QK run")
+ICL = RunKind("icl", "headscope-icl/1", "fv_heads.csv", "ICL run")
 # a census may replace a scan's run directory (both hold scores.csv), never the reverse
 CENSUS = RunKind("census", "headscope-census/1", "scores.csv", "census run", (RUN_FORMAT,))
 KVPLAN = RunKind(
@@ -53,6 +54,6 @@ KVPLAN = RunKind(
 )
 
 #: By command.
-KINDS = {k.command: k for k in (SCAN, PATCH, CIRCUIT, DISCOVER, QK, CENSUS, KVPLAN)}
+KINDS = {k.command: k for k in (SCAN, PATCH, CIRCUIT, DISCOVER, QK, ICL, CENSUS, KVPLAN)}
 #: By run format.
 FORMATS = {k.run_format: k for k in KINDS.values()}

@@ -1,0 +1,139 @@
+"""Function-vector heads (headscope.effects.function_vectors): the indirect effects equal a plain
+full forward of transformers' eager attention with a forward pre-hook on the output projection (no
+headscope code); a head given its own output changes nothing; a head that writes nothing has no
+effect; the cached last position equals the full forward."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from headscope.effects import function_vectors as fv
+from headscope.errors import HeadscopeError
+from headscope.models.attention import AttentionCall
+from headscope.probes import icl
+
+
+def _oracle_effects(model, prompts, means, heads):
+    """IE by full forwards of an eager copy, the head's slice of the output projection's input
+    set at the last position by a plain pre-hook."""
+    hf = copy.deepcopy(model.hf)
+    hf.set_attn_implementation("eager")
+    layers = hf.model.layers
+    d = hf.config.head_dim
+    out = torch.zeros(len(prompts), len(heads), dtype=torch.float64)
+    for p, (ids, ans) in enumerate(zip(prompts.ids, prompts.answer, strict=True)):
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            p0 = torch.softmax(hf(input_ids=x).logits[0, -1].double(), -1)[ans]
+        for k, (la, h) in enumerate(heads):
+
+            def pre(mod, args, la=la, h=h):
+                y = args[0].clone()
+                y[0, -1, h * d : (h + 1) * d] = means[la, h]
+                return (y,)
+
+            hook = layers[la].self_attn.o_proj.register_forward_pre_hook(pre)
+            try:
+                with torch.no_grad():
+                    p1 = torch.softmax(hf(input_ids=x).logits[0, -1].double(), -1)[ans]
+            finally:
+                hook.remove()
+            out[p, k] = p1 - p0
+    return out
+
+
+@pytest.fixture(scope="module")
+def capital_prompts(smollm2):
+    task = icl.icl_task("country-capital")
+    clean = icl.build_prompts(smollm2, task, 6, "clean", seed=1)
+    shuffled = icl.build_prompts(smollm2, task, 2, "shuffled", seed=2)
+    return clean, shuffled
+
+
+def test_indirect_effects_equal_a_plain_hooks_oracle_on_smollm2(smollm2, capital_prompts):
+    clean, shuffled = capital_prompts
+    means = fv.mean_outputs(smollm2, clean)
+    heads = [(0, 0), (9, 4), (15, 2), (20, 5), (29, 8)]
+    got, base = fv.indirect_effects(smollm2, shuffled, means, heads, jobs_per_forward=3)
+    want = _oracle_effects(smollm2, shuffled, means, heads)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert got.abs().max() > 1e-4  # the heads move the answer: the check has teeth
+    assert ((base > 0) & (base < 1)).all()
+
+
+class _Own:
+    """Records each layer's head outputs at the (only) position of a cached last-token run."""
+
+    def __init__(self):
+        self.z = {}
+
+    def before(self, call: AttentionCall) -> AttentionCall:
+        return call
+
+    def after(self, call, out):
+        self.z[call.layer] = out[0, -1].detach().clone()
+        return out
+
+
+def test_a_head_given_its_own_output_changes_nothing(smollm2, capital_prompts):
+    """Every head's effect is 0 (to float32 rounding: under 1e-5, the oracle test's tolerance;
+    a wrong head or position moves the answer by far more) when its mean output is its own
+    output on the prompt."""
+    _, shuffled = capital_prompts
+    one = icl.IclPrompts("t", "shuffled", shuffled.ids[:1], shuffled.answer[:1], [0], [[]])
+    own = _Own()
+    smollm2.run_last(smollm2.prefix_cache(one.ids[0][:-1]), one.ids[0][-1], 1, [own])
+    means = torch.stack([own.z[la] for la in range(smollm2.n_layers)])
+    ie, _ = fv.indirect_effects(smollm2, one, means)
+    # float32 rounding only: a batch of 96 copies rounds the last bits unlike a batch of one
+    assert float(ie.abs().max()) < 1e-5
+    # its own output from the full forward: the same
+    _, _, z = fv.last_position(smollm2, one, outputs=True)
+    ie_full, _ = fv.indirect_effects(smollm2, one, z[0])
+    assert float(ie_full.abs().max()) < 1e-5
+
+
+def test_the_cached_last_position_equals_the_full_forward(smollm2, capital_prompts):
+    _, shuffled = capital_prompts
+    ids = shuffled.ids[0]
+    full = smollm2.run(torch.tensor([ids]), output="logits")[0, -1]
+    cached = smollm2.run_last(smollm2.prefix_cache(ids[:-1]), ids[-1], 3)
+    for row in cached:
+        torch.testing.assert_close(row, full, atol=1e-4, rtol=1e-5)
+
+
+def test_a_head_that_writes_nothing_has_no_effect(tiny_gqa_llama):
+    """Closed form: head 1 of layer 0 has a zero output projection, so setting its output to
+    anything moves nothing (IE exactly 0); head 0's effect is what setting its output to the mean
+    does to a hand-computed readout (its part of o_proj times the difference, through the rest of
+    the model) and is not 0."""
+    model = tiny_gqa_llama
+    o = model.hf.model.layers[0].self_attn.o_proj
+    d = model.hf.config.head_dim
+    saved = o.weight.detach().clone()
+    try:
+        with torch.no_grad():
+            o.weight[:, d : 2 * d] = 0.0
+        ids = [[model.bos_id, 5, 9, 13, 5, 9], [model.bos_id, 7, 8, 7, 8, 7]]
+        prompts = icl.IclPrompts("t", "shuffled", ids, [13, 8], [0, 1], [[], []])
+        means = torch.randn(
+            model.n_layers, model.n_heads, d, generator=torch.Generator().manual_seed(0)
+        )
+        ie, _ = fv.indirect_effects(model, prompts, means, [(0, 1), (0, 0)])
+        assert float(ie[:, 0].abs().max()) == 0.0
+        assert float(ie[:, 1].abs().min()) > 0.0
+    finally:
+        with torch.no_grad():
+            o.weight.copy_(saved)
+
+
+def test_refused_in_one_line(tiny_bert, smollm2, capital_prompts):
+    clean, _ = capital_prompts
+    with pytest.raises(HeadscopeError, match="is an encoder"):
+        fv.check_model(tiny_bert)
+    means = torch.zeros(smollm2.n_layers, smollm2.n_heads, 64)
+    with pytest.raises(HeadscopeError, match="outside"):
+        fv.indirect_effects(smollm2, clean, means, [(30, 0)])
