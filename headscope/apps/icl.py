@@ -205,9 +205,10 @@ def _induction_side(model, config: IclSettings) -> dict:
     draws = None
     if config.bootstrap:
         w = draw_weights(ind.seq_total.shape[0], config.bootstrap, config.seed + 7)
-        draws = torch.einsum("rs,slh->rlh", w, ind.seq_total.double()) / (
-            w @ ind.seq_count.double()
-        )[:, None, None]
+        draws = (
+            torch.einsum("rs,slh->rlh", w, ind.seq_total.double())
+            / (w @ ind.seq_count.double())[:, None, None]
+        )
         draws = draws.reshape(config.bootstrap, -1)
     return {"scores": scores, "draws": draws}
 

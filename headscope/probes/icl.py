@@ -200,6 +200,11 @@ def build_prompts(
     if kind not in KINDS:
         raise HeadscopeError(f"Unknown prompt kind '{kind}'; use {', '.join(KINDS)}.")
     keep = usable(model, task) if keep is None else keep
+    if not keep.any():
+        raise HeadscopeError(
+            f"Task {task.name}: no pair has an answer {model.name}'s tokenizer can score on its "
+            "first token (each is empty, or its first token is whitespace alone)."
+        )
     parts = split(len(task))
     train = parts["train"][keep[parts["train"]]]
     pool = parts["valid"] if queries is None else np.asarray(queries)

@@ -33,6 +33,7 @@ DRAWING = (
     "circuit",
     "discover",
     "qk",
+    "icl",
 )
 
 

@@ -289,10 +289,10 @@ def test_a_census_is_interrupted_as_a_scan_is(phase, tmp_path, tiny_gpt2_dir):
 
 
 def test_every_command_writes_through_the_one_writer(tiny_gpt2, good_task, tmp_path, monkeypatch):
-    """scan, patch, circuit, discover, qk, census and kvplan's plan each call write_run once, with
-    their kind."""
+    """scan, patch, circuit, discover, qk, icl, census and kvplan's plan each call write_run once,
+    with their kind."""
     import headscope.rundir.store as rd
-    from headscope.apps import census, circuit_run, discover, kvplan, patch, qk
+    from headscope.apps import census, circuit_run, discover, icl, kvplan, patch, qk
     from headscope.rundir.kinds import KINDS
 
     kinds = []
@@ -318,12 +318,17 @@ def test_every_command_writes_through_the_one_writer(tiny_gpt2, good_task, tmp_p
     discover.save_discovery(found, tmp_path / "discover", figures=False)
     qk.qk_to_dir(tiny_gpt2, tmp_path / "qk", heads=("L1H0",), n_prompts=2, seq_len=8, bootstrap=0,
                  knockouts=0, figures=False)  # fmt: skip
+    from tests.icl_helpers import tiny_settings, write_task
+
+    icl.icl_to_dir(
+        tiny_gpt2, tmp_path / "icl", figures=False, **tiny_settings(write_task(tmp_path))
+    )
     settings = census.CensusSettings(parts=("rare_word",), n_prompts=2, bootstrap=10)
     census.census(tiny_gpt2, tmp_path / "census", settings, figures=False)
     from tests.apps.test_kvplan import _plan_table
 
     kvplan.save(_plan_table(), tmp_path / "plan", kvplan.PlanSettings(), "tiny", {}, {})
-    assert kinds == ["scan", "patch", "circuit", "discover", "qk", "census", "kvplan"]
+    assert kinds == ["scan", "patch", "circuit", "discover", "qk", "icl", "census", "kvplan"]
     assert set(kinds) == set(KINDS)
 
 
