@@ -11,6 +11,8 @@ Steinhardt 2025). docs/icl.md. The run directory::
       comparison.csv     FV against induction: rank correlation, top-k overlap (chance beside)
       ablations.csv      few-shot accuracy (test queries) with the top-k FV, induction or random
                          heads mean-ablated, each with and without the other ranking's top heads
+      fv_vector.csv      zero-shot accuracy (test queries) with the function vector of the top FV
+                         heads added after block layers // 3, beside random heads' vectors
       scores.csv         rows ``fv`` and ``fv.<task>`` (one per head), as the census writes them
       prompts.jsonl      every prompt's token ids, answer token, task, kind and pairs
       means.pt           each task's mean head outputs at the last position
@@ -158,6 +160,11 @@ def icl(model, config: IclSettings | None = None, say: Callable[[str], None] | N
         res["ablations"] = _ablations(model, heads, test_sets, mean_all, config)
     else:
         res["ablations"] = pd.DataFrame()
+    res["fv_vector"] = pd.DataFrame()
+    if test_sets and config.fv_heads:
+        say("function vectors added to zero-shot prompts")
+        res["fv_vector"], zero_rows = _vectors(model, heads, tasks, kept_tasks, means, config)
+        prompts_out += zero_rows  # res["prompts"] is this list
     res["scores"] = _scores(model, res, per_task_ie, kept_tasks)
     res["source"] = {"tasks": [t.provenance for t in tasks], "filter": config.filter}
     return res
@@ -312,6 +319,65 @@ def _ablations(model, heads: pd.DataFrame, test_sets: dict, mean_all, config) ->
     return table
 
 
+def _vectors(model, heads: pd.DataFrame, tasks, kept_tasks, means, config):
+    """Todd et al.'s test that the vector carries the task: per task, zero-shot accuracy on
+    ``test_prompts`` test queries with the function vector of the top ``fv_heads`` heads (by FV
+    score over the tasks; each task's own mean outputs) added after block ``fv_layer`` at the
+    last position, beside ``random_sets`` vectors of as many random heads' mean outputs. Returns
+    the table and the zero-shot prompts' rows for ``prompts.jsonl``."""
+    import torch
+
+    from headscope.effects import function_vectors as fv
+    from headscope.effects import icl_stats as st
+    from headscope.probes import icl as kits
+
+    n = len(heads)
+    k = min(config.fv_heads, n)
+    layer = model.n_layers // 3 if config.fv_layer is None else config.fv_layer
+    pairs = list(zip(heads["layer"].tolist(), heads["head"].tolist(), strict=True))
+    top = [pairs[i] for i in heads["fv"].to_numpy().argsort(kind="stable")[::-1][:k]]
+    rng = np.random.default_rng(config.seed + 1)
+    draws = [[pairs[i] for i in rng.choice(n, k, replace=False)] for _ in range(config.random_sets)]
+    by_name = {t.name: t for t in tasks}
+    rows, with_fv, without, saved = [], [], [], []
+    for t, name in enumerate(kept_tasks):
+        task = by_name[name]
+        keep = kits.usable(model, task)
+        test = kits.split(len(task))["test"]
+        test = test[keep[test]]
+        zero = kits.build_prompts(model, task, config.test_prompts, "zero_shot", config.shots,
+                                  config.seed + 1000 * t + 4, queries=test, keep=keep)  # fmt: skip
+        vectors = torch.stack([fv.function_vector(model, means[name], s) for s in [top, *draws]])
+        got = fv.added_at_layer(model, zero, vectors, layer)
+        saved += _rows(zero, "zero_shot_test")
+        acc = got["top1"].double().mean(0)
+        rand = acc[1:].numpy()
+        row = {
+            "task": name,
+            "layer": layer,
+            "heads": k,
+            "prompts": len(zero),
+            "zero_shot": float(got["base_top1"].double().mean()),
+            "with_fv": float(acc[0]),
+        }
+        if len(rand):
+            row["random_mean"] = float(rand.mean())
+            row["random_low"] = float(np.quantile(rand, (1 - config.ci) / 2))
+            row["random_high"] = float(np.quantile(rand, (1 + config.ci) / 2))
+            row["p_random"] = float(((rand >= row["with_fv"]).sum() + 1) / (len(rand) + 1))
+        rows.append(row)
+        with_fv.append(got["top1"][:, :1].double())
+        without.append(got["base_top1"].double()[:, None])
+    m, lo, hi = st.over_tasks(with_fv, config.bootstrap, config.ci, config.seed)
+    b, b_lo, b_hi = st.over_tasks(without, config.bootstrap, config.ci, config.seed)
+    rows.append({"task": "all (mean over tasks)", "layer": layer, "heads": k,
+                 "prompts": sum(x.shape[0] for x in with_fv), "zero_shot": float(b[0]),
+                 "zero_shot_low": float(b_lo[0]), "zero_shot_high": float(b_hi[0]),
+                 "with_fv": float(m[0]), "with_fv_low": float(lo[0]),
+                 "with_fv_high": float(hi[0])})  # fmt: skip
+    return pd.DataFrame(rows), saved
+
+
 def _scores(model, res: dict, per_task_ie, kept_tasks) -> pd.DataFrame:
     """``scores.csv`` rows: ``fv`` (the FV score, two-level interval) and ``fv.<task>`` (each
     task's AIE, interval over prompts), one per head, in the census's columns."""
@@ -383,6 +449,7 @@ def icl_to_dir(
         write_csv(res["heads"], tmp / "fv_heads.csv")
         write_csv(res["comparison"], tmp / "comparison.csv")
         write_csv(res["ablations"], tmp / "ablations.csv")
+        write_csv(res["fv_vector"], tmp / "fv_vector.csv")
         write_csv(res["scores"], tmp / "scores.csv")
         torch.save(res["means"], tmp / "means.pt")
         with open(tmp / "prompts.jsonl", "w") as f:
@@ -467,6 +534,21 @@ def summary_md(model_name: str, res: dict, config: IclSettings) -> str:
                 f"{r.drop:+.3f} [{r.drop_low:+.3f}, {r.drop_high:+.3f}] | {r.random_mean:.3f} "
                 f"[{r.random_low:.3f}, {r.random_high:.3f}] | {r.p_random:.3f} |"
             )
+    vec = res.get("fv_vector", pd.DataFrame())
+    if len(vec):
+        lines += ["", "## The function vector added to zero-shot prompts (test queries)", "",
+                  f"The top {int(vec['heads'].iloc[0])} FV heads' mean outputs, added after block "
+                  f"{int(vec['layer'].iloc[0])} at the last position; beside it, as many random "
+                  "heads' (the range holding 95% of the random vectors).", "",
+                  "| task | zero-shot | with the FV | random heads' vector | P(random >= FV) |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for r in vec.itertuples():
+            rand = (f"{r.random_mean:.3f} [{r.random_low:.3f}, {r.random_high:.3f}]"
+                    if getattr(r, "random_mean", float("nan")) == getattr(r, "random_mean", 0)
+                    else "")  # fmt: skip
+            p = getattr(r, "p_random", float("nan"))
+            lines.append(f"| {r.task} | {r.zero_shot:.3f} | {r.with_fv:.3f} | {rand} | "
+                         f"{'' if p != p else f'{p:.3f}'} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

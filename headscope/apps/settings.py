@@ -610,7 +610,15 @@ class IclSettings(Resampling, Placement):
     exclude: float = opt(
         0.02, "Ablations: the top share of the other ranking left out of each set (0.02: 2%)."
     )
-    random_sets: int = opt(20, "Ablations: random head sets of each size (the base rate).")
+    random_sets: int = opt(
+        20, "Ablations and the function vector: random head sets of each size (the base rate)."
+    )
+    fv_heads: int = opt(
+        10, "Heads whose mean outputs make the function vector (the top by FV score; 0: none)."
+    )
+    fv_layer: int | None = opt(
+        None, "The block after which the function vector is added. [default: layers // 3]"
+    )
     repeat_sequences: int = opt(16, "Repeat sequences for the induction-side scores.")
     seed: int = opt(0, "Seed of the prompts' draws, the shuffles and the random sets.")
 
@@ -630,6 +638,8 @@ class IclSettings(Resampling, Placement):
             at_least(name, getattr(self, name))
         at_least("test_prompts", self.test_prompts, 0)
         at_least("random_sets", self.random_sets, 0)
+        at_least("fv_heads", self.fv_heads, 0)
+        at_least("fv_layer", self.fv_layer, 0)
         for f in self.fractions:
             if not 0 < float(f) <= 1:
                 raise HeadscopeError(

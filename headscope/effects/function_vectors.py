@@ -185,3 +185,72 @@ def indirect_effects(
         heads = [(la, h) for la in range(model.n_layers) for h in range(model.n_heads)]
     got = set_heads_jobs(model, prompts, [[hd] for hd in heads], means, jobs_per_forward)
     return got["prob"] - got["base"], got["base"][:, 0]
+
+
+# ------------------------------------------------------------------------------ the vector itself
+
+
+def function_vector(
+    model, means: Float[Tensor, "layer head dim_v"], heads: Sequence[tuple[int, int]]
+) -> Float[Tensor, " d_model"]:
+    """Todd et al.'s function vector: the sum over ``heads`` of what each head's mean output
+    writes through its slice of the output projection (no bias: Todd et al.'s code adds GPT-2's
+    output bias once per head). In Gemma 2 / 3 the attention output is normalised before it joins
+    the stream; the vector is taken before that norm, as Todd et al. take it at ``out_proj``."""
+    from headscope.circuits.edge_graph import anatomy, graph_of
+    from headscope.circuits.edge_runs import head_weights
+
+    an, graph = anatomy(model), graph_of(model)
+    out = torch.zeros(model.hf.config.get_text_config().hidden_size, dtype=torch.float64)
+    cache: dict[int, Tensor] = {}
+    for la, h in heads:
+        if la not in cache:
+            cache[la] = head_weights(an, la, graph)["o"].detach().double().cpu()
+        out += means[la, h].double() @ cache[la][h]
+    return out.float()
+
+
+def added_at_layer(
+    model,
+    prompts: IclPrompts,
+    vectors: Float[Tensor, "vector d_model"],
+    layer: int,
+    jobs_per_forward: int = JOBS_PER_FORWARD,
+) -> dict[str, Tensor]:
+    """Each vector added to the residual stream after block ``layer`` at each prompt's last
+    position (Todd et al.'s test that a function vector carries the task): ``prob`` and ``top1``
+    (``[prompt, vector]``), ``base_prob`` and ``base_top1`` (``[prompt]``: nothing added)."""
+    check_model(model)
+    if not 0 <= layer < model.n_layers:
+        raise HeadscopeError(f"Layer {layer} is outside {model.name} (0 to {model.n_layers - 1}).")
+    block = model.blocks()[layer]
+    n, m = len(prompts), len(vectors)
+    out = {
+        "prob": torch.zeros(n, m, dtype=torch.float64),
+        "top1": torch.zeros(n, m, dtype=torch.bool),
+        "base_prob": torch.zeros(n, dtype=torch.float64),
+        "base_top1": torch.zeros(n, dtype=torch.bool),
+    }
+    per = max(1, jobs_per_forward - 1)
+    for p, (ids, ans) in enumerate(zip(prompts.ids, prompts.answer, strict=True)):
+        cache = model.prefix_cache(ids[:-1])
+        for start in range(0, m, per):
+            chunk = vectors[start : start + per]
+            add = torch.cat([torch.zeros(1, chunk.shape[1]), chunk.float().cpu()])
+
+            def hook(mod, args, output, add=add):
+                hidden = output[0] if isinstance(output, tuple) else output
+                hidden = hidden + add.to(hidden.device, hidden.dtype)[:, None, :]
+                return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+            handle = block.register_forward_hook(hook)
+            try:
+                logits = model.run_last(cache, ids[-1], len(add)).float().cpu()
+            finally:
+                handle.remove()
+            pr = torch.softmax(logits.double(), -1)[:, ans]
+            top = logits.argmax(-1) == ans
+            out["prob"][p, start : start + len(chunk)] = pr[1:]
+            out["top1"][p, start : start + len(chunk)] = top[1:]
+            out["base_prob"][p], out["base_top1"][p] = pr[0], top[0]
+    return out

@@ -33,8 +33,8 @@ def test_writes_an_icl_run_whose_tables_are_the_functions(tmp_path, tiny_gpt2_di
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["run_format"] == "headscope-icl/1"
     for f in ("tasks.csv", "fv_tasks.csv", "fv_heads.csv", "comparison.csv", "ablations.csv",
-              "scores.csv", "prompts.jsonl", "means.pt", "summary.md", "report.html",
-              "fv_vs_induction.png", "ablations.png"):  # fmt: skip
+              "fv_vector.csv", "scores.csv", "prompts.jsonl", "means.pt", "summary.md",
+              "report.html", "fv_vs_induction.png", "ablations.png"):  # fmt: skip
         assert (out / f).exists(), f
     want = icl(tiny_gpt2, **settings)
     heads = pd.read_csv(out / "fv_heads.csv")
@@ -48,7 +48,10 @@ def test_writes_an_icl_run_whose_tables_are_the_functions(tmp_path, tiny_gpt2_di
     np.testing.assert_allclose(per["aie"], heads["fv"], rtol=1e-9, atol=1e-12)
     prompts = [json.loads(x) for x in (out / "prompts.jsonl").read_text().splitlines()]
     kinds = {p["kind"] for p in prompts}
-    assert kinds == {"baseline_few_shot", "baseline_zero_shot", "mean", "shuffled", "test"}
+    assert kinds == {"baseline_few_shot", "baseline_zero_shot", "mean", "shuffled", "test",
+                     "zero_shot_test"}  # fmt: skip
+    vec = pd.read_csv(out / "fv_vector.csv")
+    assert list(vec["task"]) == ["opposites", "all (mean over tasks)"]
     means = torch.load(out / "means.pt")
     assert means["opposites"].shape[:2] == (tiny_gpt2.n_layers, tiny_gpt2.n_heads)
     abl = pd.read_csv(out / "ablations.csv")

@@ -137,3 +137,39 @@ def test_refused_in_one_line(tiny_bert, smollm2, capital_prompts):
     means = torch.zeros(smollm2.n_layers, smollm2.n_heads, 64)
     with pytest.raises(HeadscopeError, match="outside"):
         fv.indirect_effects(smollm2, clean, means, [(30, 0)])
+
+
+def test_the_function_vector_and_its_addition_equal_plain_hooks(smollm2, capital_prompts):
+    """The vector is each head's mean output through its slice of o_proj, summed; adding it after
+    block l at the last position equals a full forward of an eager copy with a plain forward hook
+    on that block."""
+    clean, shuffled = capital_prompts
+    means = fv.mean_outputs(smollm2, clean)
+    heads = [(9, 4), (15, 2), (20, 5)]
+    vec = fv.function_vector(smollm2, means, heads)
+    o = [smollm2.hf.model.layers[la].self_attn.o_proj.weight.detach().double() for la, _ in heads]
+    d = smollm2.hf.config.head_dim
+    want = sum(w[:, h * d : (h + 1) * d] @ means[la, h].double()
+               for w, (la, h) in zip(o, heads, strict=True))  # fmt: skip
+    torch.testing.assert_close(vec.double(), want, atol=1e-5, rtol=1e-5)
+    vectors = torch.stack([vec * 4, torch.zeros_like(vec)])
+    got = fv.added_at_layer(smollm2, shuffled, vectors, 10, jobs_per_forward=2)
+    hf = copy.deepcopy(smollm2.hf)
+    hf.set_attn_implementation("eager")
+    for p, (ids, ans) in enumerate(zip(shuffled.ids, shuffled.answer, strict=True)):
+
+        def hook(mod, args, output):
+            hidden = output[0] if isinstance(output, tuple) else output
+            hidden = hidden.clone()
+            hidden[0, -1] += 4 * vec
+            return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+        handle = hf.model.layers[10].register_forward_hook(hook)
+        try:
+            with torch.no_grad():
+                pr = torch.softmax(hf(input_ids=torch.tensor([ids])).logits[0, -1].double(), -1)
+        finally:
+            handle.remove()
+        assert abs(float(pr[ans]) - float(got["prob"][p, 0])) < 1e-5
+        assert abs(float(got["prob"][p, 1]) - float(got["base_prob"][p])) < 1e-6
+    assert (got["prob"][:, 0] - got["base_prob"]).abs().max() > 1e-4
