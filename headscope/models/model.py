@@ -68,6 +68,30 @@ class CircuitWeights:
     post_attn: Float[Tensor, "layer d_model"] | None = None
 
 
+#: cache layers that only ever concatenate onto their keys and values (never write into them)
+_CONCATENATING = ("DynamicLayer", "DynamicSlidingWindowLayer")
+
+
+def _batch_view(cache, copies: int):
+    """``cache`` as ``copies`` rows see it, the original left as it was: a dynamic layer's keys
+    and values expanded along the batch (a view: its update concatenates, writing nothing in
+    place); any other layer copied and repeated."""
+    import copy
+
+    view = copy.copy(cache)
+    view.layers = []
+    for layer in cache.layers:
+        if type(layer).__name__ in _CONCATENATING and getattr(layer, "keys", None) is not None:
+            lay = copy.copy(layer)
+            lay.keys = layer.keys.expand(copies, *layer.keys.shape[1:])
+            lay.values = layer.values.expand(copies, *layer.values.shape[1:])
+        else:
+            lay = copy.deepcopy(layer)
+            lay.batch_repeat_interleave(copies)
+        view.layers.append(lay)
+    return view
+
+
 @dataclass
 class Model:
     """A loaded model, as the rest of headscope sees it.
@@ -445,12 +469,9 @@ class Model:
         What the full forward gives when the interventions act at the last position only: the
         earlier positions' keys and values do not depend on it (a causal model). Equal to the full
         forward to float rounding (``tests/models/test_run_last.py``)."""
-        import copy
-
         if not self.causal:
             raise HeadscopeError(f"{self.name} is not a causal model; run_last needs a decoder.")
-        batch_cache = copy.deepcopy(cache)
-        batch_cache.batch_repeat_interleave(copies)
+        batch_cache = _batch_view(cache, copies)
         with (
             self._lock,
             torch.inference_mode(),

@@ -100,9 +100,14 @@ def test_the_cached_last_position_equals_the_full_forward(smollm2, capital_promp
     _, shuffled = capital_prompts
     ids = shuffled.ids[0]
     full = smollm2.run(torch.tensor([ids]), output="logits")[0, -1]
-    cached = smollm2.run_last(smollm2.prefix_cache(ids[:-1]), ids[-1], 3)
+    cache = smollm2.prefix_cache(ids[:-1])
+    length = cache.get_seq_length()
+    cached = smollm2.run_last(cache, ids[-1], 3)
     for row in cached:
         torch.testing.assert_close(row, full, atol=1e-4, rtol=1e-5)
+    # the prefix's cache is left as it was: a second run reads the same keys and values
+    assert cache.get_seq_length() == length
+    torch.testing.assert_close(smollm2.run_last(cache, ids[-1], 3), cached, atol=0, rtol=0)
 
 
 def test_a_head_that_writes_nothing_has_no_effect(tiny_gqa_llama):
@@ -173,3 +178,17 @@ def test_the_function_vector_and_its_addition_equal_plain_hooks(smollm2, capital
         assert abs(float(pr[ans]) - float(got["prob"][p, 0])) < 1e-5
         assert abs(float(got["prob"][p, 1]) - float(got["base_prob"][p])) < 1e-6
     assert (got["prob"][:, 0] - got["base_prob"]).abs().max() > 1e-4
+
+
+def test_the_cached_last_position_with_a_sliding_window(tiny_gemma3_dir):
+    """Tiny Gemma 3: layer 0 sees a window of 4, so its cache keeps the last 3 keys; the last
+    position read through it equals the full forward, and the cache is left as it was."""
+    import headscope
+
+    model = headscope.load_model(str(tiny_gemma3_dir))
+    ids = [model.bos_id, *range(5, 17)]
+    full = model.run(torch.tensor([ids]), output="logits")[0, -1]
+    cache = model.prefix_cache(ids[:-1])
+    first = model.run_last(cache, ids[-1], 2)
+    torch.testing.assert_close(first[1], full, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(model.run_last(cache, ids[-1], 2), first, atol=0, rtol=0)
