@@ -110,29 +110,56 @@ def test_the_cached_last_position_equals_the_full_forward(smollm2, capital_promp
     torch.testing.assert_close(smollm2.run_last(cache, ids[-1], 3), cached, atol=0, rtol=0)
 
 
-def test_a_head_that_writes_nothing_has_no_effect(tiny_gqa_llama):
-    """Closed form: head 1 of layer 0 has a zero output projection, so setting its output to
-    anything moves nothing (IE exactly 0); head 0's effect is what setting its output to the mean
-    does to a hand-computed readout (its part of o_proj times the difference, through the rest of
-    the model) and is not 0."""
-    model = tiny_gqa_llama
-    o = model.hf.model.layers[0].self_attn.o_proj
-    d = model.hf.config.head_dim
-    saved = o.weight.detach().clone()
-    try:
-        with torch.no_grad():
-            o.weight[:, d : 2 * d] = 0.0
-        ids = [[model.bos_id, 5, 9, 13, 5, 9], [model.bos_id, 7, 8, 7, 8, 7]]
-        prompts = icl.IclPrompts("t", "shuffled", ids, [13, 8], [0, 1], [[], []])
-        means = torch.randn(
-            model.n_layers, model.n_heads, d, generator=torch.Generator().manual_seed(0)
-        )
-        ie, _ = fv.indirect_effects(model, prompts, means, [(0, 1), (0, 0)])
-        assert float(ie[:, 0].abs().max()) == 0.0
-        assert float(ie[:, 1].abs().min()) > 0.0
-    finally:
-        with torch.no_grad():
-            o.weight.copy_(saved)
+def test_a_planted_head_carries_the_task_in_closed_form():
+    """A tiny Llama in which only head 0 of layer 0 writes to the stream (every other head's
+    output projection and every MLP's down projection zero): the last position's stream is its
+    token's embedding plus that head's write, so its effect is, on paper,
+
+        softmax(W_U norm(e + W_O m))[answer] - softmax(W_U norm(e + W_O z))[answer]
+
+    with m its mean output and z its own output there; every other head's effect is exactly 0.
+    The mean output is planted to write the answer's unembedding direction, so the head carries
+    the task: its effect is large."""
+    import headscope
+    from tests.tiny_models import tiny_llama
+
+    hf, tok = tiny_llama(n_layer=2, n_head=4, n_kv_head=2, hidden=32, seed=3)
+    d = hf.config.head_dim
+    with torch.no_grad():
+        for la, layer in enumerate(hf.model.layers):
+            layer.mlp.down_proj.weight.zero_()
+            keep = layer.self_attn.o_proj.weight[:, :d].clone()
+            layer.self_attn.o_proj.weight.zero_()
+            if la == 0:
+                layer.self_attn.o_proj.weight[:, :d] = keep
+        hf.model.norm.weight.fill_(400.0)  # sharp logits: a direction can win the softmax
+    model = headscope.load_model(hf, tok, name="planted")
+    ids = [[model.bos_id, 5, 9, 13, 5, 9], [model.bos_id, 7, 8, 21, 7, 8]]
+    answers = [13, 21]
+    prompts = icl.IclPrompts("t", "shuffled", ids, answers, [0, 1], [[], []])
+    w_o = hf.model.layers[0].self_attn.o_proj.weight[:, :d].detach().double()
+    w_u = hf.lm_head.weight.detach().double()
+    # plant: the mean output whose write is the first answer's unembedding direction, scaled up
+    m = torch.linalg.lstsq(w_o, 8 * w_u[answers[0]] / w_u[answers[0]].norm()).solution
+    means = torch.zeros(model.n_layers, model.n_heads, d)
+    means[0, 0] = m.float()
+    _, _, z = fv.last_position(model, prompts, outputs=True)
+    heads = [(la, h) for la in range(2) for h in range(4)]
+    ie, _ = fv.indirect_effects(model, prompts, means, heads)
+    norm = hf.model.norm
+    eps, g = norm.variance_epsilon, norm.weight.detach().double()
+
+    def prob(stream, ans):
+        x = stream / torch.sqrt(stream.pow(2).mean() + eps) * g
+        return torch.softmax(w_u @ x, -1)[ans]
+
+    for p, (row, ans) in enumerate(zip(ids, answers, strict=True)):
+        e = hf.model.embed_tokens.weight[row[-1]].detach().double()
+        own = z[p, 0, 0].double()
+        want = prob(e + w_o @ m, ans) - prob(e + w_o @ own, ans)
+        assert abs(float(ie[p, 0]) - float(want)) < 1e-5
+        assert float(ie[p, 1:].abs().max()) == 0.0  # every other head writes nothing
+    assert float(ie[0, 0]) > 0.5  # the planted head carries the first prompt's answer
 
 
 def test_refused_in_one_line(tiny_bert, smollm2, capital_prompts):
