@@ -194,19 +194,21 @@ def function_vector(
     model, means: Float[Tensor, "layer head dim_v"], heads: Sequence[tuple[int, int]]
 ) -> Float[Tensor, " d_model"]:
     """Todd et al.'s function vector: the sum over ``heads`` of what each head's mean output
-    writes through its slice of the output projection (no bias: Todd et al.'s code adds GPT-2's
-    output bias once per head). In Gemma 2 / 3 the attention output is normalised before it joins
-    the stream; the vector is taken before that norm, as Todd et al. take it at ``out_proj``."""
-    from headscope.circuits.edge_graph import anatomy, graph_of
-    from headscope.circuits.edge_runs import head_weights
+    writes through its layer's output projection, the other heads' slices zero (without the
+    projection's bias: Todd et al.'s code adds GPT-2's output bias once per head). In Gemma 2 / 3
+    the attention output is normalised before it joins the stream; the vector is taken before that
+    norm, as Todd et al. take it at ``out_proj``."""
+    from headscope.effects.logit_attribution import output_projection
 
-    an, graph = anatomy(model), graph_of(model)
+    dv = means.shape[-1]
     out = torch.zeros(model.hf.config.get_text_config().hidden_size, dtype=torch.float64)
-    cache: dict[int, Tensor] = {}
     for la, h in heads:
-        if la not in cache:
-            cache[la] = head_weights(an, la, graph)["o"].detach().double().cpu()
-        out += means[la, h].double() @ cache[la][h]
+        proj = output_projection(model, la)
+        x = torch.zeros(2, model.n_heads * dv, device=model.device, dtype=model.dtype)
+        x[1, h * dv : (h + 1) * dv] = means[la, h].to(x)
+        with torch.inference_mode():
+            y = proj(x).double().cpu()
+        out += y[1] - y[0]  # the head's write, without the projection's bias
     return out.float()
 
 

@@ -468,7 +468,7 @@ class Model:
 
         What the full forward gives when the interventions act at the last position only: the
         earlier positions' keys and values do not depend on it (a causal model). Equal to the full
-        forward to float rounding (``tests/models/test_run_last.py``)."""
+        forward to float rounding (``tests/effects/test_function_vectors.py``)."""
         if not self.causal:
             raise HeadscopeError(f"{self.name} is not a causal model; run_last needs a decoder.")
         batch_cache = _batch_view(cache, copies)

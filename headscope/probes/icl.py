@@ -2,8 +2,9 @@
 Todd et al. (2024, "Function vectors in large language models") build from them.
 
 A kit is a JSON list of ``{"input", "output"}`` objects: the 14 bundled ones
-(:data:`ICL_TASKS`, copied unchanged from Todd et al.'s repository: ``data/icl/SOURCES.json``
-gives each file's commit, sha256 and licence) or a file of the user's own. The prompt format is
+(:data:`ICL_TASKS`, copied unchanged from Todd et al.'s repository;
+``headscope/data/icl/SOURCES.json`` gives each file's commit, sha256 and licence) or a file of the
+user's own. The prompt format is
 theirs: a space in front of every input and output, ``Q:`` / ``A:`` prefixes, ``\\n`` after an
 input and ``\\n\\n`` after an output, the query last and ending in ``A:``::
 
@@ -41,7 +42,7 @@ SEP_IN, SEP_OUT = "\n", "\n\n"
 
 @cache
 def _sources() -> dict:
-    return json.loads(resources.files("headscope.data").joinpath("icl/SOURCES.json").read_text())
+    return json.loads(resources.files("headscope.data").joinpath("icl", "SOURCES.json").read_text())
 
 
 #: the bundled kits, by name (Todd et al.'s file names)

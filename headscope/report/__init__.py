@@ -14,6 +14,7 @@ circuit_figures  a circuit run's diagram (a figure, and its SVG for the page) an
 circuit_page  a circuit run's ``report.html``: diagram, head classes, agreement, path effects
 discover_figures  a discovery run's faithfulness curve and circuit, from its tables
 discover_page  a discovery run's ``report.html``: the curve, CPR and CMD, top edges, agreement
+icl_page   an ICL run's ``summary.md``, FV-against-induction scatter, ablation curves and page
 kvplan     a KV plan's summary, figure and ``kvplan.md``, from its table
 compare    runs side by side: the score distributions and the per-head difference figures
 sweep      a sweep's figures, from its atlas alone
