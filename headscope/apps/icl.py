@@ -296,11 +296,13 @@ def _ablations(model, heads: pd.DataFrame, test_sets: dict, mean_all, config) ->
     base, base_lo, base_hi = st.over_tasks(clean, config.bootstrap, config.ci, config.seed)
     drop = [c - x for c, x in zip(clean, per_task, strict=True)]
     d, d_lo, d_hi = st.over_tasks(drop, config.bootstrap, config.ci, config.seed)
-    rows = [{"ranking": "none", "share": 0.0, "k": 0, "draw": -1, "accuracy": float(base[0]),
+    rows = [{"ranking": "none", "share": 0.0, "k": 0, "draw": -1, "excluded": 0,
+             "accuracy": float(base[0]),
              "ci_low": float(base_lo[0]), "ci_high": float(base_hi[0]), "drop": 0.0,
              "drop_low": 0.0, "drop_high": 0.0}]  # fmt: skip
     for j, (ranking, share, k, draw) in enumerate(labels):
         rows.append({"ranking": ranking, "share": share, "k": k, "draw": draw,
+                     "excluded": n_ex if "_excluding_" in ranking else 0,
                      "accuracy": float(acc[j]), "ci_low": float(lo[j]), "ci_high": float(hi[j]),
                      "drop": float(d[j]), "drop_low": float(d_lo[j]),
                      "drop_high": float(d_hi[j])})  # fmt: skip

@@ -42,7 +42,8 @@ SEP_IN, SEP_OUT = "\n", "\n\n"
 
 @cache
 def _sources() -> dict:
-    return json.loads(resources.files("headscope.data").joinpath("icl").joinpath("SOURCES.json").read_text())
+    folder = resources.files("headscope.data").joinpath("icl")
+    return json.loads(folder.joinpath("SOURCES.json").read_text())
 
 
 #: the bundled kits, by name (Todd et al.'s file names)
