@@ -131,7 +131,7 @@ def set_heads_jobs(
     """Each job's heads set to ``values`` (each head its own) at each prompt's last position:
     ``prob`` and ``top1`` (``[prompt, job]``: the answer's probability, whether it is the top
     prediction), ``base`` (``[prompt, job]``: the answer's probability in the untouched copy of
-    that job's forward) and ``base_top1`` (``[prompt]``)."""
+    that job's forward), ``base_prob`` and ``base_top1`` (``[prompt]``)."""
     check_model(model)
     jobs = [list(j) for j in jobs]
     for job in jobs:
@@ -142,32 +142,46 @@ def set_heads_jobs(
                     f"{model.n_heads} heads)."
                 )
     values = values.to(model.device, model.dtype)
-    n, m = len(prompts), len(jobs)
+
+    def forward(cache, last: int, start: int, stop: int) -> Tensor:
+        rows = stop - start + 1  # row 0: untouched
+        which = torch.zeros(model.n_layers, rows, model.n_heads, dtype=torch.bool)
+        for r, job in enumerate(jobs[start:stop], start=1):
+            for la, h in job:
+                which[la, r, h] = True
+        sets = [SetHeads(la, which[la], values[la]) for la in range(model.n_layers)
+                if which[la].any()]  # fmt: skip
+        return model.run_last(cache, last, rows, sets)
+
+    return _last_token_jobs(model, prompts, len(jobs), jobs_per_forward, forward)
+
+
+def _last_token_jobs(model, prompts: IclPrompts, n_jobs: int, jobs_per_forward: int, forward):
+    """The loop both kinds of job share: each prompt's prefix run once (its KV cache), then
+    ``forward(cache, last_token, start, stop)`` gives the logits of an untouched copy (row 0) and
+    of jobs ``start .. stop`` (rows 1 ..), as many a forward as ``jobs_per_forward`` allows.
+    Returns ``prob``, ``top1`` and ``base`` (``[prompt, job]``; ``base``: the untouched copy of
+    the job's own forward) and ``base_prob``, ``base_top1`` (``[prompt]``)."""
+    n = len(prompts)
     out = {
-        "prob": torch.zeros(n, m, dtype=torch.float64),
-        "base": torch.zeros(n, m, dtype=torch.float64),
-        "top1": torch.zeros(n, m, dtype=torch.bool),
+        "prob": torch.zeros(n, n_jobs, dtype=torch.float64),
+        "base": torch.zeros(n, n_jobs, dtype=torch.float64),
+        "top1": torch.zeros(n, n_jobs, dtype=torch.bool),
+        "base_prob": torch.zeros(n, dtype=torch.float64),
         "base_top1": torch.zeros(n, dtype=torch.bool),
     }
     per = max(1, jobs_per_forward - 1)
     for p, (ids, ans) in enumerate(zip(prompts.ids, prompts.answer, strict=True)):
         cache = model.prefix_cache(ids[:-1])
-        for start in range(0, m, per):
-            chunk = jobs[start : start + per]
-            rows = len(chunk) + 1  # row 0: untouched
-            which = torch.zeros(model.n_layers, rows, model.n_heads, dtype=torch.bool)
-            for r, job in enumerate(chunk, start=1):
-                for la, h in job:
-                    which[la, r, h] = True
-            sets = [SetHeads(la, which[la], values[la]) for la in range(model.n_layers)
-                    if which[la].any()]  # fmt: skip
-            logits = model.run_last(cache, ids[-1], rows, sets).float().cpu()
+        for start in range(0, n_jobs, per):
+            stop = min(n_jobs, start + per)
+            logits = forward(cache, ids[-1], start, stop).float().cpu()
             pr = torch.softmax(logits.double(), -1)[:, ans]
             top = logits.argmax(-1) == ans
-            out["prob"][p, start : start + len(chunk)] = pr[1:]
-            out["base"][p, start : start + len(chunk)] = pr[0]
-            out["top1"][p, start : start + len(chunk)] = top[1:]
-            out["base_top1"][p] = top[0]
+            out["prob"][p, start:stop] = pr[1:]
+            out["base"][p, start:stop] = pr[0]
+            out["top1"][p, start:stop] = top[1:]
+            out["base_prob"][p], out["base_top1"][p] = pr[0], top[0]
     return out
 
 
@@ -226,33 +240,20 @@ def added_at_layer(
     if not 0 <= layer < model.n_layers:
         raise HeadscopeError(f"Layer {layer} is outside {model.name} (0 to {model.n_layers - 1}).")
     block = model.blocks()[layer]
-    n, m = len(prompts), len(vectors)
-    out = {
-        "prob": torch.zeros(n, m, dtype=torch.float64),
-        "top1": torch.zeros(n, m, dtype=torch.bool),
-        "base_prob": torch.zeros(n, dtype=torch.float64),
-        "base_top1": torch.zeros(n, dtype=torch.bool),
-    }
-    per = max(1, jobs_per_forward - 1)
-    for p, (ids, ans) in enumerate(zip(prompts.ids, prompts.answer, strict=True)):
-        cache = model.prefix_cache(ids[:-1])
-        for start in range(0, m, per):
-            chunk = vectors[start : start + per]
-            add = torch.cat([torch.zeros(1, chunk.shape[1]), chunk.float().cpu()])
 
-            def hook(mod, args, output, add=add):
-                hidden = output[0] if isinstance(output, tuple) else output
-                hidden = hidden + add.to(hidden.device, hidden.dtype)[:, None, :]
-                return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+    def forward(cache, last: int, start: int, stop: int) -> Tensor:
+        chunk = vectors[start:stop].float().cpu()
+        add = torch.cat([torch.zeros(1, chunk.shape[1]), chunk])  # row 0: untouched
 
-            handle = block.register_forward_hook(hook)
-            try:
-                logits = model.run_last(cache, ids[-1], len(add)).float().cpu()
-            finally:
-                handle.remove()
-            pr = torch.softmax(logits.double(), -1)[:, ans]
-            top = logits.argmax(-1) == ans
-            out["prob"][p, start : start + len(chunk)] = pr[1:]
-            out["top1"][p, start : start + len(chunk)] = top[1:]
-            out["base_prob"][p], out["base_top1"][p] = pr[0], top[0]
-    return out
+        def hook(mod, args, output):
+            hidden = output[0] if isinstance(output, tuple) else output
+            hidden = hidden + add.to(hidden.device, hidden.dtype)[:, None, :]
+            return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+        handle = block.register_forward_hook(hook)
+        try:
+            return model.run_last(cache, last, len(add))
+        finally:
+            handle.remove()
+
+    return _last_token_jobs(model, prompts, len(vectors), jobs_per_forward, forward)
