@@ -77,15 +77,15 @@ def _batches(model, ids: list[list[int]]):
     vocab = model.hf.config.get_text_config().vocab_size
     start = 0
     while start < len(order):
-        longest = len(ids[order[min(len(order) - 1, start)]])
-        size = max(1, LOGIT_CELLS // max(1, vocab * longest))
-        index = order[start : start + size]
-        longest = max(len(ids[i]) for i in index)
-        size = max(1, min(size, LOGIT_CELLS // max(1, vocab * longest)))
-        index = index[:size]
+        stop = start + 1  # grow while the batch's logits (its longest row is its last) still fit
+        while (
+            stop < len(order) and (stop - start + 1) * len(ids[order[stop]]) * vocab <= LOGIT_CELLS
+        ):
+            stop += 1
+        index = order[start:stop]
         tokens, mask, lengths = pad_batch([ids[i] for i in index], model.pad_id)
         yield torch.tensor(index), tokens, mask, torch.as_tensor(lengths) - 1
-        start += len(index)
+        start = stop
 
 
 def last_position(
