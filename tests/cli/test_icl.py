@@ -56,6 +56,12 @@ def test_writes_an_icl_run_whose_tables_are_the_functions(tmp_path, tiny_gpt2_di
     assert means["opposites"].shape[:2] == (tiny_gpt2.n_layers, tiny_gpt2.n_heads)
     abl = pd.read_csv(out / "ablations.csv")
     assert {"none", "fv", "induction", "random"} <= set(abl["ranking"])
+    n_heads = tiny_gpt2.n_layers * tiny_gpt2.n_heads
+    excluding = abl["ranking"].str.contains("_excluding_")
+    assert (abl.loc[excluding, "excluded"] == int(0.02 * n_heads)).all()
+    assert (abl.loc[~excluding, "excluded"] == 0).all()
+    assert (abl.loc[abl["ranking"] == "fv", "k"].tolist()
+            == [max(1, int(f * n_heads)) for f in settings["fractions"]])  # fmt: skip
 
 
 @pytest.mark.parametrize(
